@@ -1,0 +1,76 @@
+"""The project's command line: ``tpu-mlm JOB [ARGS]`` runs ``python -m components.JOB [ARGS]``.
+
+Every job module keeps its arguments in a dataclass and calls :func:`run_job`, which parses them, sets up
+logging, runs the job and prints its summary as JSON. Bad input exits with status 2 and one line naming
+the parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from components.errors import InvalidParameter
+
+JOBS = {
+    "tokenizer": "Train a Unigram tokenizer on a corpus.",
+    "shards": "Tokenize a corpus into fixed-length TFRecord shards.",
+    "merge_shards": "Merge the part manifests of a sharded run into manifest.json.",
+}
+
+Arguments = TypeVar("Arguments")
+log = logging.getLogger("tpu_mlm")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def parse_arguments(arguments_class: type[Arguments], argv: Sequence[str] | None, description: str) -> Arguments:
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(arguments_class, description=description)
+    (arguments,) = parser.parse_args_into_dataclasses(args=argv)
+    return arguments
+
+
+def run_job(
+    arguments_class: type[Arguments],
+    job: Callable[[Arguments], dict[str, Any]],
+    argv: Sequence[str] | None = None,
+    description: str | None = None,
+) -> int:
+    """Parses ``argv`` into ``arguments_class``, runs ``job`` and prints its summary. Returns the exit code."""
+    setup_logging()
+    try:
+        arguments = parse_arguments(arguments_class, argv, description or job.__doc__ or "")
+        summary = job(arguments)
+    except InvalidParameter as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def as_dict(arguments: object) -> dict[str, Any]:
+    return dataclasses.asdict(arguments)  # type: ignore[call-overload]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0].replace("-", "_") not in JOBS:
+        print("usage: tpu-mlm JOB [ARGS]  (tpu-mlm JOB --help for a job's arguments)\n\njobs:")
+        for name, summary in JOBS.items():
+            print(f"  {name.replace('_', '-'):<14} {summary}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(f"components.{argv[0].replace('-', '_')}")
+    return module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

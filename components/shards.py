@@ -1,0 +1,373 @@
+"""Tokenize a corpus into fixed-length samples and write them as TFRecord shards.
+
+Each text is tokenized as ``<s> ... </s>`` (blank texts are skipped), the token streams are concatenated
+across texts and cut into samples of ``max_length`` tokens, so no text is lost: only the leftover shorter
+than one sample at the very end of a part is dropped, once. Tokenization runs in batches on all cores (the
+Rust tokenizer's threads) while the previous batch is written.
+
+Shards are named ``<split>-<part>-<index>-<records>.tfrecord`` (the reference recipe's readers take the
+record count from the name), written under a temporary name and renamed only when complete. Large corpora
+fan out over machines with ``--num_parts N --part K``: part K takes every N-th text and writes its own
+shards and ``parts/K-of-N.json``; ``python -m components.merge_shards`` then writes ``manifest.json``. A run
+with one part merges by itself. ``manifest.json`` is always written last: a folder without it is not done.
+Rerunning after a crash redoes the unfinished part and yields one complete set.
+
+    python -m components.shards --corpus embedded --tokenizer /tmp/tokenizer --output /tmp/shards/train
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from components import storage
+from components.cli import run_job
+from components.corpus import Corpus, CorpusSpec, select_texts
+from components.errors import InvalidParameter
+from components.progress import Progress
+from components.tfrecords import serialize_examples
+
+log = logging.getLogger("tpu_mlm.shards")
+
+MANIFEST = "manifest.json"
+PARTS_FOLDER = "parts"
+MIN_LENGTH, MAX_LENGTH = 8, 8192
+HOLDOUT_CHOICES = ("exclude", "only")
+SHARD_NAME = re.compile(r"^(?P<split>\w+)-(?P<part>\d{5})-(?P<index>\d{5})-(?P<records>\d+)\.tfrecord$")
+
+
+@dataclass
+class ShardArguments:
+    output: str = field(metadata={"help": "Folder (local path or gs:// URI) for this split's shards."})
+    tokenizer: str = field(metadata={"help": "Tokenizer folder made by components.tokenizer (local or gs://)."})
+    corpus: str = field(
+        default="embedded",
+        metadata={"help": "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet "
+                  "paths or globs (local or gs://)."},
+    )
+    split: str = field(default="train", metadata={"help": "Name of the split written (letters, digits, _)."})
+    max_length: int = field(default=128, metadata={"help": "Tokens per sample."})
+    records_per_shard: int = field(default=10_000, metadata={"help": "Samples per TFRecord file."})
+    num_parts: int = field(default=1, metadata={"help": "Number of parts the corpus is split into."})
+    part: int = field(default=0, metadata={"help": "Which part this run writes (0 .. num_parts-1)."})
+    holdout_fraction: float = field(
+        default=0.0, metadata={"help": "Fraction of texts held out (chosen by content hash), for a corpus "
+                               "without a validation split. 0 keeps every text."},
+    )
+    holdout: str = field(
+        default="exclude", metadata={"help": "With --holdout_fraction: 'exclude' writes the texts not held "
+                                     "out (train), 'only' writes just the held-out ones (validation).",
+                                     "choices": HOLDOUT_CHOICES},
+    )
+    text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
+    limit: int | None = field(default=None, metadata={"help": "Read at most this many texts of the corpus."})
+    batch_size: int = field(default=1_000, metadata={"help": "Texts tokenized per batch."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace a complete shard set made with other settings."})
+
+    def __post_init__(self) -> None:
+        storage.check_uri("output", self.output)
+        storage.check_uri("tokenizer", self.tokenizer)
+        if not re.fullmatch(r"\w+", self.split):
+            raise InvalidParameter("split", self.split, "must be letters, digits or _ (it is part of file names)")
+        if not MIN_LENGTH <= self.max_length <= MAX_LENGTH:
+            raise InvalidParameter("max_length", self.max_length, f"must be from {MIN_LENGTH} to {MAX_LENGTH} tokens")
+        _require_positive("records_per_shard", self.records_per_shard)
+        _require_positive("batch_size", self.batch_size)
+        if not 1 <= self.num_parts <= 99_999:
+            raise InvalidParameter("num_parts", self.num_parts, "must be from 1 to 99999")
+        if not 0 <= self.part < self.num_parts:
+            raise InvalidParameter("part", self.part, f"must be from 0 to num_parts-1 = {self.num_parts - 1}")
+        if not 0.0 <= self.holdout_fraction < 1.0:
+            raise InvalidParameter("holdout_fraction", self.holdout_fraction, "must be at least 0 and below 1")
+        if self.holdout not in HOLDOUT_CHOICES:
+            raise InvalidParameter("holdout", self.holdout, f"must be one of {HOLDOUT_CHOICES}")
+        if self.holdout == "only" and self.holdout_fraction == 0:
+            raise InvalidParameter("holdout", self.holdout, "'only' needs a --holdout_fraction above 0")
+
+    @property
+    def corpus_spec(self) -> CorpusSpec:
+        return CorpusSpec(self.corpus, text_column=self.text_column, limit=self.limit)
+
+
+def _require_positive(parameter: str, value: int) -> None:
+    if value < 1:
+        raise InvalidParameter(parameter, value, "must be a positive whole number")
+
+
+def part_manifest_uri(output: str, part: int, num_parts: int) -> str:
+    return storage.join(output, PARTS_FOLDER, f"{part:05d}-of-{num_parts:05d}.json")
+
+
+def write_shards(arguments: ShardArguments) -> dict[str, Any]:
+    """Writes this part's shards and part manifest, then ``manifest.json`` when the run has one part.
+
+    Returns the manifest (the part's, or the merged one). Input is checked before anything is written."""
+    tokenizer, tokenizer_fingerprint = _load_checked_tokenizer(arguments)
+    corpus = Corpus(arguments.corpus_spec)
+    settings = _settings(arguments, tokenizer, tokenizer_fingerprint)
+    part_uri = part_manifest_uri(arguments.output, arguments.part, arguments.num_parts)
+
+    done = _completed(arguments, settings, part_uri)
+    if done is not None:
+        log.info("%s already holds this part with the same settings; nothing to do", arguments.output)
+        return done
+    _remove_leftovers(arguments)
+
+    started = time.perf_counter()
+    texts = select_texts(
+        iter(corpus), arguments.num_parts, arguments.part, arguments.holdout_fraction, arguments.holdout
+    )
+    writer = ShardWriter(arguments.output, arguments.split, arguments.part, arguments.records_per_shard)
+    progress = Progress(f"shards {arguments.split} part {arguments.part}", lambda: corpus.fraction_done)
+    packer = SamplePacker(arguments.max_length)
+    text_count = 0
+    for batch_texts, ids in _tokenized_batches(tokenizer.backend_tokenizer, texts, arguments.batch_size):
+        samples = packer.add(ids)
+        writer.write(serialize_examples(samples))
+        text_count += batch_texts
+        progress.update(texts=batch_texts, tokens=len(ids), samples=len(samples))
+    writer.close()
+    if writer.total_records == 0 and arguments.num_parts == 1:
+        raise InvalidParameter(
+            "max_length", arguments.max_length,
+            f"the corpus gave {packer.tokens_seen} tokens, less than one sample; use a larger corpus or a "
+            "smaller --max_length",
+        )
+    seconds = time.perf_counter() - started
+    part_manifest = {
+        **settings,
+        "part": arguments.part,
+        "files": writer.files,
+        "num_records": writer.total_records,
+        "texts": text_count,
+        "tokens_written": writer.total_records * arguments.max_length,
+        "tokens_dropped": packer.tokens_seen - writer.total_records * arguments.max_length,
+    }
+    storage.write_text_atomic(part_uri, _dumps(part_manifest))
+    log.info(
+        "part %d: %d texts, %d samples in %d files, %d tokens dropped, %.1f s (%.0f tokens/s)",
+        arguments.part, text_count, writer.total_records, len(writer.files), part_manifest["tokens_dropped"],
+        seconds, packer.tokens_seen / max(seconds, 1e-9),
+    )
+    if arguments.num_parts == 1:
+        return merge_manifests(arguments.output)
+    return part_manifest
+
+
+def _load_checked_tokenizer(arguments: ShardArguments) -> tuple[Any, str]:
+    from components.tokenizer import load_tokenizer
+
+    return load_tokenizer(arguments.tokenizer)
+
+
+def _settings(arguments: ShardArguments, tokenizer: Any, tokenizer_fingerprint: str) -> dict[str, Any]:
+    """What identifies a shard set: parts made with different settings cannot be merged or reused."""
+    return {
+        "format": "tfrecord/tf.train.Example",
+        "features": {"input_ids": f"int64[{arguments.max_length}]",
+                     "attention_mask": f"int64[{arguments.max_length}]"},
+        "split": arguments.split,
+        "max_length": arguments.max_length,
+        "records_per_shard": arguments.records_per_shard,
+        "num_parts": arguments.num_parts,
+        "holdout_fraction": arguments.holdout_fraction,
+        "holdout": arguments.holdout if arguments.holdout_fraction else None,
+        "corpus": arguments.corpus_spec.describe(),
+        "vocab_size": len(tokenizer),
+        "special_tokens": {
+            role: getattr(tokenizer, f"{role}_token_id")
+            for role in ("bos", "eos", "pad", "mask", "unk", "cls", "sep")
+        },
+        "tokenizer_fingerprint": tokenizer_fingerprint,
+    }
+
+
+def _completed(arguments: ShardArguments, settings: dict[str, Any], part_uri: str) -> dict[str, Any] | None:
+    """The finished manifest when this work is already done with the same settings, None when it must be
+    done. Raises when the output holds finished work made with other settings, unless overwriting."""
+    manifest_uri = storage.join(arguments.output, MANIFEST)
+    for uri in (manifest_uri, part_uri):
+        if not storage.exists(uri):
+            continue
+        existing = json.loads(storage.read_text(uri))
+        same = all(existing.get(key) == value for key, value in settings.items())
+        if same and not arguments.overwrite:
+            return existing
+        if not arguments.overwrite:
+            differing = sorted(key for key, value in settings.items() if existing.get(key) != value)
+            raise InvalidParameter(
+                "output", arguments.output,
+                f"already holds finished shards made with other settings ({', '.join(differing)}); "
+                "choose another folder or pass --overwrite",
+            )
+        storage.remove(uri)
+    return None
+
+
+def _remove_leftovers(arguments: ShardArguments) -> None:
+    """Deletes what an interrupted or overwritten run of this part left: its shards and temporary files."""
+    prefix = storage.join(arguments.output, f"{arguments.split}-{arguments.part:05d}-")
+    for uri in storage.glob(prefix + "*"):
+        storage.remove(uri)
+
+
+def _tokenized_batches(backend: Any, texts: Iterator[str], batch_size: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(number of texts, concatenated token ids) per batch. The next batch is tokenized in a thread (the
+    tokenizer releases the GIL and uses every core) while the caller writes the current one."""
+
+    def encode(batch: list[str]) -> tuple[int, np.ndarray]:
+        encodings = backend.encode_batch_fast(batch)
+        total = sum(len(encoding.ids) for encoding in encodings)
+        ids = np.fromiter((i for encoding in encodings for i in encoding.ids), dtype=np.int64, count=total)
+        return len(batch), ids
+
+    def batches() -> Iterator[list[str]]:
+        batch: list[str] = []
+        for text in texts:
+            batch.append(text)
+            if len(batch) == batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = None
+        for batch in batches():
+            future = pool.submit(encode, batch)
+            if pending is not None:
+                yield pending.result()
+            pending = future
+        if pending is not None:
+            yield pending.result()
+
+
+class SamplePacker:
+    """Concatenates token ids across texts and cuts them into rows of ``max_length``; the remainder waits
+    for the next batch, so at most one partial sample is left at the very end."""
+
+    def __init__(self, max_length: int):
+        self.max_length = max_length
+        self.carry = np.empty(0, dtype=np.int64)
+        self.tokens_seen = 0
+
+    def add(self, ids: np.ndarray) -> np.ndarray:
+        self.tokens_seen += len(ids)
+        stream = np.concatenate([self.carry, ids])
+        usable = len(stream) - len(stream) % self.max_length
+        self.carry = stream[usable:]
+        return stream[:usable].reshape(-1, self.max_length)
+
+
+class ShardWriter:
+    """Writes records into ``<split>-<part>-<index>-<count>.tfrecord`` files of ``records_per_shard`` records,
+    each under a temporary name until it is closed."""
+
+    def __init__(self, output: str, split: str, part: int, records_per_shard: int):
+        self.output, self.split, self.part = output, split, part
+        self.records_per_shard = records_per_shard
+        self.files: list[dict[str, Any]] = []
+        self.total_records = 0
+        self._writer: Any = None
+        self._temp = ""
+        self._in_file = 0
+        storage.makedirs(output)
+
+    def write(self, records: list[bytes]) -> None:
+        for record in records:
+            if self._writer is None:
+                self._open()
+            self._writer.write(record)
+            self._in_file += 1
+            if self._in_file == self.records_per_shard:
+                self._publish()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._publish()
+
+    def _open(self) -> None:
+        import tensorflow as tf
+
+        index = len(self.files)
+        self._temp = storage.join(self.output, f"{self.split}-{self.part:05d}-{index:05d}{storage.TEMP_SUFFIX}")
+        self._writer = tf.io.TFRecordWriter(self._temp)
+        self._in_file = 0
+
+    def _publish(self) -> None:
+        self._writer.close()
+        self._writer = None
+        name = f"{self.split}-{self.part:05d}-{len(self.files):05d}-{self._in_file}.tfrecord"
+        final = storage.join(self.output, name)
+        storage.publish(self._temp, final)
+        self.files.append({"name": name, "records": self._in_file, "bytes": storage.size(final)})
+        self.total_records += self._in_file
+
+
+def merge_manifests(output: str) -> dict[str, Any]:
+    """Checks that every part of a sharded run is there with the same settings and writes ``manifest.json``."""
+    storage.check_uri("output", output)
+    uris = storage.glob(storage.join(output, PARTS_FOLDER, "*-of-*.json"))
+    if not uris:
+        raise InvalidParameter("output", output, "holds no part manifests (parts/*.json); run components.shards first")
+    parts = [json.loads(storage.read_text(uri)) for uri in uris]
+    first = parts[0]
+    settings_keys = [key for key in first if key not in PART_KEYS]
+    for part in parts[1:]:
+        differing = [key for key in settings_keys if part.get(key) != first[key]]
+        if differing:
+            raise InvalidParameter("output", output, f"holds parts made with different settings: {differing}")
+    found = sorted(part["part"] for part in parts)
+    missing = sorted(set(range(first["num_parts"])) - set(found))
+    if missing:
+        raise InvalidParameter("output", output, f"is missing parts {missing} of {first['num_parts']}")
+    files = [file for part in sorted(parts, key=lambda p: p["part"]) for file in part["files"]]
+    for file in files:
+        if not storage.exists(storage.join(output, file["name"])):
+            raise InvalidParameter("output", output, f"lists {file['name']} but the file is not there")
+    manifest = {key: first[key] for key in settings_keys}
+    manifest.update(
+        files=files,
+        num_records=sum(part["num_records"] for part in parts),
+        texts=sum(part["texts"] for part in parts),
+        tokens_written=sum(part["tokens_written"] for part in parts),
+        tokens_dropped=sum(part["tokens_dropped"] for part in parts),
+    )
+    if manifest["num_records"] == 0:
+        raise InvalidParameter("output", output, "the parts hold no samples: the corpus is shorter than one sample")
+    storage.write_text_atomic(storage.join(output, MANIFEST), _dumps(manifest))
+    log.info("%s: %d samples in %d files", storage.join(output, MANIFEST), manifest["num_records"], len(files))
+    return manifest
+
+
+PART_KEYS = ("part", "files", "num_records", "texts", "tokens_written", "tokens_dropped")
+
+
+def read_manifest(uri: str, parameter: str = "shards") -> dict[str, Any]:
+    """The manifest of a finished shard folder; refuses, naming ``parameter``, a folder that is not one."""
+    storage.check_uri(parameter, uri)
+    manifest_uri = storage.join(uri, MANIFEST)
+    if not storage.exists(manifest_uri):
+        raise InvalidParameter(parameter, uri, f"holds no finished shard set (no {MANIFEST}; is the run complete?)")
+    return json.loads(storage.read_text(manifest_uri))
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(ShardArguments, write_shards, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""One storage layer for local paths and ``gs://`` URIs: TensorFlow's ``tf.io.gfile``.
+
+Every step reads and writes through these functions, so the same code runs on a laptop folder and on a
+bucket. Only a ``gs://`` prefix means a bucket: a local path that happens to contain "gs" stays local.
+Writes that must never be seen half-done go to a temporary name and are renamed when complete.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import posixpath
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from components.errors import InvalidParameter
+
+REMOTE_SCHEMES = ("gs",)
+TEMP_SUFFIX = ".partial"
+
+
+@functools.cache
+def gfile() -> Any:
+    """``tf.io.gfile``, imported on first use so that ``--help`` and compiling stay fast."""
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def is_remote(uri: str) -> bool:
+    return uri.startswith(tuple(f"{scheme}://" for scheme in REMOTE_SCHEMES))
+
+
+def check_uri(parameter: str, uri: str) -> str:
+    """Returns ``uri`` if it is a local path or a ``gs://`` URI, else raises naming ``parameter``."""
+    if not uri or not uri.strip():
+        raise InvalidParameter(parameter, uri, "a local path or a gs:// URI is required")
+    if "://" in uri and not is_remote(uri):
+        scheme = uri.split("://", 1)[0]
+        raise InvalidParameter(
+            parameter, uri, f"unsupported URI scheme {scheme!r}; use a local path or gs://bucket/path"
+        )
+    if is_remote(uri) and not uri[len("gs://") :].split("/", 1)[0]:
+        raise InvalidParameter(parameter, uri, "a gs:// URI needs a bucket name: gs://bucket/path")
+    return uri
+
+
+def join(base: str, *parts: str) -> str:
+    return posixpath.join(base, *parts) if is_remote(base) else os.path.join(base, *parts)
+
+
+def dirname(uri: str) -> str:
+    return posixpath.dirname(uri) if is_remote(uri) else os.path.dirname(uri)
+
+
+def basename(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def exists(uri: str) -> bool:
+    return gfile().exists(uri)
+
+
+def isdir(uri: str) -> bool:
+    return gfile().isdir(uri)
+
+
+def glob(pattern: str) -> list[str]:
+    return sorted(gfile().glob(pattern))
+
+
+def listdir(uri: str) -> list[str]:
+    return sorted(name.rstrip("/") for name in gfile().listdir(uri)) if gfile().isdir(uri) else []
+
+
+def size(uri: str) -> int:
+    return gfile().stat(uri).length
+
+
+def makedirs(uri: str) -> None:
+    gfile().makedirs(uri)
+
+
+def remove(uri: str) -> None:
+    gfile().remove(uri)
+
+
+def open_file(uri: str, mode: str = "rb") -> Any:
+    return gfile().GFile(uri, mode)
+
+
+def read_bytes(uri: str) -> bytes:
+    with open_file(uri, "rb") as f:
+        return f.read()
+
+
+def read_text(uri: str) -> str:
+    return read_bytes(uri).decode("utf-8")
+
+
+def temp_name(uri: str) -> str:
+    """A name beside ``uri`` that no reader's ``*.json``/``*.tfrecord`` pattern matches."""
+    return f"{uri}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"
+
+
+def publish(temp_uri: str, final_uri: str) -> None:
+    """Makes a completely written file visible under its final name."""
+    gfile().rename(temp_uri, final_uri, overwrite=True)
+
+
+def write_bytes_atomic(uri: str, data: bytes) -> None:
+    makedirs(dirname(uri))
+    temp = temp_name(uri)
+    with open_file(temp, "wb") as f:
+        f.write(data)
+    publish(temp, uri)
+
+
+def write_text_atomic(uri: str, text: str) -> None:
+    write_bytes_atomic(uri, text.encode("utf-8"))
+
+
+def upload_folder(local_dir: Path, uri: str, last: Iterable[str] = ()) -> None:
+    """Copies the files of ``local_dir`` into ``uri``, each published atomically, the names in ``last`` at
+    the end: readers that wait for those files never see the folder half-copied."""
+    makedirs(uri)
+    last = list(last)
+    files = sorted(p for p in local_dir.iterdir() if p.is_file())
+    files.sort(key=lambda p: p.name in last)
+    for path in files:
+        write_bytes_atomic(join(uri, path.name), path.read_bytes())
+
+
+def download_folder(uri: str, local_dir: Path) -> Path:
+    """Copies the files of the folder ``uri`` (not recursive) into ``local_dir``."""
+    local_dir.mkdir(parents=True, exist_ok=True)
+    for name in listdir(uri):
+        if not name.endswith(TEMP_SUFFIX) and not isdir(join(uri, name)):
+            (local_dir / name).write_bytes(read_bytes(join(uri, name)))
+    return local_dir

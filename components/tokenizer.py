@@ -1,0 +1,167 @@
+"""Train a Unigram tokenizer on a corpus and save it as a Hugging Face tokenizer folder.
+
+The recipe follows Hugging Face's TF/TPU language-modeling example: a Unigram model, a normalizer that
+turns LaTeX-style quotes (``, '') into ", a Metaspace pre-tokenizer and decoder. The special tokens are
+RoBERTa's (<s>=0, <pad>=1, </s>=2, <unk>=3, <mask>=4) and a post-processor wraps each text as <s> ... </s>.
+The folder loads with ``AutoTokenizer.from_pretrained``; ``tokenizer_summary.json`` beside it says what
+was read and what came out, and is written last.
+
+    python -m components.tokenizer --corpus embedded --vocab_size 8000 --output /tmp/tokenizer
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components import storage
+from components.cli import run_job
+from components.corpus import Corpus, CorpusSpec
+from components.errors import InvalidParameter
+from components.progress import Progress
+
+log = logging.getLogger("tpu_mlm.tokenizer")
+
+SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+SUMMARY_FILE = "tokenizer_summary.json"
+TOKENIZER_FILE = "tokenizer.json"
+MAX_VOCAB_SIZE = 1_000_000
+
+
+@dataclass
+class TokenizerArguments:
+    output: str = field(metadata={"help": "Folder (local path or gs:// URI) to save the tokenizer in."})
+    corpus: str = field(
+        default="embedded",
+        metadata={"help": "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet "
+                  "paths or globs (local or gs://)."},
+    )
+    vocab_size: int = field(default=25_000, metadata={"help": "Target vocabulary size, special tokens included."})
+    text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
+    limit: int | None = field(default=None, metadata={"help": "Read at most this many texts."})
+    lowercase: bool = field(default=False, metadata={"help": "Lowercase all text before training."})
+
+    def __post_init__(self) -> None:
+        storage.check_uri("output", self.output)
+        if not len(SPECIAL_TOKENS) < self.vocab_size <= MAX_VOCAB_SIZE:
+            raise InvalidParameter(
+                "vocab_size", self.vocab_size,
+                f"must be larger than the {len(SPECIAL_TOKENS)} special tokens {list(SPECIAL_TOKENS)} "
+                f"and at most {MAX_VOCAB_SIZE:,}",
+            )
+
+    @property
+    def corpus_spec(self) -> CorpusSpec:
+        return CorpusSpec(self.corpus, text_column=self.text_column, limit=self.limit)
+
+
+def build_tokenizer(lowercase: bool = False) -> Any:
+    """An untrained Unigram tokenizer with the recipe's normalizer, pre-tokenizer and decoder."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+    if lowercase:
+        steps.append(normalizers.Lowercase())
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    return tokenizer
+
+
+def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
+    """Trains the tokenizer, saves it under ``arguments.output`` and returns the summary."""
+    from tokenizers import processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = Corpus(arguments.corpus_spec)
+    started = time.perf_counter()
+    counts = {"texts": 0, "bytes": 0}
+    progress = Progress("tokenizer training read", lambda: corpus.fraction_done)
+
+    def texts() -> Iterator[str]:
+        for text in corpus:
+            counts["texts"] += 1
+            counts["bytes"] += len(text.encode("utf-8"))
+            progress.update(texts=1)
+            yield text
+
+    tokenizer = build_tokenizer(arguments.lowercase)
+    trainer = trainers.UnigramTrainer(
+        vocab_size=arguments.vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token="<unk>", show_progress=False
+    )
+    tokenizer.train_from_iterator(texts(), trainer=trainer)
+    bos, eos = (tokenizer.token_to_id(token) for token in ("<s>", "</s>"))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)]
+    )
+    vocab_size = tokenizer.get_vocab_size()
+    if vocab_size < arguments.vocab_size:
+        log.warning(
+            "the corpus reached a vocabulary of %d pieces, fewer than the %d asked for "
+            "(a larger corpus gives more pieces)", vocab_size, arguments.vocab_size,
+        )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        mask_token="<mask>", cls_token="<s>", sep_token="</s>", model_max_length=512,
+    )
+    with tempfile.TemporaryDirectory() as staging:
+        fast.save_pretrained(staging)
+        summary = {
+            "vocab_size": vocab_size,
+            "vocab_size_requested": arguments.vocab_size,
+            "special_tokens": {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS},
+            "texts_read": counts["texts"],
+            "bytes_read": counts["bytes"],
+            "seconds": round(time.perf_counter() - started, 3),
+            "fingerprint": fingerprint(Path(staging, TOKENIZER_FILE).read_bytes()),
+            "arguments": asdict(arguments),
+        }
+        Path(staging, SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        storage.upload_folder(Path(staging), arguments.output, last=[SUMMARY_FILE])
+    log.info("saved a tokenizer of %d pieces to %s", vocab_size, arguments.output)
+    return summary
+
+
+def fingerprint(tokenizer_json: bytes) -> str:
+    """Identifies a trained tokenizer: shards and models made with another one are refused."""
+    return "sha256:" + hashlib.sha256(tokenizer_json).hexdigest()[:16]
+
+
+def load_tokenizer(uri: str, parameter: str = "tokenizer") -> tuple[Any, str]:
+    """Loads a tokenizer folder (local or gs://) and returns it with its fingerprint.
+
+    Refuses, naming ``parameter``, a folder that is missing, has no fast-tokenizer file, or lacks the
+    special tokens masked-language-model training needs."""
+    from transformers import PreTrainedTokenizerFast
+
+    storage.check_uri(parameter, uri)
+    if not storage.exists(storage.join(uri, TOKENIZER_FILE)):
+        raise InvalidParameter(parameter, uri, f"is not a tokenizer folder (no {TOKENIZER_FILE} in it)")
+    with tempfile.TemporaryDirectory() as local:
+        storage.download_folder(uri, Path(local))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(local)
+        tokenizer_fingerprint = fingerprint(Path(local, TOKENIZER_FILE).read_bytes())
+    for role in ("mask_token", "pad_token", "bos_token", "eos_token"):
+        if getattr(tokenizer, role) is None or getattr(tokenizer, f"{role}_id") is None:
+            raise InvalidParameter(
+                parameter, uri, f"the tokenizer has no {role}; masked-language-model training needs "
+                "<s>, </s>, <pad> and <mask> (train one with components.tokenizer)",
+            )
+    return tokenizer, tokenizer_fingerprint
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(TokenizerArguments, train_tokenizer, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
