@@ -198,7 +198,7 @@ def _lines(uri: str) -> Iterator[bytes]:
 def _parquet_texts(uri: str, _format: str, spec: CorpusSpec) -> Iterator[tuple[str, float]]:
     import pyarrow.parquet as pq
 
-    with storage.open_file(uri, "rb") as f:
+    with storage.open_random_access(uri) as f:
         parquet = pq.ParquetFile(f)
         if spec.text_column not in parquet.schema_arrow.names:
             raise _missing_column(spec, parquet.schema_arrow.names, uri)

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,8 +51,10 @@ class ShardArguments:
     tokenizer: str = field(metadata={"help": "Tokenizer folder made by components.tokenizer (local or gs://)."})
     corpus: str = field(
         default="embedded",
-        metadata={"help": "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet "
-                  "paths or globs (local or gs://)."},
+        metadata={
+            "help": "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet "
+            "paths or globs (local or gs://)."
+        },
     )
     split: str = field(default="train", metadata={"help": "Name of the split written (letters, digits, _)."})
     max_length: int = field(default=128, metadata={"help": "Tokens per sample."})
@@ -60,13 +62,19 @@ class ShardArguments:
     num_parts: int = field(default=1, metadata={"help": "Number of parts the corpus is split into."})
     part: int = field(default=0, metadata={"help": "Which part this run writes (0 .. num_parts-1)."})
     holdout_fraction: float = field(
-        default=0.0, metadata={"help": "Fraction of texts held out (chosen by content hash), for a corpus "
-                               "without a validation split. 0 keeps every text."},
+        default=0.0,
+        metadata={
+            "help": "Fraction of texts held out (chosen by content hash), for a corpus "
+            "without a validation split. 0 keeps every text."
+        },
     )
     holdout: str = field(
-        default="exclude", metadata={"help": "With --holdout_fraction: 'exclude' writes the texts not held "
-                                     "out (train), 'only' writes just the held-out ones (validation).",
-                                     "choices": HOLDOUT_CHOICES},
+        default="exclude",
+        metadata={
+            "help": "With --holdout_fraction: 'exclude' writes the texts not held "
+            "out (train), 'only' writes just the held-out ones (validation).",
+            "choices": HOLDOUT_CHOICES,
+        },
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
     limit: int | None = field(default=None, metadata={"help": "Read at most this many texts of the corpus."})
@@ -138,7 +146,8 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
     writer.close()
     if writer.total_records == 0 and arguments.num_parts == 1:
         raise InvalidParameter(
-            "max_length", arguments.max_length,
+            "max_length",
+            arguments.max_length,
             f"the corpus gave {packer.tokens_seen} tokens, less than one sample; use a larger corpus or a "
             "smaller --max_length",
         )
@@ -155,8 +164,13 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
     storage.write_text_atomic(part_uri, _dumps(part_manifest))
     log.info(
         "part %d: %d texts, %d samples in %d files, %d tokens dropped, %.1f s (%.0f tokens/s)",
-        arguments.part, text_count, writer.total_records, len(writer.files), part_manifest["tokens_dropped"],
-        seconds, packer.tokens_seen / max(seconds, 1e-9),
+        arguments.part,
+        text_count,
+        writer.total_records,
+        len(writer.files),
+        part_manifest["tokens_dropped"],
+        seconds,
+        packer.tokens_seen / max(seconds, 1e-9),
     )
     if arguments.num_parts == 1:
         return merge_manifests(arguments.output)
@@ -173,8 +187,7 @@ def _settings(arguments: ShardArguments, tokenizer: Any, tokenizer_fingerprint: 
     """What identifies a shard set: parts made with different settings cannot be merged or reused."""
     return {
         "format": "tfrecord/tf.train.Example",
-        "features": {"input_ids": f"int64[{arguments.max_length}]",
-                     "attention_mask": f"int64[{arguments.max_length}]"},
+        "features": {"input_ids": f"int64[{arguments.max_length}]", "attention_mask": f"int64[{arguments.max_length}]"},
         "split": arguments.split,
         "max_length": arguments.max_length,
         "records_per_shard": arguments.records_per_shard,
@@ -184,8 +197,7 @@ def _settings(arguments: ShardArguments, tokenizer: Any, tokenizer_fingerprint: 
         "corpus": arguments.corpus_spec.describe(),
         "vocab_size": len(tokenizer),
         "special_tokens": {
-            role: getattr(tokenizer, f"{role}_token_id")
-            for role in ("bos", "eos", "pad", "mask", "unk", "cls", "sep")
+            role: getattr(tokenizer, f"{role}_token_id") for role in ("bos", "eos", "pad", "mask", "unk", "cls", "sep")
         },
         "tokenizer_fingerprint": tokenizer_fingerprint,
     }
@@ -205,7 +217,8 @@ def _completed(arguments: ShardArguments, settings: dict[str, Any], part_uri: st
         if not arguments.overwrite:
             differing = sorted(key for key, value in settings.items() if existing.get(key) != value)
             raise InvalidParameter(
-                "output", arguments.output,
+                "output",
+                arguments.output,
                 f"already holds finished shards made with other settings ({', '.join(differing)}); "
                 "choose another folder or pass --overwrite",
             )

@@ -8,6 +8,7 @@ Writes that must never be seen half-done go to a temporary name and are renamed 
 from __future__ import annotations
 
 import functools
+import io
 import os
 import posixpath
 import uuid
@@ -89,6 +90,39 @@ def remove(uri: str) -> None:
 
 def open_file(uri: str, mode: str = "rb") -> Any:
     return gfile().GFile(uri, mode)
+
+
+class _RandomAccessFile(io.RawIOBase):
+    """A ``GFile`` as a standard binary file, for readers (pyarrow) that need the full ``io`` interface."""
+
+    def __init__(self, uri: str):
+        self._file = gfile().GFile(uri, "rb")
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        data = self._file.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._file.seek(offset, whence)
+        return self._file.tell()
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def open_random_access(uri: str) -> io.BufferedReader:
+    return io.BufferedReader(_RandomAccessFile(uri), buffer_size=1 << 20)
 
 
 def read_bytes(uri: str) -> bytes:

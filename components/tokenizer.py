@@ -41,8 +41,10 @@ class TokenizerArguments:
     output: str = field(metadata={"help": "Folder (local path or gs:// URI) to save the tokenizer in."})
     corpus: str = field(
         default="embedded",
-        metadata={"help": "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet "
-                  "paths or globs (local or gs://)."},
+        metadata={
+            "help": "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet "
+            "paths or globs (local or gs://)."
+        },
     )
     vocab_size: int = field(default=25_000, metadata={"help": "Target vocabulary size, special tokens included."})
     text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
@@ -53,7 +55,8 @@ class TokenizerArguments:
         storage.check_uri("output", self.output)
         if not len(SPECIAL_TOKENS) < self.vocab_size <= MAX_VOCAB_SIZE:
             raise InvalidParameter(
-                "vocab_size", self.vocab_size,
+                "vocab_size",
+                self.vocab_size,
                 f"must be larger than the {len(SPECIAL_TOKENS)} special tokens {list(SPECIAL_TOKENS)} "
                 f"and at most {MAX_VOCAB_SIZE:,}",
             )
@@ -107,11 +110,20 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
     if vocab_size < arguments.vocab_size:
         log.warning(
             "the corpus reached a vocabulary of %d pieces, fewer than the %d asked for "
-            "(a larger corpus gives more pieces)", vocab_size, arguments.vocab_size,
+            "(a larger corpus gives more pieces)",
+            vocab_size,
+            arguments.vocab_size,
         )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
-        mask_token="<mask>", cls_token="<s>", sep_token="</s>", model_max_length=512,
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+        cls_token="<s>",
+        sep_token="</s>",
+        model_max_length=512,
     )
     with tempfile.TemporaryDirectory() as staging:
         fast.save_pretrained(staging)
@@ -153,7 +165,9 @@ def load_tokenizer(uri: str, parameter: str = "tokenizer") -> tuple[Any, str]:
     for role in ("mask_token", "pad_token", "bos_token", "eos_token"):
         if getattr(tokenizer, role) is None or getattr(tokenizer, f"{role}_id") is None:
             raise InvalidParameter(
-                parameter, uri, f"the tokenizer has no {role}; masked-language-model training needs "
+                parameter,
+                uri,
+                f"the tokenizer has no {role}; masked-language-model training needs "
                 "<s>, </s>, <pad> and <mask> (train one with components.tokenizer)",
             )
     return tokenizer, tokenizer_fingerprint

@@ -1,0 +1,55 @@
+"""Shared fixtures: real corpora (WikiText-2 from ../shared/data, the embedded pydoc text) and tokenizers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import components  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any test imports TensorFlow)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
+WIKITEXT = SHARED_DATA / "wikitext-2"
+
+
+@pytest.fixture(scope="session")
+def wikitext() -> Path:
+    """WikiText-2 (valid.txt, test.txt); CI has it beside the checkout, a fresh clone does not."""
+    if not (WIKITEXT / "valid.txt").exists():
+        pytest.skip(f"needs the shared WikiText-2 corpus at {WIKITEXT} (present in CI, not in a fresh clone)")
+    return WIKITEXT
+
+
+@pytest.fixture(scope="session")
+def embedded_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tokenizer trained on the embedded corpus, shared by the tests that only need some tokenizer."""
+    from components.tokenizer import TokenizerArguments, train_tokenizer
+
+    output = str(tmp_path_factory.mktemp("embedded") / "tokenizer")
+    train_tokenizer(TokenizerArguments(output=output, corpus="embedded", vocab_size=3000))
+    return output
+
+
+@pytest.fixture(scope="session")
+def wikitext_tokenizer(tmp_path_factory: pytest.TempPathFactory, wikitext: Path) -> str:
+    from components.tokenizer import TokenizerArguments, train_tokenizer
+
+    output = str(tmp_path_factory.mktemp("wikitext") / "tokenizer")
+    train_tokenizer(TokenizerArguments(output=output, corpus=str(wikitext / "valid.txt"), vocab_size=5000))
+    return output
+
+
+def run_module(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Runs ``python -m module args`` as the containers do, from the project root."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        **kwargs,
+    )

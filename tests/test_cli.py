@@ -1,0 +1,28 @@
+import subprocess
+import sys
+
+import pytest
+from conftest import PROJECT_ROOT, run_module
+
+
+@pytest.mark.parametrize("module", ["components.tokenizer", "components.shards", "components.merge_shards"])
+def test_every_component_runs_as_a_module_with_help(module):
+    result = run_module(module, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "--output" in result.stdout
+
+
+def test_importing_the_components_does_not_import_tensorflow():
+    probe = "import sys, components.shards, components.tokenizer; print('tensorflow' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_console_script_lists_jobs_and_dispatches(tmp_path):
+    result = run_module("components.cli")
+    assert result.returncode == 2
+    assert "tokenizer" in result.stdout and "shards" in result.stdout
+    result = run_module("components.cli", "tokenizer", "--output", str(tmp_path / "tok"), "--vocab_size", "3")
+    assert result.returncode == 2
+    assert "error: --vocab-size=3: must be larger than the 5 special tokens" in result.stderr
+    assert not (tmp_path / "tok").exists()

@@ -1,0 +1,112 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from components.corpus import Corpus, CorpusSpec, embedded_lines, is_held_out, select_texts
+from components.errors import InvalidParameter
+
+
+def texts_of(source: str, **kwargs) -> list[str]:
+    return list(Corpus(CorpusSpec(source, **kwargs)))
+
+
+def test_embedded_corpus_is_real_english_text_without_blank_lines():
+    texts = texts_of("embedded")
+    assert len(texts) > 5000
+    assert all(text.strip() for text in texts)
+    assert sum(len(text) for text in texts) > 300_000
+    assert len(texts) == sum(1 for line in embedded_lines() if line.strip())
+
+
+def test_text_jsonl_and_parquet_files_give_the_same_texts(tmp_path):
+    rows = ["first document", "", "second  document with  spaces", "   ", "third"]
+    (tmp_path / "a.txt").write_text("\n".join(rows) + "\n")
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"body": row, "id": i}) for i, row in enumerate(rows)))
+    pq.write_table(pa.table({"body": rows, "id": list(range(len(rows)))}), tmp_path / "a.parquet")
+    expected = ["first document", "second  document with  spaces", "third"]
+    assert texts_of(str(tmp_path / "a.txt")) == expected
+    assert texts_of(str(tmp_path / "a.jsonl"), text_column="body") == expected
+    assert texts_of(str(tmp_path / "a.parquet"), text_column="body") == expected
+
+
+def test_globs_and_comma_lists_read_files_in_order_and_limit_counts_texts(tmp_path):
+    for name, lines in {"b.txt": ["b1", "b2"], "a.txt": ["a1", "", "a2"], "c.txt": ["c1"]}.items():
+        (tmp_path / name).write_text("\n".join(lines))
+    assert texts_of(str(tmp_path / "*.txt")) == ["a1", "a2", "b1", "b2", "c1"]
+    assert texts_of(f"{tmp_path / 'c.txt'}, {tmp_path / 'a.txt'}") == ["c1", "a1", "a2"]
+    assert texts_of(str(tmp_path / "*.txt"), limit=3) == ["a1", "a2", "b1"]
+
+
+def test_progress_follows_bytes_read(tmp_path):
+    (tmp_path / "a.txt").write_text("\n".join(f"line {i}" for i in range(1000)))
+    corpus = Corpus(CorpusSpec(str(tmp_path / "a.txt")))
+    seen = [corpus.fraction_done for _ in corpus]
+    assert seen == sorted(seen) and 0 < seen[0] < 0.01 and seen[-1] == pytest.approx(1.0)
+
+
+def test_a_local_folder_named_like_a_bucket_stays_local(tmp_path):
+    folder = tmp_path / "gs" / "logs"
+    folder.mkdir(parents=True)
+    (folder / "gs.txt").write_text("local text")
+    assert texts_of(str(folder / "gs.txt")) == ["local text"]
+
+
+@pytest.mark.parametrize(
+    ("source", "parameter", "fragment"),
+    [
+        ("", "corpus", "name a corpus"),
+        ("s3://bucket/file.txt", "corpus", "unsupported URI scheme 's3'"),
+        ("gs:///file.txt", "corpus", "needs a bucket name"),
+        ("hf:", "corpus", "hf:NAME[:CONFIG[:SPLIT]]"),
+        ("hf:a:b:c:d", "corpus", "hf:NAME[:CONFIG[:SPLIT]]"),
+        ("/no/such/folder/*.txt", "corpus", "no file matches"),
+    ],
+)
+def test_bad_corpus_names_fail_naming_the_parameter(source, parameter, fragment):
+    with pytest.raises(InvalidParameter) as error:
+        Corpus(CorpusSpec(source))
+    assert error.value.parameter == parameter
+    assert fragment in str(error.value)
+    assert repr(source) in str(error.value) or source.startswith("/no")
+
+
+def test_files_that_cannot_be_read_as_text_fail_early(tmp_path):
+    (tmp_path / "data.csv").write_text("a,b\n")
+    with pytest.raises(InvalidParameter, match=r"--corpus=.*data\.csv.*unknown file type \.csv"):
+        Corpus(CorpusSpec(str(tmp_path / "data.csv")))
+    with pytest.raises(InvalidParameter, match="is a folder"):
+        Corpus(CorpusSpec(str(tmp_path)))
+
+
+def test_empty_corpus_fails_early(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n   \n\n")
+    with pytest.raises(InvalidParameter, match=r"--corpus=.*empty\.txt.*holds no text"):
+        Corpus(CorpusSpec(str(tmp_path / "empty.txt")))
+
+
+def test_missing_text_column_names_the_columns_there(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"content": "x"}) + "\n")
+    pq.write_table(pa.table({"content": ["x"]}), tmp_path / "a.parquet")
+    for name in ("a.jsonl", "a.parquet"):
+        with pytest.raises(InvalidParameter, match=r"--text-column='text'.*has no such column.*'content'"):
+            Corpus(CorpusSpec(str(tmp_path / name)))
+
+
+def test_limit_must_be_positive():
+    with pytest.raises(InvalidParameter, match="--limit=0"):
+        CorpusSpec("embedded", limit=0)
+
+
+def test_parts_partition_the_texts_and_holdout_never_overlaps():
+    texts = texts_of("embedded")
+    parts = [list(select_texts(iter(texts), 3, part)) for part in range(3)]
+    assert sorted(t for part in parts for t in part) == sorted(texts)
+    assert parts[1] == texts[1::3]
+    kept = list(select_texts(iter(texts), holdout_fraction=0.1, holdout="exclude"))
+    held = list(select_texts(iter(texts), holdout_fraction=0.1, holdout="only"))
+    assert not set(kept) & set(held)
+    assert len(kept) + len(held) == len(texts)
+    assert 0.07 < len(held) / len(texts) < 0.13
+    assert held == [t for t in texts if is_held_out(t, 0.1)]

@@ -1,0 +1,229 @@
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import PROJECT_ROOT, run_module
+from transformers import AutoTokenizer
+
+from components.errors import InvalidParameter
+from components.shards import MANIFEST, ShardArguments, merge_manifests, read_manifest, write_shards
+
+
+def read_records(folder: str, max_length: int) -> np.ndarray:
+    """Reads every shard the way the reference recipe does: glob, TFRecordDataset, FixedLenFeature."""
+    files = sorted(tf.io.gfile.glob(f"{folder}/*.tfrecord"))
+    spec = {name: tf.io.FixedLenFeature([max_length], tf.int64) for name in ("input_ids", "attention_mask")}
+    rows = [tf.io.parse_single_example(record, spec) for record in tf.data.TFRecordDataset(files)]
+    for row in rows:
+        assert (row["attention_mask"].numpy() == 1).all()
+    return np.array([row["input_ids"].numpy() for row in rows]).reshape(-1, max_length)
+
+
+def tokenized_stream(tokenizer_dir: str, texts: list[str]) -> np.ndarray:
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return np.concatenate(tokenizer(texts)["input_ids"])
+
+
+def nonblank_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+def shard_names(folder: str) -> list[str]:
+    return sorted(p.name for p in Path(folder).glob("*.tfrecord"))
+
+
+def test_shards_hold_every_token_in_order_and_names_counts_and_manifest_agree(tmp_path, wikitext, wikitext_tokenizer):
+    output = str(tmp_path / "train")
+    manifest = write_shards(
+        ShardArguments(
+            output=output,
+            tokenizer=wikitext_tokenizer,
+            corpus=str(wikitext / "test.txt"),
+            records_per_shard=500,
+        )
+    )
+    samples = read_records(output, 128)
+    stream = tokenized_stream(wikitext_tokenizer, nonblank_lines(wikitext / "test.txt"))
+
+    assert len(stream) == manifest["tokens_written"] + manifest["tokens_dropped"]
+    assert manifest["tokens_dropped"] < 128
+    assert np.array_equal(samples.reshape(-1), stream[: manifest["tokens_written"]])
+
+    names = shard_names(output)
+    assert names == [f["name"] for f in manifest["files"]]
+    for file in manifest["files"]:
+        count = int(re.search(r"-\d+-(\d+)\.tfrecord$", file["name"]).group(1))  # the reference's reader
+        assert count == file["records"] == sum(1 for _ in tf.data.TFRecordDataset(str(Path(output, file["name"]))))
+        assert file["bytes"] == Path(output, file["name"]).stat().st_size
+    assert all(f["records"] == 500 for f in manifest["files"][:-1])
+    assert manifest["num_records"] == len(samples) == sum(f["records"] for f in manifest["files"])
+    assert manifest["texts"] == len(nonblank_lines(wikitext / "test.txt"))
+    assert manifest == read_manifest(output)
+    assert manifest["split"] == "train" and manifest["max_length"] == 128 and manifest["vocab_size"] == 5000
+    assert manifest["special_tokens"]["mask"] == 4 and manifest["special_tokens"]["pad"] == 1
+    assert manifest["tokenizer_fingerprint"].startswith("sha256:")
+
+
+def test_blank_lines_add_no_tokens(tmp_path, embedded_tokenizer):
+    (tmp_path / "dense.txt").write_text("alpha beta\ngamma delta\n" * 200)
+    (tmp_path / "sparse.txt").write_text("\n\nalpha beta\n   \n\ngamma delta\n" * 200)
+    results = [
+        write_shards(
+            ShardArguments(
+                output=str(tmp_path / name),
+                tokenizer=embedded_tokenizer,
+                corpus=str(tmp_path / f"{name}.txt"),
+                max_length=16,
+            )
+        )
+        for name in ("dense", "sparse")
+    ]
+    assert results[0]["tokens_written"] == results[1]["tokens_written"]
+    assert np.array_equal(read_records(str(tmp_path / "dense"), 16), read_records(str(tmp_path / "sparse"), 16))
+
+
+def test_parts_together_equal_the_unsplit_run(tmp_path, wikitext, wikitext_tokenizer):
+    corpus = str(wikitext / "valid.txt")
+    whole = write_shards(ShardArguments(output=str(tmp_path / "whole"), tokenizer=wikitext_tokenizer, corpus=corpus))
+    parts_dir = str(tmp_path / "parts")
+    for part in (2, 0, 1):
+        write_shards(
+            ShardArguments(output=parts_dir, tokenizer=wikitext_tokenizer, corpus=corpus, num_parts=3, part=part)
+        )
+        assert not Path(parts_dir, MANIFEST).exists()
+    merged = merge_manifests(parts_dir)
+
+    texts = nonblank_lines(wikitext / "valid.txt")
+    total_tokens = len(tokenized_stream(wikitext_tokenizer, texts))
+    assert whole["texts"] == merged["texts"] == len(texts)
+    assert whole["tokens_written"] + whole["tokens_dropped"] == total_tokens
+    assert merged["tokens_written"] + merged["tokens_dropped"] == total_tokens
+    assert merged["tokens_dropped"] < 3 * 128
+    assert merged["num_records"] == sum(
+        1 for _ in tf.data.TFRecordDataset([str(Path(parts_dir, f["name"])) for f in merged["files"]])
+    )
+    # every part holds exactly its texts' tokens, in order
+    part_samples = read_records(str(Path(parts_dir)), 128)
+    streams = [tokenized_stream(wikitext_tokenizer, texts[part::3]) for part in range(3)]
+    expected = np.concatenate([stream[: len(stream) // 128 * 128] for stream in streams])
+    assert np.array_equal(part_samples.reshape(-1), expected)
+    # the multiset of tokens is the unsplit run's, up to the leftovers
+    whole_counts = np.bincount(read_records(str(tmp_path / "whole"), 128).reshape(-1), minlength=5000)
+    part_counts = np.bincount(part_samples.reshape(-1), minlength=5000)
+    assert np.abs(whole_counts - part_counts).sum() <= whole["tokens_dropped"] + merged["tokens_dropped"]
+
+
+def test_merge_refuses_missing_or_mismatched_parts(tmp_path, embedded_tokenizer):
+    output = str(tmp_path / "s")
+    write_shards(ShardArguments(output=output, tokenizer=embedded_tokenizer, num_parts=3, part=0))
+    with pytest.raises(InvalidParameter, match=r"is missing parts \[1, 2\] of 3"):
+        merge_manifests(output)
+    write_shards(ShardArguments(output=output, tokenizer=embedded_tokenizer, num_parts=3, part=1, max_length=64))
+    with pytest.raises(InvalidParameter, match=r"different settings: .*max_length"):
+        merge_manifests(output)
+    assert not Path(output, MANIFEST).exists()
+
+
+def test_holdout_splits_never_share_a_text(tmp_path, embedded_tokenizer):
+    common = {"tokenizer": embedded_tokenizer, "holdout_fraction": 0.1, "max_length": 32}
+    train = write_shards(ShardArguments(output=str(tmp_path / "train"), **common))
+    valid = write_shards(ShardArguments(output=str(tmp_path / "valid"), split="validation", holdout="only", **common))
+    all_texts = write_shards(ShardArguments(output=str(tmp_path / "all"), tokenizer=embedded_tokenizer, max_length=32))
+    assert train["texts"] + valid["texts"] == all_texts["texts"]
+    assert 0.05 < valid["texts"] / all_texts["texts"] < 0.15
+    assert shard_names(str(tmp_path / "valid"))[0].startswith("validation-00000-00000-")
+    assert valid["holdout"] == "only" and train["holdout"] == "exclude"
+
+
+def test_rerun_is_idempotent_and_other_settings_need_overwrite(tmp_path, embedded_tokenizer):
+    output = str(tmp_path / "s")
+    first = write_shards(ShardArguments(output=output, tokenizer=embedded_tokenizer))
+    mtimes = {p.name: p.stat().st_mtime_ns for p in Path(output).glob("*.tfrecord")}
+    assert write_shards(ShardArguments(output=output, tokenizer=embedded_tokenizer)) == first
+    assert {p.name: p.stat().st_mtime_ns for p in Path(output).glob("*.tfrecord")} == mtimes
+    with pytest.raises(InvalidParameter, match=r"--output=.*other settings \(features, max_length\).*--overwrite"):
+        write_shards(ShardArguments(output=output, tokenizer=embedded_tokenizer, max_length=64))
+    second = write_shards(ShardArguments(output=output, tokenizer=embedded_tokenizer, max_length=64, overwrite=True))
+    assert second["max_length"] == 64
+    assert shard_names(output) == [f["name"] for f in second["files"]]
+    assert len(read_records(output, 64)) == second["num_records"]
+
+
+@pytest.mark.slow
+def test_a_killed_writer_leaves_nothing_half_published_and_a_rerun_completes(tmp_path, wikitext, wikitext_tokenizer):
+    corpus = f"{wikitext / 'valid.txt'},{wikitext / 'test.txt'}"
+    args = ["--tokenizer", wikitext_tokenizer, "--corpus", corpus, "--records_per_shard", "50", "--batch_size", "100"]
+    reference = str(tmp_path / "reference")
+    assert run_module("components.shards", *args, "--output", reference).returncode == 0
+
+    output = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "components.shards", *args, "--output", str(output)],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while len(list(output.glob("*.tfrecord"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, "the writer finished before it could be killed"
+
+    assert not (output / MANIFEST).exists()
+    for shard in output.glob("*.tfrecord"):  # whatever is visible under a final name is complete
+        count = int(shard.name.rsplit("-", 1)[1].split(".")[0])
+        assert sum(1 for _ in tf.data.TFRecordDataset(str(shard))) == count
+
+    assert run_module("components.shards", *args, "--output", str(output)).returncode == 0
+    assert shard_names(str(output)) == shard_names(reference)
+    for name in shard_names(reference):
+        assert (output / name).read_bytes() == Path(reference, name).read_bytes()
+    assert json.loads((output / MANIFEST).read_text()) == json.loads(Path(reference, MANIFEST).read_text())
+    assert [p.name for p in output.iterdir() if p.name.endswith(".partial")] == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"max_length": 0}, r"--max-length=0: must be from 8 to 8192"),
+        ({"max_length": 100_000}, r"--max-length=100000: must be from 8 to 8192"),
+        ({"records_per_shard": 0}, r"--records-per-shard=0"),
+        ({"num_parts": 2, "part": 2}, r"--part=2: must be from 0 to num_parts-1 = 1"),
+        ({"holdout_fraction": 1.0}, r"--holdout-fraction=1.0"),
+        ({"holdout": "only"}, r"--holdout='only': 'only' needs a --holdout_fraction"),
+        ({"split": "train/x"}, r"--split='train/x'"),
+        ({"output": "s3://bucket/shards"}, r"--output='s3://bucket/shards': unsupported URI scheme 's3'"),
+        ({"corpus": "/no/such/*.txt"}, r"--corpus='/no/such/\*.txt': no file matches"),
+        ({"text_column": "body", "corpus": "JSONL"}, r"--text-column='body'.*has no such column.*\['text'\]"),
+        ({"corpus": "EMPTY"}, r"--corpus=.*holds no text"),
+        ({"tokenizer": "/no/such/tokenizer"}, r"--tokenizer='/no/such/tokenizer': is not a tokenizer folder"),
+        ({"corpus": "TINY", "max_length": 512}, r"--max-length=512: the corpus gave \d+ tokens, less than one"),
+    ],
+)
+def test_bad_input_fails_fast_naming_the_parameter_and_writes_nothing(tmp_path, embedded_tokenizer, arguments, message):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "tiny.txt").write_text("a few words\n")
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    named = {"EMPTY": tmp_path / "empty.txt", "TINY": tmp_path / "tiny.txt", "JSONL": tmp_path / "rows.jsonl"}
+    if arguments.get("corpus") in named:
+        arguments = {**arguments, "corpus": str(named[arguments["corpus"]])}
+    output = tmp_path / "out"
+    with pytest.raises(InvalidParameter, match=message):
+        write_shards(ShardArguments(**{"output": str(output), "tokenizer": embedded_tokenizer, **arguments}))
+    assert not output.exists() or not list(output.rglob("*.*"))
+
+
+def test_cli_reports_bad_input_in_one_line_with_exit_code_2(tmp_path, embedded_tokenizer):
+    result = run_module(
+        "components.shards", "--tokenizer", embedded_tokenizer, "--output", str(tmp_path / "o"), "--max_length", "4"
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == "error: --max-length=4: must be from 8 to 8192 tokens"
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,42 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.tfrecords import feature_spec, serialize_examples, varint
+
+
+def reference_example(ids: np.ndarray) -> tf.train.Example:
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids.tolist())),
+                "attention_mask": tf.train.Feature(int64_list=tf.train.Int64List(value=[1] * len(ids))),
+            }
+        )
+    )
+
+
+@pytest.mark.parametrize("largest", [100, 25_000, 2**21 + 5, 2**34])
+def test_batch_serializer_writes_the_protobuf_tf_train_example_writes(largest):
+    rng = np.random.default_rng(largest)
+    ids = rng.integers(0, largest, size=(64, 128))
+    ids[0] = 0
+    ids[1] = 127  # the widths where varints change size
+    ids[2] = 128
+    ids[3] = largest - 1
+    records = serialize_examples(ids)
+    assert len(records) == len(ids)
+    for row, record in zip(ids, records, strict=True):
+        assert tf.train.Example.FromString(record) == reference_example(row)
+        assert len(record) == reference_example(row).ByteSize()
+        parsed = tf.io.parse_single_example(record, feature_spec(128))
+        assert parsed["input_ids"].numpy().tolist() == row.tolist()
+
+
+def test_serializer_refuses_ids_it_cannot_encode():
+    with pytest.raises(ValueError, match="non-negative"):
+        serialize_examples(np.array([[1, -1]]))
+
+
+def test_varint():
+    assert [varint(v) for v in (0, 1, 127, 128, 300)] == [b"\x00", b"\x01", b"\x7f", b"\x80\x01", b"\xac\x02"]
