@@ -168,31 +168,50 @@ def _missing_column(spec: CorpusSpec, columns: list[str], where: str) -> Invalid
 
 
 def _line_texts(uri: str, file_format: str, spec: CorpusSpec) -> Iterator[tuple[str, float]]:
-    """Lines of a text or JSON-lines file, read in 1 MiB chunks, with the fraction of the file read."""
+    """Lines of a text or JSON-lines file with the fraction of the file read, decoded a 1 MiB block at a time."""
     file_size = max(storage.size(uri), 1)
     done = 0
-    for line in _lines(uri):
-        done += len(line) + 1
-        text = line.decode("utf-8", errors="replace")
-        if file_format == "jsonl":
-            if not text.strip():
-                continue
-            row = json.loads(text)
-            if not isinstance(row, dict) or spec.text_column not in row:
-                raise _missing_column(spec, list(row) if isinstance(row, dict) else [], uri)
-            text = row[spec.text_column] or ""
-        yield text, min(done / file_size, 1.0)
+    for block, block_bytes in _line_blocks(uri):
+        done += block_bytes
+        fraction = min(done / file_size, 1.0)
+        for line in block:
+            if file_format == "jsonl":
+                line = _jsonl_text(line, spec, uri)
+            yield line, fraction
 
 
-def _lines(uri: str) -> Iterator[bytes]:
+def _line_blocks(uri: str) -> Iterator[tuple[list[str], int]]:
+    """The file's lines, a block of whole lines at a time (splitting on "\\n", which never falls inside a
+    UTF-8 character), with the number of bytes each block took."""
     with storage.open_file(uri, "rb") as f:
         tail = b""
         while chunk := f.read(_CHUNK_BYTES):
-            lines = (tail + chunk).split(b"\n")
-            tail = lines.pop()
-            yield from (line.rstrip(b"\r") for line in lines)
+            buffer = tail + chunk
+            cut = buffer.rfind(b"\n")
+            if cut < 0:
+                tail = buffer
+                continue
+            block, tail = buffer[:cut], buffer[cut + 1 :]
+            yield _decode_lines(block), cut + 1
         if tail:
-            yield tail.rstrip(b"\r")
+            yield _decode_lines(tail), len(tail)
+
+
+def _decode_lines(block: bytes) -> list[str]:
+    text = block.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if "\r" in text:  # Windows line ends
+        lines = [line.removesuffix("\r") for line in lines]
+    return lines
+
+
+def _jsonl_text(line: str, spec: CorpusSpec, uri: str) -> str:
+    if not line.strip():
+        return ""
+    row = json.loads(line)
+    if not isinstance(row, dict) or spec.text_column not in row:
+        raise _missing_column(spec, list(row) if isinstance(row, dict) else [], uri)
+    return row[spec.text_column] or ""
 
 
 def _parquet_texts(uri: str, _format: str, spec: CorpusSpec) -> Iterator[tuple[str, float]]:
@@ -216,6 +235,9 @@ def select_texts(
     """The texts of one part (text ``i`` belongs to part ``i mod num_parts``), without or with only the
     held-out ones. Held-out texts are chosen by a hash of their content, so the choice is the same in every
     run and every part, and the held-out and kept sets never share a text."""
+    if num_parts == 1 and holdout_fraction == 0:
+        yield from texts
+        return
     for index, text in enumerate(texts):
         if index % num_parts != part:
             continue

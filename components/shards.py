@@ -17,6 +17,7 @@ Rerunning after a crash redoes the unfinished part and yields one complete set.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -235,13 +236,8 @@ def _remove_leftovers(arguments: ShardArguments) -> None:
 
 def _tokenized_batches(backend: Any, texts: Iterator[str], batch_size: int) -> Iterator[tuple[int, np.ndarray]]:
     """(number of texts, concatenated token ids) per batch. The next batch is tokenized in a thread (the
-    tokenizer releases the GIL and uses every core) while the caller writes the current one."""
-
-    def encode(batch: list[str]) -> tuple[int, np.ndarray]:
-        encodings = backend.encode_batch_fast(batch)
-        total = sum(len(encoding.ids) for encoding in encodings)
-        ids = np.fromiter((i for encoding in encodings for i in encoding.ids), dtype=np.int64, count=total)
-        return len(batch), ids
+    tokenizer releases the GIL and uses every core) while this thread reads texts, converts the ids and the
+    caller writes the current batch."""
 
     def batches() -> Iterator[list[str]]:
         batch: list[str] = []
@@ -253,15 +249,20 @@ def _tokenized_batches(backend: Any, texts: Iterator[str], batch_size: int) -> I
         if batch:
             yield batch
 
+    def concatenated_ids(encodings: list[Any]) -> tuple[int, np.ndarray]:
+        ids = [encoding.ids for encoding in encodings]
+        total = sum(map(len, ids))
+        return len(ids), np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total)
+
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = None
         for batch in batches():
-            future = pool.submit(encode, batch)
+            future = pool.submit(backend.encode_batch_fast, batch)
             if pending is not None:
-                yield pending.result()
+                yield concatenated_ids(pending.result())
             pending = future
         if pending is not None:
-            yield pending.result()
+            yield concatenated_ids(pending.result())
 
 
 class SamplePacker:

@@ -40,10 +40,12 @@ def test_globs_and_comma_lists_read_files_in_order_and_limit_counts_texts(tmp_pa
 
 
 def test_progress_follows_bytes_read(tmp_path):
-    (tmp_path / "a.txt").write_text("\n".join(f"line {i}" for i in range(1000)))
+    (tmp_path / "a.txt").write_text("\n".join(f"line {i} é" for i in range(400_000)))  # 5 MB: several blocks
     corpus = Corpus(CorpusSpec(str(tmp_path / "a.txt")))
     seen = [corpus.fraction_done for _ in corpus]
-    assert seen == sorted(seen) and 0 < seen[0] < 0.01 and seen[-1] == pytest.approx(1.0)
+    assert len(seen) == 400_000
+    assert seen == sorted(seen) and 0.1 < seen[0] < 0.3 and seen[-1] == pytest.approx(1.0)
+    assert len(set(seen)) >= 4
 
 
 def test_a_local_folder_named_like_a_bucket_stays_local(tmp_path):
@@ -110,3 +112,9 @@ def test_parts_partition_the_texts_and_holdout_never_overlaps():
     assert len(kept) + len(held) == len(texts)
     assert 0.07 < len(held) / len(texts) < 0.13
     assert held == [t for t in texts if is_held_out(t, 0.1)]
+
+
+def test_lines_across_read_blocks_multibyte_text_and_crlf_are_read_whole(tmp_path):
+    lines = [f"ligne {i} é ü 東京 {'x' * (i % 97)}" for i in range(120_000)]  # about 6 MB
+    (tmp_path / "crlf.txt").write_bytes("\r\n".join(lines).encode())
+    assert list(Corpus(CorpusSpec(str(tmp_path / "crlf.txt")))) == lines

@@ -1,0 +1,105 @@
+"""Sharding throughput against its limit: the fast tokenizer's batched encoding of the same texts alone.
+
+Both run in the same process on the same cores, alternating, on WikiText-2 (``../shared/data``) by default:
+
+* limit: ``Tokenizer.encode_batch_fast`` over the texts already in memory, batch by batch, nothing else;
+* sharding: ``components.shards.write_shards`` end to end: read the files, tokenize, pack into samples,
+  serialize ``tf.train.Example`` records, write and publish the TFRecord shards and the manifest.
+
+It prints tokens/s for both (median of the repeats) and their ratio, and writes the figures as JSON.
+
+    python benchmarks/shard_throughput.py [--corpus FILES] [--copies 4] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from transformers import HfArgumentParser
+
+import components  # noqa: F401  (environment for TensorFlow)
+from components.corpus import Corpus, CorpusSpec
+from components.shards import ShardArguments, write_shards
+from components.tokenizer import TokenizerArguments, load_tokenizer, train_tokenizer
+
+WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
+
+
+@dataclass
+class BenchmarkArguments:
+    corpus: str = field(
+        default=f"{WIKITEXT / 'valid.txt'},{WIKITEXT / 'test.txt'}", metadata={"help": "Corpus to shard."}
+    )
+    copies: int = field(default=4, metadata={"help": "Read the corpus this many times over, for longer runs."})
+    repeats: int = field(default=5, metadata={"help": "Timed runs of each side; the median is reported."})
+    vocab_size: int = field(default=8000, metadata={"help": "Vocabulary of the tokenizer trained first."})
+    batch_size: int = field(default=1000, metadata={"help": "Texts per tokenization batch, on both sides."})
+    output: str = field(default="benchmarks/results/shard_throughput.json", metadata={"help": "JSON results."})
+
+
+def main() -> None:
+    (arguments,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses()
+    corpus = ",".join([arguments.corpus] * arguments.copies)
+    with tempfile.TemporaryDirectory() as work:
+        tokenizer_dir = os.path.join(work, "tokenizer")
+        train_tokenizer(
+            TokenizerArguments(output=tokenizer_dir, corpus=arguments.corpus, vocab_size=arguments.vocab_size)
+        )
+        backend = load_tokenizer(tokenizer_dir)[0].backend_tokenizer
+        texts = list(Corpus(CorpusSpec(corpus)))
+        batches = [texts[i : i + arguments.batch_size] for i in range(0, len(texts), arguments.batch_size)]
+        tokens = sum(len(encoding.ids) for batch in batches for encoding in backend.encode_batch_fast(batch))
+
+        def encode_only() -> float:
+            started = time.perf_counter()
+            for batch in batches:
+                backend.encode_batch_fast(batch)
+            return time.perf_counter() - started
+
+        def shard(run: int) -> float:
+            output = os.path.join(work, f"shards-{run}")
+            started = time.perf_counter()
+            manifest = write_shards(
+                ShardArguments(output=output, tokenizer=tokenizer_dir, corpus=corpus, batch_size=arguments.batch_size)
+            )
+            seconds = time.perf_counter() - started
+            assert manifest["tokens_written"] + manifest["tokens_dropped"] == tokens
+            return seconds
+
+        encode_only()  # warm-up: thread pool, page cache
+        limit_seconds, shard_seconds = [], []
+        for run in range(arguments.repeats):
+            limit_seconds.append(encode_only())
+            shard_seconds.append(shard(run))
+
+    limit = tokens / statistics.median(limit_seconds)
+    sharding = tokens / statistics.median(shard_seconds)
+    result = {
+        "command": "python " + " ".join(sys.argv),
+        "cpu_count": os.cpu_count(),
+        "texts": len(texts),
+        "tokens": tokens,
+        "encode_only_tokens_per_s": round(limit),
+        "sharding_tokens_per_s": round(sharding),
+        "ratio": round(sharding / limit, 3),
+        "encode_only_seconds": limit_seconds,
+        "sharding_seconds": shard_seconds,
+        "arguments": asdict(arguments),
+    }
+    Path(arguments.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(arguments.output).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{len(texts):,} texts, {tokens:,} tokens, {os.cpu_count()} cores, median of {arguments.repeats} runs")
+    print(f"  encode only (limit): {limit:>12,.0f} tokens/s")
+    print(f"  sharding:            {sharding:>12,.0f} tokens/s")
+    print(f"  ratio:               {sharding / limit:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()
