@@ -118,3 +118,18 @@ def test_lines_across_read_blocks_multibyte_text_and_crlf_are_read_whole(tmp_pat
     lines = [f"ligne {i} é ü 東京 {'x' * (i % 97)}" for i in range(120_000)]  # about 6 MB
     (tmp_path / "crlf.txt").write_bytes("\r\n".join(lines).encode())
     assert list(Corpus(CorpusSpec(str(tmp_path / "crlf.txt")))) == lines
+
+
+def test_hub_datasets_stream_through_the_datasets_library(tmp_path):
+    """A dataset folder laid out like a Hub repository, loaded by the same ``load_dataset`` call as
+    ``hf:wikitext:wikitext-103-raw-v1`` (the Hub itself is out of reach here)."""
+    (tmp_path / "data").mkdir()
+    rows = ["= Heading =", "", "A paragraph of text .", "Another one ."]
+    pq.write_table(pa.table({"text": rows}), tmp_path / "data" / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"text": ["held out"]}), tmp_path / "data" / "validation-00000-of-00001.parquet")
+    assert texts_of(f"hf:{tmp_path}") == ["= Heading =", "A paragraph of text .", "Another one ."]
+    assert texts_of(f"hf:{tmp_path}:default:validation") == ["held out"]
+    with pytest.raises(InvalidParameter, match=r"--text-column='body'.*has no such column.*\['text'\]"):
+        texts_of(f"hf:{tmp_path}", text_column="body")
+    with pytest.raises(InvalidParameter, match=r"--corpus=.*cannot load the Hub dataset"):
+        texts_of(f"hf:{tmp_path / 'missing'}")
