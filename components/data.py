@@ -1,0 +1,103 @@
+"""Streaming shards into training and evaluation: ``tf.data`` from the manifest, masking inside the graph.
+
+The pipeline reads the files a manifest lists (local or ``gs://``), in shuffled file order with parallel
+interleaved reads, shuffles samples, batches, parses a whole batch with one ``tf.io.parse_example`` call
+and masks it with stateless random ops. Everything runs inside the ``tf.data`` graph, so nothing waits on
+Python and the model step compiles with XLA on TPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from components import storage
+from components.tfrecords import feature_spec
+
+IGNORE_INDEX = -100  # the label transformers' loss skips
+
+
+@dataclass(frozen=True)
+class Masking:
+    """BERT/RoBERTa masking: ``probability`` of the maskable tokens are chosen; of those, 80% become
+    ``<mask>``, 10% a random token and 10% stay as they are. Special and padding tokens are never chosen."""
+
+    mask_token_id: int
+    vocab_size: int
+    special_token_ids: tuple[int, ...]
+    probability: float = 0.15
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any], probability: float = 0.15) -> Masking:
+        special = manifest["special_tokens"]
+        ids = tuple(sorted({value for value in special.values() if value is not None}))
+        return cls(special["mask"], manifest["vocab_size"], ids, probability)
+
+
+def mask_tokens(batch: dict[str, Any], seed: Any, masking: Masking) -> dict[str, Any]:
+    """Masks a parsed batch; ``seed`` (two int64) makes the result reproducible. Adds ``labels``: the
+    original id where a token was chosen, -100 elsewhere."""
+    import tensorflow as tf
+
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+    shape = tf.shape(input_ids)
+    choose_seed, action_seed, random_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
+    special = tf.reduce_any(input_ids[..., None] == tf.constant(masking.special_token_ids, tf.int64), axis=-1)
+    maskable = ~special & (attention_mask == 1)
+    chosen = maskable & (tf.random.stateless_uniform(shape, choose_seed) < masking.probability)
+    action = tf.random.stateless_uniform(shape, action_seed)
+    random_ids = tf.random.stateless_uniform(shape, random_seed, 0, masking.vocab_size, dtype=tf.int64)
+    masked = tf.where(chosen & (action < 0.8), tf.constant(masking.mask_token_id, tf.int64), input_ids)
+    masked = tf.where(chosen & (action >= 0.8) & (action < 0.9), random_ids, masked)
+    return {
+        "input_ids": masked,
+        "attention_mask": attention_mask,
+        "labels": tf.where(chosen, input_ids, tf.constant(IGNORE_INDEX, tf.int64)),
+    }
+
+
+def shard_files(uri: str, manifest: dict[str, Any]) -> list[str]:
+    return [storage.join(uri, file["name"]) for file in manifest["files"]]
+
+
+def masked_dataset(
+    uri: str,
+    manifest: dict[str, Any],
+    batch_size: int,
+    masking: Masking,
+    *,
+    training: bool,
+    seed: int = 0,
+    shuffle_buffer: int = 10_000,
+    parallel_reads: int = 16,
+    drop_remainder: bool | None = None,
+) -> Any:
+    """Batches of masked samples from the shard folder ``uri``.
+
+    Training: file order shuffled, samples shuffled, repeated forever, full batches only. Evaluation: one
+    deterministic pass, the last batch short unless ``drop_remainder`` (TPUs need full batches), masking
+    identical in every run for the same seed."""
+    import tensorflow as tf
+
+    autotune = tf.data.AUTOTUNE
+    files = shard_files(uri, manifest)
+    spec = feature_spec(manifest["max_length"])
+    dataset = tf.data.Dataset.from_tensor_slices(files)
+    if training:
+        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
+    dataset = dataset.interleave(
+        lambda path: tf.data.TFRecordDataset(path, buffer_size=1 << 20),
+        cycle_length=min(parallel_reads, len(files)),
+        num_parallel_calls=autotune,
+        deterministic=not training,
+    )
+    if training:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+    dataset = dataset.batch(batch_size, drop_remainder=training if drop_remainder is None else drop_remainder)
+    dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=autotune)
+    dataset = dataset.enumerate().map(
+        lambda index, batch: mask_tokens(batch, tf.stack([tf.constant(seed, tf.int64), index]), masking),
+        num_parallel_calls=autotune,
+        deterministic=not training,
+    )
+    return dataset.prefetch(autotune)

@@ -1,0 +1,230 @@
+"""Evaluate a masked language model on shards: loss, perplexity, masked-token accuracy, fill-mask examples.
+
+Masking uses a fixed seed, so two runs, or two models, are scored on exactly the same masked positions.
+Loss and accuracy count only the masked positions (the reference recipe's accuracy counted every position,
+most of which the model only has to copy). Writes ``metrics.json`` and a Markdown report ``report.md``.
+
+    python -m components.evaluate --model /tmp/model --shards /tmp/shards/validation --output /tmp/eval
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components import storage
+from components.cli import run_job
+from components.data import Masking, masked_dataset
+from components.errors import InvalidParameter
+from components.shards import read_manifest
+from components.tokenizer import TOKENIZER_FILE, fingerprint
+
+log = logging.getLogger("tpu_mlm.evaluate")
+
+METRICS_FILE = "metrics.json"
+REPORT_FILE = "report.md"
+DEFAULT_SENTENCES = (
+    "The history of the <mask> begins in the early twentieth century.",
+    "The function returns a <mask> of values.",
+    "In 1990 the band released their first <mask>.",
+)
+
+
+@dataclass
+class EvaluateArguments:
+    model: str = field(metadata={"help": "Model folder from components.train (local or gs://)."})
+    shards: str = field(metadata={"help": "Shard folder with manifest.json to evaluate on."})
+    output: str = field(metadata={"help": "Folder for metrics.json and report.md."})
+    batch_size: int = field(default=64, metadata={"help": "Samples per evaluation batch."})
+    max_batches: int | None = field(default=None, metadata={"help": "Evaluate at most this many batches."})
+    mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of tokens masked."})
+    seed: int = field(default=0, metadata={"help": "Masking seed; keep it fixed to compare runs and models."})
+    fill_mask: str = field(
+        default=" | ".join(DEFAULT_SENTENCES),
+        metadata={"help": "Sentences for fill-mask examples, separated by ' | ', each with <mask>."},
+    )
+    top_k: int = field(default=5, metadata={"help": "Predictions shown per fill-mask sentence."})
+
+    def __post_init__(self) -> None:
+        for parameter in ("model", "shards", "output"):
+            storage.check_uri(parameter, getattr(self, parameter))
+        if self.batch_size < 1:
+            raise InvalidParameter("batch_size", self.batch_size, "must be a positive whole number")
+        if self.max_batches is not None and self.max_batches < 1:
+            raise InvalidParameter("max_batches", self.max_batches, "must be positive, or unset for all")
+        check_probability(self.mlm_probability)
+        if self.top_k < 1:
+            raise InvalidParameter("top_k", self.top_k, "must be a positive whole number")
+
+    @property
+    def sentences(self) -> list[str]:
+        return [sentence.strip() for sentence in self.fill_mask.split("|") if sentence.strip()]
+
+
+def check_probability(value: float) -> None:
+    if not 0.0 < value < 1.0:
+        raise InvalidParameter("mlm_probability", value, "must be between 0 and 1 (0.15 is usual)")
+
+
+def masked_lm_metrics(model: Any, dataset: Any, strategy: Any = None, max_batches: int | None = None) -> dict:
+    """Mean cross-entropy over masked tokens, perplexity, masked-token accuracy and counts, over
+    ``dataset`` (batches from :func:`components.data.masked_dataset`)."""
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+
+    def replica_sums(batch: dict[str, Any]) -> tuple[Any, Any, Any]:
+        logits = model(
+            {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, training=False
+        ).logits
+        logits = tf.cast(logits, tf.float32)
+        labels = batch["labels"]
+        masked = labels >= 0
+        safe_labels = tf.where(masked, labels, 0)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=safe_labels, logits=logits)
+        weights = tf.cast(masked, tf.float32)
+        correct = tf.cast(tf.argmax(logits, axis=-1) == safe_labels, tf.float32) * weights
+        return tf.reduce_sum(losses * weights), tf.reduce_sum(weights), tf.reduce_sum(correct)
+
+    @tf.function
+    def step(batch: dict[str, Any]) -> list[Any]:
+        sums = strategy.run(replica_sums, args=(batch,))
+        return [strategy.reduce("SUM", value, axis=None) for value in sums]
+
+    loss_sum = tokens = correct = 0.0
+    batches = samples = 0
+    for batch in dataset:
+        batch_loss, batch_tokens, batch_correct = (float(value) for value in step(batch))
+        loss_sum, tokens, correct = loss_sum + batch_loss, tokens + batch_tokens, correct + batch_correct
+        batches += 1
+        samples += int(batch["input_ids"].shape[0])
+        if max_batches is not None and batches >= max_batches:
+            break
+    if tokens == 0:
+        raise InvalidParameter("shards", "(evaluation set)", "no token was masked; the evaluation set is empty")
+    loss = loss_sum / tokens
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "masked_accuracy": correct / tokens,
+        "masked_tokens": int(tokens),
+        "samples": samples,
+        "batches": batches,
+    }
+
+
+def fill_mask_examples(model: Any, tokenizer: Any, sentences: list[str], top_k: int) -> list[dict[str, Any]]:
+    """Top-k predictions for each sentence through ``pipeline("fill-mask", framework="tf")``."""
+    from transformers import pipeline
+
+    # dtype=None: transformers 4.57's default dtype="auto" looks itself up on torch, which is not installed.
+    fill = pipeline("fill-mask", model=model, tokenizer=tokenizer, framework="tf", dtype=None)
+    examples = []
+    for sentence in sentences:
+        text = sentence.replace("<mask>", tokenizer.mask_token)
+        predictions = fill(text, top_k=top_k)
+        examples.append(
+            {
+                "sentence": sentence,
+                "predictions": [
+                    {"token": p["token_str"], "score": round(float(p["score"]), 5), "sequence": p["sequence"]}
+                    for p in predictions
+                ],
+            }
+        )
+    return examples
+
+
+def load_model(uri: str, local_dir: Path, parameter: str = "model") -> tuple[Any, Any, str]:
+    """Model, tokenizer and tokenizer fingerprint of a saved model folder (local or gs://)."""
+    from transformers import AutoTokenizer, TFAutoModelForMaskedLM
+
+    if not storage.exists(storage.join(uri, "config.json")):
+        raise InvalidParameter(parameter, uri, "is not a saved model folder (no config.json in it)")
+    storage.download_folder(uri, local_dir)
+    if not (local_dir / TOKENIZER_FILE).exists():
+        raise InvalidParameter(parameter, uri, f"holds no tokenizer ({TOKENIZER_FILE}) beside the model")
+    model = TFAutoModelForMaskedLM.from_pretrained(local_dir)
+    tokenizer = AutoTokenizer.from_pretrained(local_dir)
+    return model, tokenizer, fingerprint((local_dir / TOKENIZER_FILE).read_bytes())
+
+
+def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
+    """Scores the model on the shards and writes metrics.json and report.md; returns the metrics."""
+    manifest = read_manifest(arguments.shards)
+    sentences = arguments.sentences
+    for sentence in sentences:
+        if sentence.count("<mask>") != 1:
+            raise InvalidParameter("fill_mask", sentence, "each sentence needs exactly one <mask>")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as local:
+        model, tokenizer, model_fingerprint = load_model(arguments.model, Path(local))
+        if model_fingerprint != manifest["tokenizer_fingerprint"]:
+            raise InvalidParameter(
+                "shards",
+                arguments.shards,
+                f"were made with another tokenizer ({manifest['tokenizer_fingerprint']}) than the model's "
+                f"({model_fingerprint})",
+            )
+        masking = Masking.from_manifest(manifest, arguments.mlm_probability)
+        dataset = masked_dataset(
+            arguments.shards, manifest, arguments.batch_size, masking, training=False, seed=arguments.seed
+        )
+        metrics = masked_lm_metrics(model, dataset, max_batches=arguments.max_batches)
+        examples = fill_mask_examples(model, tokenizer, sentences, arguments.top_k) if sentences else []
+    metrics.update(
+        seconds=round(time.perf_counter() - started, 3),
+        split=manifest["split"],
+        mlm_probability=arguments.mlm_probability,
+        seed=arguments.seed,
+        fill_mask=examples,
+        arguments=asdict(arguments),
+    )
+    storage.write_text_atomic(storage.join(arguments.output, REPORT_FILE), report_markdown(metrics))
+    storage.write_text_atomic(storage.join(arguments.output, METRICS_FILE), json.dumps(metrics, indent=2) + "\n")
+    log.info(
+        "%s: loss %.4f, perplexity %.2f, masked accuracy %.4f on %d masked tokens",
+        manifest["split"],
+        metrics["loss"],
+        metrics["perplexity"],
+        metrics["masked_accuracy"],
+        metrics["masked_tokens"],
+    )
+    return metrics
+
+
+def report_markdown(metrics: dict[str, Any]) -> str:
+    lines = [
+        f"# Evaluation on `{metrics['split']}`",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| loss (mean over masked tokens) | {metrics['loss']:.4f} |",
+        f"| perplexity | {metrics['perplexity']:.2f} |",
+        f"| masked-token accuracy | {metrics['masked_accuracy']:.2%} |",
+        f"| masked tokens | {metrics['masked_tokens']:,} |",
+        f"| samples | {metrics['samples']:,} |",
+        "",
+        f"Masking: {metrics['mlm_probability']:.0%} of tokens, seed {metrics['seed']} (the same positions "
+        "in every run).",
+    ]
+    for example in metrics["fill_mask"]:
+        lines += ["", f"**{example['sentence']}**", "", "| token | score |", "|---|---|"]
+        lines += [f"| `{p['token']}` | {p['score']:.4f} |" for p in example["predictions"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(EvaluateArguments, evaluate, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

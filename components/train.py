@@ -1,0 +1,413 @@
+"""Pre-train a masked language model from scratch on TFRecord shards, on TPU, GPU or CPU.
+
+The model is built from a config (``TFAutoModelForMaskedLM.from_config``) inside the strategy's scope
+(``TPUStrategy`` on a TPU VM, ``MirroredStrategy`` on GPUs, the CPU otherwise). Shards stream through
+``tf.data`` straight from their folder (local or ``gs://``) and are masked inside the graph. The optimizer
+is the reference recipe's: AdamWeightDecay with linear warmup and decay (``transformers.create_optimizer``),
+LayerNorm and biases excluded from decay.
+
+Checkpoints (model, optimizer state, step) are written every ``--checkpoint_every_steps``; a restarted job
+(Vertex AI restarts preempted TPU jobs) resumes from the last one with the learning-rate schedule intact.
+TensorBoard logs carry loss, learning rate, samples/s, tokens/s and, where the accelerator's peak is known,
+model FLOPs utilization (MFU). The output is a ``save_pretrained`` folder (config, TF weights, tokenizer)
+and ``training_summary.json``, written last.
+
+    python -m components.train --tokenizer /tmp/tok --train_shards /tmp/shards/train --model_config tiny \\
+        --per_replica_batch_size 16 --max_steps 200 --output /tmp/model
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components import storage
+from components.cli import run_job
+from components.data import Masking, masked_dataset
+from components.errors import InvalidParameter
+from components.evaluate import check_probability, masked_lm_metrics
+from components.modeling import (
+    PRESETS,
+    model_config,
+    peak_tflops_per_replica,
+    select_strategy,
+    training_flops_per_token,
+)
+from components.shards import read_manifest
+from components.tokenizer import load_tokenizer
+
+log = logging.getLogger("tpu_mlm.train")
+
+SUMMARY_FILE = "training_summary.json"
+ACCELERATORS = ("auto", "tpu", "gpu", "cpu")
+XLA_CHOICES = ("auto", "on", "off")
+
+
+@dataclass
+class TrainArguments:
+    tokenizer: str = field(metadata={"help": "Tokenizer folder (local or gs://)."})
+    train_shards: str = field(metadata={"help": "Training shard folder with manifest.json."})
+    output: str = field(
+        default="", metadata={"help": "Folder for the trained model; defaults to $AIP_MODEL_DIR on Vertex AI."}
+    )
+    eval_shards: str = field(default="", metadata={"help": "Validation shards: loss logged at each checkpoint."})
+    model_config: str = field(
+        default="roberta-base",
+        metadata={"help": f"Preset {sorted(PRESETS)}, a config.json path/URI, or a Hub model name."},
+    )
+    per_replica_batch_size: int = field(default=256, metadata={"help": "Samples per replica and step."})
+    num_epochs: int = field(default=1, metadata={"help": "Passes over the training shards."})
+    max_steps: int = field(default=0, metadata={"help": "Total optimizer steps; overrides num_epochs when > 0."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate."})
+    warmup_fraction: float = field(default=0.05, metadata={"help": "Fraction of steps of linear warmup."})
+    weight_decay: float = field(default=1e-3, metadata={"help": "Decoupled weight decay rate."})
+    mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of tokens masked."})
+    bf16: bool = field(default=False, metadata={"help": "Mixed bfloat16 precision (TPUs, recent GPUs)."})
+    steps_per_execution: int = field(default=50, metadata={"help": "Steps run per call into the graph."})
+    xla: str = field(
+        default="auto", metadata={"help": "XLA-compile the step: auto (on for TPU), on, off.", "choices": XLA_CHOICES}
+    )
+    shuffle_buffer: int = field(default=10_000, metadata={"help": "Samples in the shuffle buffer."})
+    seed: int = field(default=42, metadata={"help": "Seed of initialization, shuffling and masking."})
+    checkpoint_every_steps: int = field(default=1_000, metadata={"help": "Steps between checkpoints."})
+    log_every_steps: int = field(default=100, metadata={"help": "Steps between log lines and TensorBoard points."})
+    eval_batches: int = field(default=20, metadata={"help": "Validation batches at each checkpoint."})
+    accelerator: str = field(
+        default="auto", metadata={"help": "auto, tpu, gpu or cpu; tpu/gpu fail if absent.", "choices": ACCELERATORS}
+    )
+    tpu: str = field(default="local", metadata={"help": "TPU name for TPUClusterResolver ('local' on TPU VMs)."})
+    peak_tflops: float | None = field(
+        default=None, metadata={"help": "Peak TFLOP/s of one replica, for MFU where it is not known."}
+    )
+    checkpoint_dir: str = field(default="", metadata={"help": "Defaults to $AIP_CHECKPOINT_DIR or OUTPUT/checkpoints."})
+    tensorboard_dir: str = field(default="", metadata={"help": "Defaults to $AIP_TENSORBOARD_LOG_DIR or OUTPUT/logs."})
+
+    def __post_init__(self) -> None:
+        self.output = self.output or os.environ.get("AIP_MODEL_DIR", "")
+        if not self.output:
+            raise InvalidParameter("output", self.output, "is required (or set AIP_MODEL_DIR)")
+        self.checkpoint_dir = (
+            self.checkpoint_dir or os.environ.get("AIP_CHECKPOINT_DIR") or storage.join(self.output, "checkpoints")
+        )
+        self.tensorboard_dir = (
+            self.tensorboard_dir or os.environ.get("AIP_TENSORBOARD_LOG_DIR") or storage.join(self.output, "logs")
+        )
+        for parameter in ("tokenizer", "train_shards", "output", "checkpoint_dir", "tensorboard_dir"):
+            storage.check_uri(parameter, getattr(self, parameter))
+        if self.eval_shards:
+            storage.check_uri("eval_shards", self.eval_shards)
+        for parameter in (
+            "per_replica_batch_size",
+            "num_epochs",
+            "steps_per_execution",
+            "shuffle_buffer",
+            "checkpoint_every_steps",
+            "log_every_steps",
+            "eval_batches",
+        ):
+            if getattr(self, parameter) < 1:
+                raise InvalidParameter(parameter, getattr(self, parameter), "must be a positive whole number")
+        if self.max_steps < 0:
+            raise InvalidParameter("max_steps", self.max_steps, "must be 0 (use num_epochs) or positive")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise InvalidParameter("learning_rate", self.learning_rate, "must be a positive number (1e-4 is usual)")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise InvalidParameter("warmup_fraction", self.warmup_fraction, "must be at least 0 and below 1")
+        if self.weight_decay < 0:
+            raise InvalidParameter("weight_decay", self.weight_decay, "must be 0 or positive")
+        check_probability(self.mlm_probability)
+        if self.accelerator not in ACCELERATORS:
+            raise InvalidParameter("accelerator", self.accelerator, f"must be one of {ACCELERATORS}")
+        if self.xla not in XLA_CHOICES:
+            raise InvalidParameter("xla", self.xla, f"must be one of {XLA_CHOICES}")
+
+
+@dataclass
+class TrainingPlan:
+    """What the checks before training settled: data, model config and step counts."""
+
+    manifest: dict[str, Any]
+    eval_manifest: dict[str, Any] | None
+    config: Any
+    tokenizer: Any
+    total_steps: int
+    global_batch_size: int
+
+
+def plan_training(arguments: TrainArguments, num_replicas: int) -> TrainingPlan:
+    """Every check that can fail before the accelerator is used: tokenizer, shards, config, batch arithmetic."""
+    tokenizer, tokenizer_fingerprint = load_tokenizer(arguments.tokenizer)
+    manifest = read_manifest(arguments.train_shards, "train_shards")
+    eval_manifest = read_manifest(arguments.eval_shards, "eval_shards") if arguments.eval_shards else None
+    for parameter, shards in (("train_shards", manifest), ("eval_shards", eval_manifest)):
+        if shards is None:
+            continue
+        if shards["tokenizer_fingerprint"] != tokenizer_fingerprint:
+            raise InvalidParameter(
+                parameter,
+                getattr(arguments, parameter),
+                f"were made with another tokenizer ({shards['tokenizer_fingerprint']}) than --tokenizer "
+                f"({tokenizer_fingerprint})",
+            )
+        if shards["max_length"] != manifest["max_length"]:
+            raise InvalidParameter(
+                parameter,
+                getattr(arguments, parameter),
+                f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
+            )
+    config = model_config(arguments.model_config, manifest)
+    global_batch = arguments.per_replica_batch_size * num_replicas
+    if global_batch > manifest["num_records"]:
+        raise InvalidParameter(
+            "per_replica_batch_size",
+            arguments.per_replica_batch_size,
+            f"x {num_replicas} replica(s) = global batch {global_batch}, more than the "
+            f"{manifest['num_records']} training samples",
+        )
+    if eval_manifest is not None and global_batch > eval_manifest["num_records"]:
+        raise InvalidParameter(
+            "eval_shards",
+            arguments.eval_shards,
+            f"hold {eval_manifest['num_records']} samples, fewer than one global batch of {global_batch}",
+        )
+    steps_per_epoch = manifest["num_records"] // global_batch
+    total_steps = arguments.max_steps or arguments.num_epochs * steps_per_epoch
+    return TrainingPlan(manifest, eval_manifest, config, tokenizer, total_steps, global_batch)
+
+
+def train(arguments: TrainArguments) -> dict[str, Any]:
+    """Trains (or resumes) and saves the model; returns the training summary."""
+    import tensorflow as tf
+    from transformers import TFAutoModelForMaskedLM, create_optimizer
+
+    strategy, kind = select_strategy(arguments.accelerator, arguments.tpu)
+    replicas = strategy.num_replicas_in_sync
+    plan = plan_training(arguments, replicas)
+    log.info(
+        "%s strategy, %d replica(s), global batch %d, %d steps",
+        kind,
+        replicas,
+        plan.global_batch_size,
+        plan.total_steps,
+    )
+    if arguments.bf16:
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    tf.keras.utils.set_random_seed(arguments.seed)
+
+    masking = Masking.from_manifest(plan.manifest, arguments.mlm_probability)
+    with strategy.scope():
+        model = TFAutoModelForMaskedLM.from_config(plan.config)
+        model(model.dummy_inputs, training=False)  # create the variables, so a checkpoint can restore them
+        optimizer, schedule = create_optimizer(
+            init_lr=arguments.learning_rate,
+            num_train_steps=plan.total_steps,
+            num_warmup_steps=int(arguments.warmup_fraction * plan.total_steps),
+            weight_decay_rate=arguments.weight_decay,
+        )
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, arguments.checkpoint_dir, max_to_keep=3)
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint)
+    start_step = int(optimizer.iterations.numpy())
+    if start_step:
+        log.info("resuming from %s at step %d of %d", manager.latest_checkpoint, start_step, plan.total_steps)
+
+    dataset = masked_dataset(
+        arguments.train_shards,
+        plan.manifest,
+        plan.global_batch_size,
+        masking,
+        training=True,
+        seed=arguments.seed + start_step,
+        shuffle_buffer=arguments.shuffle_buffer,
+    )
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    train_steps = _train_function(model, optimizer, strategy, _use_xla(arguments.xla, kind))
+    eval_dataset = None
+    if plan.eval_manifest is not None:
+        eval_dataset = strategy.experimental_distribute_dataset(
+            masked_dataset(
+                arguments.eval_shards,
+                plan.eval_manifest,
+                plan.global_batch_size,
+                masking,
+                training=False,
+                drop_remainder=True,
+            )
+        )
+
+    num_parameters = int(sum(math.prod(v.shape) for v in model.trainable_variables))
+    tokens_per_step = plan.global_batch_size * plan.manifest["max_length"]
+    flops_per_step = (
+        training_flops_per_token(plan.config, num_parameters, plan.manifest["max_length"]) * tokens_per_step
+    )
+    peak = peak_tflops_per_replica(kind, arguments.peak_tflops)
+    writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
+    history: list[dict[str, float]] = []
+    step, started, chunk_started = start_step, time.perf_counter(), time.perf_counter()
+    window_steps, window_loss = 0, 0.0
+    while step < plan.total_steps:
+        boundaries = (
+            plan.total_steps,
+            _next_multiple(step, arguments.checkpoint_every_steps),
+            _next_multiple(step, arguments.log_every_steps),
+            step + arguments.steps_per_execution,
+        )
+        steps = min(boundaries) - step
+        loss = float(train_steps(iterator, tf.constant(steps, tf.int32)))
+        step += steps
+        window_steps, window_loss = window_steps + steps, window_loss + loss * steps
+        if step % arguments.log_every_steps == 0 or step == plan.total_steps:
+            seconds = time.perf_counter() - chunk_started
+            point = _log_point(
+                step,
+                window_loss / window_steps,
+                float(schedule(step)),
+                window_steps * plan.global_batch_size / seconds,
+                tokens_per_step / plan.global_batch_size,
+                flops_per_step * window_steps / seconds,
+                peak,
+                replicas,
+            )
+            point["eta_seconds"] = (plan.total_steps - step) * seconds / window_steps
+            history.append(point)
+            _write_summaries(writer, point)
+            log.info(_format_point(point, plan.total_steps))
+            chunk_started, window_steps, window_loss = time.perf_counter(), 0, 0.0
+        if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
+            manager.save(checkpoint_number=step)
+            if eval_dataset is not None:
+                eval_metrics = masked_lm_metrics(model, eval_dataset, strategy, arguments.eval_batches)
+                with writer.as_default(step=step):
+                    tf.summary.scalar("eval/loss", eval_metrics["loss"])
+                    tf.summary.scalar("eval/masked_accuracy", eval_metrics["masked_accuracy"])
+                log.info("step %d: validation loss %.4f", step, eval_metrics["loss"])
+    writer.flush()
+
+    summary = {
+        "total_steps": plan.total_steps,
+        "resumed_from_step": start_step,
+        "steps_this_run": plan.total_steps - start_step,
+        "global_batch_size": plan.global_batch_size,
+        "replicas": replicas,
+        "accelerator": kind,
+        "samples": plan.total_steps * plan.global_batch_size,
+        "tokens": plan.total_steps * tokens_per_step,
+        "seconds_this_run": round(time.perf_counter() - started, 3),
+        "num_parameters": num_parameters,
+        "model_flops_per_step": flops_per_step,
+        "first_loss": history[0]["loss"] if history else None,
+        "last_loss": history[-1]["loss"] if history else None,
+        "history": history,
+        "tokenizer_fingerprint": plan.manifest["tokenizer_fingerprint"],
+        "arguments": asdict(arguments),
+    }
+    if history:
+        summary["samples_per_second"] = history[-1]["samples_per_second"]
+    _save_model(model, plan.tokenizer, arguments.output, summary)
+    return summary
+
+
+def _use_xla(choice: str, kind: str) -> bool:
+    return choice == "on" or (choice == "auto" and kind == "tpu")
+
+
+def _next_multiple(step: int, every: int) -> int:
+    return (step // every + 1) * every
+
+
+def _train_function(model: Any, optimizer: Any, strategy: Any, xla: bool) -> Any:
+    """A graph function running ``steps`` optimizer steps on batches from a distributed iterator and
+    returning their mean loss."""
+    import tensorflow as tf
+
+    replicas = strategy.num_replicas_in_sync
+
+    @tf.function(jit_compile=xla)
+    def replica_step(batch: dict[str, Any]) -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.cast(model(batch, training=True).loss, tf.float32))
+            scaled = loss / replicas  # gradients are summed over replicas
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def train_steps(iterator: Any, steps: Any) -> Any:
+        total = tf.constant(0.0)
+        for _ in tf.range(steps):
+            per_replica = strategy.run(replica_step, args=(next(iterator),))
+            total += strategy.reduce("MEAN", per_replica, axis=None)
+        return total / tf.cast(steps, tf.float32)
+
+    return train_steps
+
+
+def _log_point(
+    step: int,
+    loss: float,
+    learning_rate: float,
+    samples_per_second: float,
+    tokens_per_sample: int,
+    flops_per_second: float,
+    peak_tflops: float | None,
+    replicas: int,
+) -> dict[str, float]:
+    point = {
+        "step": step,
+        "loss": loss,
+        "learning_rate": learning_rate,
+        "samples_per_second": samples_per_second,
+        "tokens_per_second": samples_per_second * tokens_per_sample,
+        "model_tflops_per_second": flops_per_second / 1e12,
+    }
+    if peak_tflops:
+        point["mfu"] = flops_per_second / (peak_tflops * 1e12 * replicas)
+    return point
+
+
+def _write_summaries(writer: Any, point: dict[str, float]) -> None:
+    import tensorflow as tf
+
+    with writer.as_default(step=int(point["step"])):
+        for name, value in point.items():
+            if name != "step":
+                tf.summary.scalar(f"train/{name}", value)
+
+
+def _format_point(point: dict[str, float], total_steps: int) -> str:
+    line = (
+        f"step {int(point['step'])}/{total_steps}: loss {point['loss']:.4f}, lr {point['learning_rate']:.2e}, "
+        f"{point['samples_per_second']:,.1f} samples/s, {point['tokens_per_second']:,.0f} tokens/s"
+    )
+    if "mfu" in point:
+        line += f", MFU {point['mfu']:.1%}"
+    eta = int(point["eta_seconds"])
+    return line + f", ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+
+
+def _save_model(model: Any, tokenizer: Any, output: str, summary: dict[str, Any]) -> None:
+    """Publishes the ``save_pretrained`` folder with the tokenizer; the summary goes last, marking it done."""
+    with tempfile.TemporaryDirectory() as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        Path(staging, SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        storage.upload_folder(Path(staging), output, last=[SUMMARY_FILE])
+    log.info("saved the model to %s", output)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(TrainArguments, train, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
