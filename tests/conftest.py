@@ -53,3 +53,17 @@ def run_module(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         **kwargs,
     )
+
+
+@pytest.fixture(scope="session")
+def wikitext_shards(tmp_path_factory: pytest.TempPathFactory, wikitext: Path, wikitext_tokenizer: str) -> dict:
+    """Train shards from WikiText-2 valid.txt and validation shards from test.txt (first 600 texts)."""
+    from components.shards import ShardArguments, write_shards
+
+    root = tmp_path_factory.mktemp("wikitext-shards")
+    for split, corpus, limit in (("train", "valid.txt", None), ("validation", "test.txt", 600)):
+        write_shards(ShardArguments(
+            output=str(root / split), tokenizer=wikitext_tokenizer, corpus=str(wikitext / corpus), split=split,
+            limit=limit, records_per_shard=1000,
+        ))
+    return {"train": str(root / "train"), "validation": str(root / "validation"), "tokenizer": wikitext_tokenizer}

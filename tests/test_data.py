@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.data import IGNORE_INDEX, Masking, masked_dataset
+from components.shards import read_manifest
+
+
+def collect(shards: str, seed: int, probability: float = 0.15):
+    manifest = read_manifest(shards)
+    masking = Masking.from_manifest(manifest, probability)
+    dataset = masked_dataset(shards, manifest, 64, masking, training=False, seed=seed)
+    original = np.concatenate([b.numpy() for b in tf.data.TFRecordDataset(
+        [f"{shards}/{f['name']}" for f in manifest["files"]]
+    ).batch(64).map(lambda r: tf.io.parse_example(r, {"input_ids": tf.io.FixedLenFeature([128], tf.int64)})[
+        "input_ids"])])
+    batches = list(dataset)
+    masked = np.concatenate([b["input_ids"].numpy() for b in batches])
+    labels = np.concatenate([b["labels"].numpy() for b in batches])
+    return manifest, original, masked, labels
+
+
+def test_masking_statistics_on_real_shards(wikitext_shards):
+    manifest, original, masked, labels = collect(wikitext_shards["validation"], seed=0)
+    special = np.isin(original, list(set(manifest["special_tokens"].values())))
+    chosen = labels != IGNORE_INDEX
+    assert not (chosen & special).any(), "a special token was chosen for masking"
+    assert (masked[special] == original[special]).all()
+    assert (labels[chosen] == original[chosen]).all()
+    assert (masked[~chosen] == original[~chosen]).all()
+
+    rate = chosen.sum() / (~special).sum()
+    assert rate == pytest.approx(0.15, abs=0.005)
+    became_mask = (masked[chosen] == manifest["special_tokens"]["mask"]).mean()
+    kept = (masked[chosen] == original[chosen]).mean()
+    replaced = 1 - became_mask - kept
+    assert became_mask == pytest.approx(0.8, abs=0.01)
+    assert replaced == pytest.approx(0.1, abs=0.01)
+    assert kept == pytest.approx(0.1, abs=0.01)  # includes the rare random draw of the same token
+    assert chosen.sum() > 10_000
+
+
+def test_masking_is_reproducible_for_a_seed_and_differs_across_seeds(wikitext_shards):
+    _, _, masked_a, labels_a = collect(wikitext_shards["validation"], seed=7)
+    _, _, masked_b, labels_b = collect(wikitext_shards["validation"], seed=7)
+    _, _, masked_c, _ = collect(wikitext_shards["validation"], seed=8)
+    assert np.array_equal(masked_a, masked_b) and np.array_equal(labels_a, labels_b)
+    assert not np.array_equal(masked_a, masked_c)
+
+
+def test_training_stream_repeats_shuffles_and_keeps_full_batches(wikitext_shards):
+    manifest = read_manifest(wikitext_shards["validation"])
+    masking = Masking.from_manifest(manifest)
+    dataset = masked_dataset(wikitext_shards["validation"], manifest, 48, masking, training=True, seed=1,
+                             shuffle_buffer=500)
+    batches = [b["input_ids"].numpy() for b in dataset.take(2 * manifest["num_records"] // 48 + 3)]
+    assert all(b.shape == (48, 128) for b in batches)
+    first_epoch = np.concatenate(batches)[: manifest["num_records"]]
+    _, original, _, _ = collect(wikitext_shards["validation"], seed=0)
+    assert not np.array_equal(first_epoch[:, :1], original[: len(first_epoch), :1])  # shuffled

@@ -1,0 +1,224 @@
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+from transformers import AutoTokenizer, TFAutoModelForMaskedLM, pipeline
+
+from components.errors import InvalidParameter
+from components.evaluate import EvaluateArguments, evaluate
+from components.modeling import PRESETS, model_config, select_strategy, training_flops_per_token
+from components.shards import ShardArguments, read_manifest, write_shards
+from components.train import SUMMARY_FILE, TrainArguments, train
+from conftest import PROJECT_ROOT
+
+TINY = {"model_config": "tiny", "per_replica_batch_size": 16, "accelerator": "cpu", "log_every_steps": 10}
+
+
+def save_untrained(folder: Path, shards: dict) -> str:
+    manifest = read_manifest(shards["train"])
+    model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
+    model(model.dummy_inputs)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(shards["tokenizer"]).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, wikitext_shards):
+    output = tmp_path_factory.mktemp("trained") / "model"
+    summary = train(TrainArguments(
+        tokenizer=wikitext_shards["tokenizer"], train_shards=wikitext_shards["train"],
+        eval_shards=wikitext_shards["validation"], output=str(output), max_steps=150, learning_rate=1e-3,
+        checkpoint_every_steps=75, peak_tflops=1.0, **TINY,
+    ))
+    return str(output), summary
+
+
+@pytest.mark.slow
+def test_training_lowers_the_evaluation_loss_against_the_untrained_model(tmp_path, wikitext_shards, trained):
+    model_dir, summary = trained
+    untrained = save_untrained(tmp_path / "untrained", wikitext_shards)
+    common = {"shards": wikitext_shards["validation"], "fill_mask": ""}
+    before = evaluate(EvaluateArguments(model=untrained, output=str(tmp_path / "before"), **common))
+    after = evaluate(EvaluateArguments(model=model_dir, output=str(tmp_path / "after"), **common))
+    assert before["masked_tokens"] == after["masked_tokens"]  # the same masked positions
+    assert after["loss"] < before["loss"] - 1.0
+    assert after["perplexity"] < before["perplexity"] / 2
+    assert after["masked_accuracy"] > before["masked_accuracy"]
+    assert summary["last_loss"] < summary["first_loss"]
+
+
+@pytest.mark.slow
+def test_summary_history_tensorboard_and_mfu(trained):
+    model_dir, summary = trained
+    assert summary["total_steps"] == 150 and summary["resumed_from_step"] == 0
+    assert [point["step"] for point in summary["history"]] == list(range(10, 151, 10))
+    assert summary["samples"] == 150 * 16 and summary["tokens"] == 150 * 16 * 128
+    config = TFAutoModelForMaskedLM.from_pretrained(model_dir).config
+    assert summary["model_flops_per_step"] == training_flops_per_token(config, summary["num_parameters"], 128) * 16 * 128
+    for point in summary["history"]:
+        assert point["samples_per_second"] > 0
+        assert point["tokens_per_second"] == pytest.approx(point["samples_per_second"] * 128)
+        assert point["mfu"] == pytest.approx(point["model_tflops_per_second"] / 1.0)
+    assert summary["history"][-1]["learning_rate"] == pytest.approx(0.0, abs=1e-9)
+    event_files = list(Path(model_dir, "logs").glob("events.out.tfevents.*"))
+    tags = {value.tag for file in event_files for event in tf.compat.v1.train.summary_iterator(str(file))
+            for value in event.summary.value}
+    assert {"train/loss", "train/learning_rate", "train/samples_per_second", "train/mfu", "eval/loss"} <= tags
+    assert json.loads(Path(model_dir, SUMMARY_FILE).read_text())["total_steps"] == 150
+
+
+@pytest.mark.slow
+def test_the_output_loads_in_the_fill_mask_pipeline(trained, wikitext_shards):
+    model_dir, _ = trained
+    model = TFAutoModelForMaskedLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert model.config.vocab_size == len(tokenizer)
+    assert (model.config.pad_token_id, model.config.bos_token_id, model.config.eos_token_id) == (1, 0, 2)
+    fill = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None)
+    predictions = fill(f"The game was released in {tokenizer.mask_token} .", top_k=3)
+    assert len(predictions) == 3
+    assert all(p["token_str"] in p["sequence"] for p in predictions)
+    assert predictions[0]["score"] >= predictions[1]["score"] >= predictions[2]["score"]
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_resumes_from_its_checkpoint_and_ends_at_the_planned_step(tmp_path, wikitext_shards):
+    args = [
+        "--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"],
+        "--model_config", "tiny", "--per_replica_batch_size", "16", "--accelerator", "cpu",
+        "--max_steps", "60", "--checkpoint_every_steps", "20", "--log_every_steps", "10",
+        "--steps_per_execution", "5",
+    ]
+    reference = tmp_path / "reference"
+    assert subprocess.run([sys.executable, "-m", "components.train", *args, "--output", str(reference)],
+                          cwd=PROJECT_ROOT, capture_output=True).returncode == 0
+
+    output = tmp_path / "killed"
+    process = subprocess.Popen([sys.executable, "-m", "components.train", *args, "--output", str(output)],
+                               cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (output / "checkpoints" / "ckpt-20.index").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+    assert not (output / SUMMARY_FILE).exists(), "the trainer finished before it could be killed"
+
+    rerun = subprocess.run([sys.executable, "-m", "components.train", *args, "--output", str(output)],
+                           cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    summary = json.loads((output / SUMMARY_FILE).read_text())
+    assert summary["resumed_from_step"] in (20, 40)
+    assert "resuming from" in rerun.stderr
+    assert summary["total_steps"] == 60 and summary["steps_this_run"] == 60 - summary["resumed_from_step"]
+    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-60")
+    # the learning-rate schedule continued where it was, not from the start
+    expected = {p["step"]: p["learning_rate"] for p in json.loads((reference / SUMMARY_FILE).read_text())["history"]}
+    for point in summary["history"]:
+        assert point["step"] > summary["resumed_from_step"]
+        assert point["learning_rate"] == pytest.approx(expected[point["step"]])
+
+
+def test_strategy_selection(caplog):
+    caplog.set_level(logging.INFO)
+    strategy, kind = select_strategy("auto")
+    assert kind == "cpu" and strategy.num_replicas_in_sync == 1
+    assert "accelerator auto: no TPU and no GPU found; training on the CPU" in caplog.text
+    assert select_strategy("cpu")[1] == "cpu"
+    with pytest.raises(InvalidParameter, match=r"--accelerator='tpu': no TPU found at --tpu='local'"):
+        select_strategy("tpu")
+    with pytest.raises(InvalidParameter, match=r"--accelerator='gpu': no GPU is visible"):
+        select_strategy("gpu")
+
+
+def test_presets_take_vocabulary_and_special_ids_from_the_shards(wikitext_shards):
+    manifest = read_manifest(wikitext_shards["train"])
+    base = model_config("roberta-base", manifest)
+    assert (base.hidden_size, base.num_hidden_layers, base.num_attention_heads, base.intermediate_size) == (
+        768, 12, 12, 3072)
+    large = model_config("roberta-large", manifest)
+    assert (large.hidden_size, large.num_hidden_layers, large.num_attention_heads) == (1024, 24, 16)
+    for config in (base, large, model_config("tiny", manifest)):
+        assert config.vocab_size == manifest["vocab_size"] == 5000
+        assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (1, 0, 2)
+        assert config.max_position_embeddings >= manifest["max_length"] + 2
+    assert set(PRESETS) == {"tiny", "roberta-base", "roberta-large"}
+
+
+def test_a_config_json_with_too_few_positions_is_refused(tmp_path, wikitext_shards):
+    manifest = read_manifest(wikitext_shards["train"])
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta", "max_position_embeddings": 100,
+                                                      "hidden_size": 32, "num_attention_heads": 2}))
+    with pytest.raises(InvalidParameter, match=r"--model-config=.*has 100 position embeddings, too few"):
+        model_config(str(tmp_path / "config.json"), manifest)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta", "hidden_size": 32,
+                                                      "num_attention_heads": 2, "num_hidden_layers": 1}))
+    config = model_config(str(tmp_path / "config.json"), manifest)
+    assert config.hidden_size == 32 and config.vocab_size == 5000
+
+
+@pytest.fixture(scope="module")
+def other_shards(tmp_path_factory, wikitext, embedded_tokenizer, wikitext_tokenizer):
+    root = tmp_path_factory.mktemp("other")
+    write_shards(ShardArguments(output=str(root / "other-tokenizer"), tokenizer=embedded_tokenizer))
+    write_shards(ShardArguments(output=str(root / "length-64"), tokenizer=wikitext_tokenizer,
+                                corpus=str(wikitext / "test.txt"), max_length=64, limit=300))
+    (root / "empty").mkdir()
+    return root
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"train_shards": "OTHER/other-tokenizer"}, r"--train-shards=.*were made with another tokenizer"),
+        ({"eval_shards": "OTHER/length-64"}, r"--eval-shards=.*have max_length 64, the training shards 128"),
+        ({"train_shards": "OTHER/empty"}, r"--train-shards=.*holds no finished shard set"),
+        ({"per_replica_batch_size": 100_000}, r"--per-replica-batch-size=100000: x 1 replica\(s\) = global batch"),
+        ({"model_config": "roberta-huge"}, r"--model-config='roberta-huge': unknown preset"),
+        ({"learning_rate": -1e-4}, r"--learning-rate=-0.0001: must be a positive number"),
+        ({"mlm_probability": 1.5}, r"--mlm-probability=1.5"),
+        ({"warmup_fraction": 1.0}, r"--warmup-fraction=1.0"),
+        ({"accelerator": "quantum"}, r"--accelerator='quantum'"),
+        ({"output": "http://example.com/model"}, r"--output='http://example.com/model': unsupported URI scheme"),
+    ],
+)
+def test_bad_input_fails_before_training_and_writes_nothing(tmp_path, wikitext_shards, other_shards, arguments,
+                                                            message):
+    arguments = {key: value.replace("OTHER", str(other_shards)) if isinstance(value, str) else value
+                 for key, value in arguments.items()}
+    output = tmp_path / "model"
+    values = {"tokenizer": wikitext_shards["tokenizer"], "train_shards": wikitext_shards["train"],
+              "output": str(output), "max_steps": 5, **TINY, **arguments}
+    with pytest.raises(InvalidParameter, match=message):
+        train(TrainArguments(**values))
+    assert not output.exists()
+
+
+def test_evaluation_refuses_shards_of_another_tokenizer(tmp_path, wikitext_shards, other_shards):
+    model_dir = save_untrained(tmp_path / "model", wikitext_shards)
+    with pytest.raises(InvalidParameter, match=r"--shards=.*another tokenizer"):
+        evaluate(EvaluateArguments(model=model_dir, shards=str(other_shards / "other-tokenizer"),
+                                   output=str(tmp_path / "eval")))
+    with pytest.raises(InvalidParameter, match=r"--fill-mask='no mask here': each sentence needs exactly one"):
+        evaluate(EvaluateArguments(model=model_dir, shards=wikitext_shards["validation"],
+                                   output=str(tmp_path / "eval"), fill_mask="no mask here"))
+    assert not (tmp_path / "eval").exists()
+
+
+def test_evaluation_is_reproducible_and_writes_a_report(tmp_path, wikitext_shards):
+    model_dir = save_untrained(tmp_path / "model", wikitext_shards)
+    runs = [evaluate(EvaluateArguments(model=model_dir, shards=wikitext_shards["validation"],
+                                       output=str(tmp_path / f"eval{i}"), top_k=2)) for i in range(2)]
+    for key in ("loss", "perplexity", "masked_accuracy", "masked_tokens"):
+        assert runs[0][key] == runs[1][key]
+    saved = json.loads((tmp_path / "eval0" / "metrics.json").read_text())
+    assert saved["loss"] == runs[0]["loss"] and len(saved["fill_mask"]) == 3
+    assert all(len(example["predictions"]) == 2 for example in saved["fill_mask"])
+    report = (tmp_path / "eval0" / "report.md").read_text()
+    assert f"{runs[0]['loss']:.4f}" in report and "masked-token accuracy" in report
