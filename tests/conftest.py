@@ -62,8 +62,14 @@ def wikitext_shards(tmp_path_factory: pytest.TempPathFactory, wikitext: Path, wi
 
     root = tmp_path_factory.mktemp("wikitext-shards")
     for split, corpus, limit in (("train", "valid.txt", None), ("validation", "test.txt", 600)):
-        write_shards(ShardArguments(
-            output=str(root / split), tokenizer=wikitext_tokenizer, corpus=str(wikitext / corpus), split=split,
-            limit=limit, records_per_shard=1000,
-        ))
+        write_shards(
+            ShardArguments(
+                output=str(root / split),
+                tokenizer=wikitext_tokenizer,
+                corpus=str(wikitext / corpus),
+                split=split,
+                limit=limit,
+                records_per_shard=1000,
+            )
+        )
     return {"train": str(root / "train"), "validation": str(root / "validation"), "tokenizer": wikitext_tokenizer}

@@ -10,10 +10,14 @@ def collect(shards: str, seed: int, probability: float = 0.15):
     manifest = read_manifest(shards)
     masking = Masking.from_manifest(manifest, probability)
     dataset = masked_dataset(shards, manifest, 64, masking, training=False, seed=seed)
-    original = np.concatenate([b.numpy() for b in tf.data.TFRecordDataset(
-        [f"{shards}/{f['name']}" for f in manifest["files"]]
-    ).batch(64).map(lambda r: tf.io.parse_example(r, {"input_ids": tf.io.FixedLenFeature([128], tf.int64)})[
-        "input_ids"])])
+    original = np.concatenate(
+        [
+            b.numpy()
+            for b in tf.data.TFRecordDataset([f"{shards}/{f['name']}" for f in manifest["files"]])
+            .batch(64)
+            .map(lambda r: tf.io.parse_example(r, {"input_ids": tf.io.FixedLenFeature([128], tf.int64)})["input_ids"])
+        ]
+    )
     batches = list(dataset)
     masked = np.concatenate([b["input_ids"].numpy() for b in batches])
     labels = np.concatenate([b["labels"].numpy() for b in batches])
@@ -51,8 +55,9 @@ def test_masking_is_reproducible_for_a_seed_and_differs_across_seeds(wikitext_sh
 def test_training_stream_repeats_shuffles_and_keeps_full_batches(wikitext_shards):
     manifest = read_manifest(wikitext_shards["validation"])
     masking = Masking.from_manifest(manifest)
-    dataset = masked_dataset(wikitext_shards["validation"], manifest, 48, masking, training=True, seed=1,
-                             shuffle_buffer=500)
+    dataset = masked_dataset(
+        wikitext_shards["validation"], manifest, 48, masking, training=True, seed=1, shuffle_buffer=500
+    )
     batches = [b["input_ids"].numpy() for b in dataset.take(2 * manifest["num_records"] // 48 + 3)]
     assert all(b.shape == (48, 128) for b in batches)
     first_epoch = np.concatenate(batches)[: manifest["num_records"]]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
+from conftest import PROJECT_ROOT
 from transformers import AutoTokenizer, TFAutoModelForMaskedLM, pipeline
 
 from components.errors import InvalidParameter
@@ -15,7 +16,6 @@ from components.evaluate import EvaluateArguments, evaluate
 from components.modeling import PRESETS, model_config, select_strategy, training_flops_per_token
 from components.shards import ShardArguments, read_manifest, write_shards
 from components.train import SUMMARY_FILE, TrainArguments, train
-from conftest import PROJECT_ROOT
 
 TINY = {"model_config": "tiny", "per_replica_batch_size": 16, "accelerator": "cpu", "log_every_steps": 10}
 
@@ -32,11 +32,19 @@ def save_untrained(folder: Path, shards: dict) -> str:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, wikitext_shards):
     output = tmp_path_factory.mktemp("trained") / "model"
-    summary = train(TrainArguments(
-        tokenizer=wikitext_shards["tokenizer"], train_shards=wikitext_shards["train"],
-        eval_shards=wikitext_shards["validation"], output=str(output), max_steps=150, learning_rate=1e-3,
-        checkpoint_every_steps=75, peak_tflops=1.0, **TINY,
-    ))
+    summary = train(
+        TrainArguments(
+            tokenizer=wikitext_shards["tokenizer"],
+            train_shards=wikitext_shards["train"],
+            eval_shards=wikitext_shards["validation"],
+            output=str(output),
+            max_steps=150,
+            learning_rate=1e-3,
+            checkpoint_every_steps=75,
+            peak_tflops=1.0,
+            **TINY,
+        )
+    )
     return str(output), summary
 
 
@@ -61,15 +69,21 @@ def test_summary_history_tensorboard_and_mfu(trained):
     assert [point["step"] for point in summary["history"]] == list(range(10, 151, 10))
     assert summary["samples"] == 150 * 16 and summary["tokens"] == 150 * 16 * 128
     config = TFAutoModelForMaskedLM.from_pretrained(model_dir).config
-    assert summary["model_flops_per_step"] == training_flops_per_token(config, summary["num_parameters"], 128) * 16 * 128
+    assert (
+        summary["model_flops_per_step"] == training_flops_per_token(config, summary["num_parameters"], 128) * 16 * 128
+    )
     for point in summary["history"]:
         assert point["samples_per_second"] > 0
         assert point["tokens_per_second"] == pytest.approx(point["samples_per_second"] * 128)
         assert point["mfu"] == pytest.approx(point["model_tflops_per_second"] / 1.0)
     assert summary["history"][-1]["learning_rate"] == pytest.approx(0.0, abs=1e-9)
     event_files = list(Path(model_dir, "logs").glob("events.out.tfevents.*"))
-    tags = {value.tag for file in event_files for event in tf.compat.v1.train.summary_iterator(str(file))
-            for value in event.summary.value}
+    tags = {
+        value.tag
+        for file in event_files
+        for event in tf.compat.v1.train.summary_iterator(str(file))
+        for value in event.summary.value
+    }
     assert {"train/loss", "train/learning_rate", "train/samples_per_second", "train/mfu", "eval/loss"} <= tags
     assert json.loads(Path(model_dir, SUMMARY_FILE).read_text())["total_steps"] == 150
 
@@ -91,18 +105,42 @@ def test_the_output_loads_in_the_fill_mask_pipeline(trained, wikitext_shards):
 @pytest.mark.slow
 def test_a_killed_trainer_resumes_from_its_checkpoint_and_ends_at_the_planned_step(tmp_path, wikitext_shards):
     args = [
-        "--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"],
-        "--model_config", "tiny", "--per_replica_batch_size", "16", "--accelerator", "cpu",
-        "--max_steps", "60", "--checkpoint_every_steps", "20", "--log_every_steps", "10",
-        "--steps_per_execution", "5",
+        "--tokenizer",
+        wikitext_shards["tokenizer"],
+        "--train_shards",
+        wikitext_shards["train"],
+        "--model_config",
+        "tiny",
+        "--per_replica_batch_size",
+        "16",
+        "--accelerator",
+        "cpu",
+        "--max_steps",
+        "60",
+        "--checkpoint_every_steps",
+        "20",
+        "--log_every_steps",
+        "10",
+        "--steps_per_execution",
+        "5",
     ]
     reference = tmp_path / "reference"
-    assert subprocess.run([sys.executable, "-m", "components.train", *args, "--output", str(reference)],
-                          cwd=PROJECT_ROOT, capture_output=True).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "components.train", *args, "--output", str(reference)],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
 
     output = tmp_path / "killed"
-    process = subprocess.Popen([sys.executable, "-m", "components.train", *args, "--output", str(output)],
-                               cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "components.train", *args, "--output", str(output)],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while not (output / "checkpoints" / "ckpt-20.index").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -110,8 +148,12 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_and_ends_at_the_planned_st
     assert process.wait() == -signal.SIGKILL
     assert not (output / SUMMARY_FILE).exists(), "the trainer finished before it could be killed"
 
-    rerun = subprocess.run([sys.executable, "-m", "components.train", *args, "--output", str(output)],
-                           cwd=PROJECT_ROOT, capture_output=True, text=True)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "components.train", *args, "--output", str(output)],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert rerun.returncode == 0, rerun.stderr
     summary = json.loads((output / SUMMARY_FILE).read_text())
     assert summary["resumed_from_step"] in (20, 40)
@@ -141,7 +183,11 @@ def test_presets_take_vocabulary_and_special_ids_from_the_shards(wikitext_shards
     manifest = read_manifest(wikitext_shards["train"])
     base = model_config("roberta-base", manifest)
     assert (base.hidden_size, base.num_hidden_layers, base.num_attention_heads, base.intermediate_size) == (
-        768, 12, 12, 3072)
+        768,
+        12,
+        12,
+        3072,
+    )
     large = model_config("roberta-large", manifest)
     assert (large.hidden_size, large.num_hidden_layers, large.num_attention_heads) == (1024, 24, 16)
     for config in (base, large, model_config("tiny", manifest)):
@@ -153,12 +199,16 @@ def test_presets_take_vocabulary_and_special_ids_from_the_shards(wikitext_shards
 
 def test_a_config_json_with_too_few_positions_is_refused(tmp_path, wikitext_shards):
     manifest = read_manifest(wikitext_shards["train"])
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta", "max_position_embeddings": 100,
-                                                      "hidden_size": 32, "num_attention_heads": 2}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {"model_type": "roberta", "max_position_embeddings": 100, "hidden_size": 32, "num_attention_heads": 2}
+        )
+    )
     with pytest.raises(InvalidParameter, match=r"--model-config=.*has 100 position embeddings, too few"):
         model_config(str(tmp_path / "config.json"), manifest)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta", "hidden_size": 32,
-                                                      "num_attention_heads": 2, "num_hidden_layers": 1}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "roberta", "hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 1})
+    )
     config = model_config(str(tmp_path / "config.json"), manifest)
     assert config.hidden_size == 32 and config.vocab_size == 5000
 
@@ -167,8 +217,15 @@ def test_a_config_json_with_too_few_positions_is_refused(tmp_path, wikitext_shar
 def other_shards(tmp_path_factory, wikitext, embedded_tokenizer, wikitext_tokenizer):
     root = tmp_path_factory.mktemp("other")
     write_shards(ShardArguments(output=str(root / "other-tokenizer"), tokenizer=embedded_tokenizer))
-    write_shards(ShardArguments(output=str(root / "length-64"), tokenizer=wikitext_tokenizer,
-                                corpus=str(wikitext / "test.txt"), max_length=64, limit=300))
+    write_shards(
+        ShardArguments(
+            output=str(root / "length-64"),
+            tokenizer=wikitext_tokenizer,
+            corpus=str(wikitext / "test.txt"),
+            max_length=64,
+            limit=300,
+        )
+    )
     (root / "empty").mkdir()
     return root
 
@@ -188,13 +245,22 @@ def other_shards(tmp_path_factory, wikitext, embedded_tokenizer, wikitext_tokeni
         ({"output": "http://example.com/model"}, r"--output='http://example.com/model': unsupported URI scheme"),
     ],
 )
-def test_bad_input_fails_before_training_and_writes_nothing(tmp_path, wikitext_shards, other_shards, arguments,
-                                                            message):
-    arguments = {key: value.replace("OTHER", str(other_shards)) if isinstance(value, str) else value
-                 for key, value in arguments.items()}
+def test_bad_input_fails_before_training_and_writes_nothing(
+    tmp_path, wikitext_shards, other_shards, arguments, message
+):
+    arguments = {
+        key: value.replace("OTHER", str(other_shards)) if isinstance(value, str) else value
+        for key, value in arguments.items()
+    }
     output = tmp_path / "model"
-    values = {"tokenizer": wikitext_shards["tokenizer"], "train_shards": wikitext_shards["train"],
-              "output": str(output), "max_steps": 5, **TINY, **arguments}
+    values = {
+        "tokenizer": wikitext_shards["tokenizer"],
+        "train_shards": wikitext_shards["train"],
+        "output": str(output),
+        "max_steps": 5,
+        **TINY,
+        **arguments,
+    }
     with pytest.raises(InvalidParameter, match=message):
         train(TrainArguments(**values))
     assert not output.exists()
@@ -203,18 +269,33 @@ def test_bad_input_fails_before_training_and_writes_nothing(tmp_path, wikitext_s
 def test_evaluation_refuses_shards_of_another_tokenizer(tmp_path, wikitext_shards, other_shards):
     model_dir = save_untrained(tmp_path / "model", wikitext_shards)
     with pytest.raises(InvalidParameter, match=r"--shards=.*another tokenizer"):
-        evaluate(EvaluateArguments(model=model_dir, shards=str(other_shards / "other-tokenizer"),
-                                   output=str(tmp_path / "eval")))
+        evaluate(
+            EvaluateArguments(
+                model=model_dir, shards=str(other_shards / "other-tokenizer"), output=str(tmp_path / "eval")
+            )
+        )
     with pytest.raises(InvalidParameter, match=r"--fill-mask='no mask here': each sentence needs exactly one"):
-        evaluate(EvaluateArguments(model=model_dir, shards=wikitext_shards["validation"],
-                                   output=str(tmp_path / "eval"), fill_mask="no mask here"))
+        evaluate(
+            EvaluateArguments(
+                model=model_dir,
+                shards=wikitext_shards["validation"],
+                output=str(tmp_path / "eval"),
+                fill_mask="no mask here",
+            )
+        )
     assert not (tmp_path / "eval").exists()
 
 
 def test_evaluation_is_reproducible_and_writes_a_report(tmp_path, wikitext_shards):
     model_dir = save_untrained(tmp_path / "model", wikitext_shards)
-    runs = [evaluate(EvaluateArguments(model=model_dir, shards=wikitext_shards["validation"],
-                                       output=str(tmp_path / f"eval{i}"), top_k=2)) for i in range(2)]
+    runs = [
+        evaluate(
+            EvaluateArguments(
+                model=model_dir, shards=wikitext_shards["validation"], output=str(tmp_path / f"eval{i}"), top_k=2
+            )
+        )
+        for i in range(2)
+    ]
     for key in ("loss", "perplexity", "masked_accuracy", "masked_tokens"):
         assert runs[0][key] == runs[1][key]
     saved = json.loads((tmp_path / "eval0" / "metrics.json").read_text())
@@ -222,3 +303,18 @@ def test_evaluation_is_reproducible_and_writes_a_report(tmp_path, wikitext_shard
     assert all(len(example["predictions"]) == 2 for example in saved["fill_mask"])
     report = (tmp_path / "eval0" / "report.md").read_text()
     assert f"{runs[0]['loss']:.4f}" in report and "masked-token accuracy" in report
+
+
+def test_the_masked_positions_loss_equals_the_full_logits_loss(wikitext_shards):
+    from components.data import Masking, masked_dataset
+    from components.train import masked_lm_loss, max_predictions
+
+    manifest = read_manifest(wikitext_shards["validation"])
+    model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
+    batch = next(iter(masked_dataset(wikitext_shards["validation"], manifest, 32, Masking.from_manifest(manifest),
+                                     training=False)))
+    reference = float(tf.reduce_mean(model(batch, training=False).loss))
+    assert float(masked_lm_loss(model, batch, max_predictions(128, 0.15), training=False)) == pytest.approx(
+        reference, rel=1e-5)
+    assert max_predictions(128, 0.15) == 45
+    assert int(tf.reduce_max(tf.reduce_sum(tf.cast(batch["labels"] >= 0, tf.int32), axis=1))) <= 45
