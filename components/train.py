@@ -35,6 +35,7 @@ from components.cli import run_job
 from components.data import Masking, masked_dataset
 from components.errors import InvalidParameter
 from components.evaluate import check_probability, masked_lm_metrics
+from components.hub import check_repo_id, create_repo, hub_token, push_folder
 from components.modeling import (
     PRESETS,
     model_config,
@@ -88,6 +89,10 @@ class TrainArguments:
     peak_tflops: float | None = field(
         default=None, metadata={"help": "Peak TFLOP/s of one replica, for MFU where it is not known."}
     )
+    hub_repo_id: str = field(
+        default="", metadata={"help": "Push each checkpoint to this Hub repository (HF_TOKEN); off when empty."}
+    )
+    hub_private: bool = field(default=True, metadata={"help": "Create the checkpoint repository as private."})
     checkpoint_dir: str = field(default="", metadata={"help": "Defaults to $AIP_CHECKPOINT_DIR or OUTPUT/checkpoints."})
     tensorboard_dir: str = field(default="", metadata={"help": "Defaults to $AIP_TENSORBOARD_LOG_DIR or OUTPUT/logs."})
 
@@ -129,6 +134,8 @@ class TrainArguments:
             raise InvalidParameter("accelerator", self.accelerator, f"must be one of {ACCELERATORS}")
         if self.xla not in XLA_CHOICES:
             raise InvalidParameter("xla", self.xla, f"must be one of {XLA_CHOICES}")
+        if self.hub_repo_id:
+            check_repo_id("hub_repo_id", self.hub_repo_id)
 
 
 @dataclass
@@ -165,6 +172,8 @@ def plan_training(arguments: TrainArguments, num_replicas: int) -> TrainingPlan:
                 f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
             )
     config = model_config(arguments.model_config, manifest)
+    if arguments.hub_repo_id:
+        hub_token("hub_repo_id", arguments.hub_repo_id)
     global_batch = arguments.per_replica_batch_size * num_replicas
     if global_batch > manifest["num_records"]:
         raise InvalidParameter(
@@ -192,6 +201,8 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
     strategy, kind = select_strategy(arguments.accelerator, arguments.tpu)
     replicas = strategy.num_replicas_in_sync
     plan = plan_training(arguments, replicas)
+    if arguments.hub_repo_id:
+        create_repo(arguments.hub_repo_id, hub_token("hub_repo_id", arguments.hub_repo_id), arguments.hub_private)
     log.info(
         "%s strategy, %d replica(s), global batch %d, %d steps",
         kind,
@@ -286,6 +297,15 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
             chunk_started, window_steps, window_loss = time.perf_counter(), 0, 0.0
         if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
             manager.save(checkpoint_number=step)
+            if arguments.hub_repo_id:
+                with tempfile.TemporaryDirectory() as staging:
+                    _save_pretrained(model, plan.tokenizer, Path(staging))
+                    push_folder(
+                        Path(staging),
+                        arguments.hub_repo_id,
+                        hub_token("hub_repo_id", arguments.hub_repo_id),
+                        f"Training checkpoint at step {step} of {plan.total_steps}",
+                    )
             if eval_dataset is not None:
                 eval_metrics = masked_lm_metrics(model, eval_dataset, strategy, arguments.eval_batches)
                 with writer.as_default(step=step):
@@ -425,11 +445,15 @@ def _format_point(point: dict[str, float], total_steps: int) -> str:
 def _save_model(model: Any, tokenizer: Any, output: str, summary: dict[str, Any]) -> None:
     """Publishes the ``save_pretrained`` folder with the tokenizer; the summary goes last, marking it done."""
     with tempfile.TemporaryDirectory() as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        _save_pretrained(model, tokenizer, Path(staging))
         Path(staging, SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
         storage.upload_folder(Path(staging), output, last=[SUMMARY_FILE])
     log.info("saved the model to %s", output)
+
+
+def _save_pretrained(model: Any, tokenizer: Any, folder: Path) -> None:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

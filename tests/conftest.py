@@ -73,3 +73,22 @@ def wikitext_shards(tmp_path_factory: pytest.TempPathFactory, wikitext: Path, wi
             )
         )
     return {"train": str(root / "train"), "validation": str(root / "validation"), "tokenizer": wikitext_tokenizer}
+
+
+HUB_TOKEN = "hf_test_write_token_0123456789"
+
+
+@pytest.fixture
+def hub():
+    """A local stand-in of the Hub's HTTP API with one write token; ``hub.env`` points a process at it."""
+    from hub_server import HubStandIn
+
+    with HubStandIn({HUB_TOKEN: "write", "hf_read_only": "read"}) as server:
+        server.env = {
+            **os.environ,
+            "HF_ENDPOINT": server.url,
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_TOKEN": HUB_TOKEN,
+            "PYTHONPATH": str(PROJECT_ROOT),
+        }
+        yield server

@@ -242,6 +242,7 @@ def other_shards(tmp_path_factory, wikitext, embedded_tokenizer, wikitext_tokeni
         ({"mlm_probability": 1.5}, r"--mlm-probability=1.5"),
         ({"warmup_fraction": 1.0}, r"--warmup-fraction=1.0"),
         ({"accelerator": "quantum"}, r"--accelerator='quantum'"),
+        ({"hub_repo_id": "not a repo"}, r"--hub-repo-id='not a repo': must be a Hub repository id"),
         ({"output": "http://example.com/model"}, r"--output='http://example.com/model': unsupported URI scheme"),
     ],
 )
@@ -311,10 +312,68 @@ def test_the_masked_positions_loss_equals_the_full_logits_loss(wikitext_shards):
 
     manifest = read_manifest(wikitext_shards["validation"])
     model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
-    batch = next(iter(masked_dataset(wikitext_shards["validation"], manifest, 32, Masking.from_manifest(manifest),
-                                     training=False)))
+    batch = next(
+        iter(
+            masked_dataset(wikitext_shards["validation"], manifest, 32, Masking.from_manifest(manifest), training=False)
+        )
+    )
     reference = float(tf.reduce_mean(model(batch, training=False).loss))
     assert float(masked_lm_loss(model, batch, max_predictions(128, 0.15), training=False)) == pytest.approx(
-        reference, rel=1e-5)
+        reference, rel=1e-5
+    )
     assert max_predictions(128, 0.15) == 45
     assert int(tf.reduce_max(tf.reduce_sum(tf.cast(batch["labels"] >= 0, tf.int32), axis=1))) <= 45
+
+
+@pytest.mark.slow
+def test_checkpoints_sync_to_the_hub_through_the_real_client(tmp_path, wikitext_shards, hub):
+    from huggingface_hub import snapshot_download
+
+    args = [
+        "--tokenizer",
+        wikitext_shards["tokenizer"],
+        "--train_shards",
+        wikitext_shards["train"],
+        "--model_config",
+        "tiny",
+        "--per_replica_batch_size",
+        "16",
+        "--accelerator",
+        "cpu",
+        "--max_steps",
+        "20",
+        "--checkpoint_every_steps",
+        "10",
+        "--hub_repo_id",
+        "user/tiny-checkpoints",
+        "--output",
+        str(tmp_path / "m"),
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "components.train", *args], cwd=PROJECT_ROOT, env=hub.env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert hub.env["HF_TOKEN"] not in result.stdout + result.stderr
+    repo = hub.repos["user/tiny-checkpoints"]
+    assert repo.private
+    assert [c["message"] for c in repo.commits] == [
+        "Training checkpoint at step 10 of 20",
+        "Training checkpoint at step 20 of 20",
+    ]
+    assert {"config.json", "tf_model.h5", "tokenizer.json"} <= set(repo.files)
+    folder = snapshot_download(
+        "user/tiny-checkpoints", token=hub.env["HF_TOKEN"], endpoint=hub.url, cache_dir=str(tmp_path / "cache")
+    )
+    assert Path(folder, "tf_model.h5").read_bytes() == Path(tmp_path / "m" / "tf_model.h5").read_bytes()
+
+    env = {key: value for key, value in hub.env.items() if key != "HF_TOKEN"}
+    missing = subprocess.run(
+        [sys.executable, "-m", "components.train", *args[:-1], str(tmp_path / "m2")],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2
+    assert "error: --hub-repo-id='user/tiny-checkpoints': a Hub push needs a write token in HF_TOKEN" in missing.stderr
+    assert not (tmp_path / "m2").exists()

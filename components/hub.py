@@ -1,0 +1,52 @@
+"""Talking to the Hugging Face Hub: repository ids, the token, and pushing a folder in one commit.
+
+The token is read from ``HF_TOKEN`` and never written into arguments, logs or artifacts. ``HF_ENDPOINT``
+points the client at another Hub (the tests use a local stand-in of its HTTP API).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from components.errors import InvalidParameter
+
+log = logging.getLogger("tpu_mlm.hub")
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+
+
+def check_repo_id(parameter: str, repo_id: str) -> str:
+    if not REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id or repo_id.endswith((".", "-")):
+        raise InvalidParameter(
+            parameter, repo_id, "must be a Hub repository id 'namespace/name' (letters, digits, '-', '_', '.')"
+        )
+    return repo_id
+
+
+def hub_token(parameter: str, repo_id: str) -> str:
+    """The Hub token from ``HF_TOKEN``; the error names the parameter that asked for a push to ``repo_id``."""
+    token = os.environ.get("HF_TOKEN", "").strip()
+    if not token:
+        raise InvalidParameter(parameter, repo_id, "a Hub push needs a write token in HF_TOKEN, which is not set")
+    return token
+
+
+def create_repo(repo_id: str, token: str, private: bool) -> None:
+    from huggingface_hub import HfApi
+
+    HfApi(token=token).create_repo(repo_id, private=private, exist_ok=True)
+
+
+def push_folder(folder: Path, repo_id: str, token: str, message: str, ignore: list[str] | None = None) -> Any:
+    """Uploads ``folder`` to ``repo_id`` in one commit; unchanged content makes no new commit."""
+    from huggingface_hub import HfApi
+
+    commit = HfApi(token=token).upload_folder(
+        repo_id=repo_id, folder_path=folder, commit_message=message, ignore_patterns=ignore
+    )
+    log.info("pushed %s to %s (commit %s)", folder, repo_id, commit.oid)
+    return commit
