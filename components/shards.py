@@ -363,6 +363,19 @@ def merge_manifests(output: str) -> dict[str, Any]:
     return manifest
 
 
+def gather_parts(part_folders: list[str], output: str) -> dict[str, Any]:
+    """Copies the shards and part manifests of parts written to separate folders (one per pipeline task)
+    into ``output`` and merges them there. On ``gs://`` the copies are server-side."""
+    storage.check_uri("output", output)
+    for folder in part_folders:
+        for uri in storage.glob(storage.join(folder, PARTS_FOLDER, "*-of-*.json")):
+            part = json.loads(storage.read_text(uri))
+            for file in part["files"]:
+                storage.copy(storage.join(folder, file["name"]), storage.join(output, file["name"]))
+            storage.write_text_atomic(storage.join(output, PARTS_FOLDER, storage.basename(uri)), _dumps(part))
+    return merge_manifests(output)
+
+
 PART_KEYS = ("part", "files", "num_records", "texts", "tokens_written", "tokens_dropped")
 
 

@@ -144,6 +144,14 @@ def publish(temp_uri: str, final_uri: str) -> None:
     gfile().rename(temp_uri, final_uri, overwrite=True)
 
 
+def copy(source: str, destination: str) -> None:
+    """Copies a file, published under its final name only when complete."""
+    makedirs(dirname(destination))
+    temp = temp_name(destination)
+    gfile().copy(source, temp, overwrite=True)
+    publish(temp, destination)
+
+
 def write_bytes_atomic(uri: str, data: bytes) -> None:
     makedirs(dirname(uri))
     temp = temp_name(uri)
