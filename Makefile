@@ -1,14 +1,17 @@
 # make install   create .venv with the pinned dependencies (pyproject.toml + constraints.txt)
-# make run       the main job on the embedded corpus: tokenizer, then train and validation shards
+# make run       the whole pipeline under kfp.local on the embedded corpus (tiny model, a few minutes)
+# make prepare   only the data steps: tokenizer, train and validation shards into outputs/
+# make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
 # make test      ruff, then the whole test suite (slow tests included)
 # make bench     the sharding throughput benchmark on WikiText-2 (../shared/data)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= outputs
+RUNS ?= runs
 VOCAB_SIZE ?= 5000
 
-.PHONY: install run test lint bench clean
+.PHONY: install run prepare compile test lint bench clean
 
 install: $(VENV)/.installed
 
@@ -18,11 +21,17 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 run: install
+	$(BIN)/tpu-mlm run-local --pipeline_root $(RUNS)
+
+prepare: install
 	$(BIN)/tpu-mlm tokenizer --corpus embedded --vocab_size $(VOCAB_SIZE) --output $(OUT)/tokenizer
 	$(BIN)/tpu-mlm shards --corpus embedded --tokenizer $(OUT)/tokenizer --output $(OUT)/shards/train \
 		--split train --holdout_fraction 0.05 --holdout exclude
 	$(BIN)/tpu-mlm shards --corpus embedded --tokenizer $(OUT)/tokenizer --output $(OUT)/shards/validation \
 		--split validation --holdout_fraction 0.05 --holdout only
+
+compile: install
+	$(BIN)/tpu-mlm compile --target local --output $(OUT)/pipeline-local.yaml
 
 lint: install
 	$(BIN)/ruff check .
@@ -35,4 +44,4 @@ bench: install
 	$(BIN)/python benchmarks/shard_throughput.py
 
 clean:
-	rm -rf $(OUT) .pytest_cache .ruff_cache
+	rm -rf $(OUT) $(RUNS) .pytest_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""The project's command line: ``tpu-mlm JOB [ARGS]`` runs ``python -m components.JOB [ARGS]``.
+"""The project's command line: ``tpu-mlm JOB [ARGS]`` runs the job's module, as ``python -m MODULE [ARGS]``.
 
 Every job module keeps its arguments in a dataclass and calls :func:`run_job`, which parses them, sets up
 logging, runs the job and prints its summary as JSON. Bad input exits with status 2 and one line naming
@@ -7,7 +7,6 @@ the parameter.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import logging
@@ -17,10 +16,15 @@ from typing import Any, TypeVar
 
 from components.errors import InvalidParameter
 
+# job name -> (module, what it does)
 JOBS = {
-    "tokenizer": "Train a Unigram tokenizer on a corpus.",
-    "shards": "Tokenize a corpus into fixed-length TFRecord shards.",
-    "merge_shards": "Merge the part manifests of a sharded run into manifest.json.",
+    "run-local": ("pipelines.run_local", "Run the whole pipeline on this machine under kfp.local."),
+    "compile": ("pipelines.compile", "Compile the pipeline for Vertex AI (or kfp.local) to YAML."),
+    "tokenizer": ("components.tokenizer", "Train a Unigram tokenizer on a corpus."),
+    "shards": ("components.shards", "Tokenize a corpus into fixed-length TFRecord shards."),
+    "merge-shards": ("components.merge_shards", "Merge the part manifests of a sharded run into manifest.json."),
+    "train": ("components.train", "Pre-train a masked language model on shards (TPU, GPU or CPU)."),
+    "evaluate": ("components.evaluate", "Loss, perplexity, masked accuracy and fill-mask examples."),
 }
 
 Arguments = TypeVar("Arguments")
@@ -57,18 +61,14 @@ def run_job(
     return 0
 
 
-def as_dict(arguments: object) -> dict[str, Any]:
-    return dataclasses.asdict(arguments)  # type: ignore[call-overload]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0].replace("-", "_") not in JOBS:
+    if not argv or argv[0] not in JOBS:
         print("usage: tpu-mlm JOB [ARGS]  (tpu-mlm JOB --help for a job's arguments)\n\njobs:")
-        for name, summary in JOBS.items():
-            print(f"  {name.replace('_', '-'):<14} {summary}")
+        for name, (_, summary) in JOBS.items():
+            print(f"  {name:<14} {summary}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(f"components.{argv[0].replace('-', '_')}")
+    module = importlib.import_module(JOBS[argv[0]][0])
     return module.main(argv[1:])
 
 

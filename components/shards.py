@@ -112,6 +112,20 @@ def _require_positive(parameter: str, value: int) -> None:
         raise InvalidParameter(parameter, value, "must be a positive whole number")
 
 
+def corpus_for_split(
+    split: str, corpus: str, validation_corpus: str, holdout_fraction: float
+) -> tuple[str, float, str]:
+    """(corpus, holdout_fraction, holdout) for the train or validation shards of a pipeline run: the
+    validation corpus when there is one, else a held-out fraction of the training corpus."""
+    if validation_corpus:
+        return (validation_corpus, 0.0, "exclude") if split == "validation" else (corpus, 0.0, "exclude")
+    if holdout_fraction <= 0:
+        raise InvalidParameter(
+            "holdout_fraction", holdout_fraction, "must be above 0 when no validation corpus is given"
+        )
+    return corpus, holdout_fraction, "only" if split == "validation" else "exclude"
+
+
 def part_manifest_uri(output: str, part: int, num_parts: int) -> str:
     return storage.join(output, PARTS_FOLDER, f"{part:05d}-of-{num_parts:05d}.json")
 

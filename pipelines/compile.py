@@ -1,0 +1,48 @@
+"""Compile the pipeline to a YAML file for Vertex AI Pipelines (``--target vertex``) or kfp.local (``local``).
+
+    python -m pipelines.compile --target vertex --tpu_type v5e-4 --output pipeline.yaml \\
+        --cpu_image us-docker.pkg.dev/PROJECT/tpu-mlm/cpu:0.1.0 --tpu_image us-docker.pkg.dev/PROJECT/tpu-mlm/tpu:0.1.0
+"""
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.cli import run_job
+from components.errors import InvalidParameter
+from pipelines.pipeline import DEFAULT_CPU_IMAGE, TARGETS, TPU_TYPES, compile_pipeline
+
+
+@dataclass
+class CompileArguments:
+    output: str = field(default="pipeline.yaml", metadata={"help": "YAML file to write."})
+    target: str = field(default="vertex", metadata={"help": "vertex or local.", "choices": TARGETS})
+    tpu_type: str = field(
+        default="v3-8", metadata={"help": "TPU of the train step on Vertex.", "choices": sorted(TPU_TYPES)}
+    )
+    cpu_image: str = field(default=DEFAULT_CPU_IMAGE, metadata={"help": "Image of the CPU steps."})
+    tpu_image: str = field(default="", metadata={"help": "Image of the train step on TPUs (vertex target)."})
+
+    def __post_init__(self) -> None:
+        if self.target == "vertex" and not self.tpu_image:
+            raise InvalidParameter("tpu_image", self.tpu_image, "the vertex target needs the TPU image's URI")
+
+
+def compile_command(arguments: CompileArguments) -> dict[str, Any]:
+    path = compile_pipeline(
+        arguments.output,
+        target=arguments.target,
+        cpu_image=arguments.cpu_image,
+        tpu_image=arguments.tpu_image,
+        tpu_type=arguments.tpu_type,
+    )
+    return {"compiled": path, "target": arguments.target, "tpu_type": arguments.tpu_type}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(CompileArguments, compile_command, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

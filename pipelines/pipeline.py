@@ -1,0 +1,165 @@
+"""The pre-training pipeline: tokenizer -> train and validation shards -> train -> evaluate.
+
+The training shards fan out over ``num_parts`` tasks (``dsl.ParallelFor``) whose outputs a merge step
+gathers; the validation shards are an independent task. Every hand-over is an artifact URI under the
+pipeline root (``gs://`` on Vertex AI). ``build_pipeline`` makes the pipeline for a target:
+
+* ``local``: every step a plain component, for ``kfp.local``;
+* ``vertex``: the train step runs as a Vertex AI custom job on TPUs (see ``TPU_TYPES``).
+"""
+
+from typing import Any
+
+from kfp import compiler, dsl
+
+from components.errors import InvalidParameter
+from pipelines.steps import make_steps
+
+PIPELINE_NAME = "tpu-mlm-pretraining"
+DEFAULT_CPU_IMAGE = "tpu-mlm-cpu:latest"
+# Vertex AI machine specs per TPU choice: (machine type, accelerator type, count, topology).
+TPU_TYPES: dict[str, tuple[str, str, int, str]] = {
+    "v3-8": ("cloud-tpu", "TPU_V3", 8, ""),
+    "v5e-1": ("ct5lp-hightpu-1t", "", 0, "1x1"),
+    "v5e-4": ("ct5lp-hightpu-4t", "", 0, "2x2"),
+    "v5e-8": ("ct5lp-hightpu-8t", "", 0, "2x4"),
+}
+
+
+TARGETS = ("local", "vertex")
+# CPU and memory requests on Vertex AI for the CPU steps (tokenizing uses every core).
+CPU_RESOURCES = {"tokenizer": ("8", "32G"), "shards": ("8", "32G"), "evaluate": ("8", "32G")}
+
+
+def check_target(target: str, tpu_type: str) -> None:
+    if target not in TARGETS:
+        raise InvalidParameter("target", target, f"must be one of {TARGETS}")
+    if tpu_type not in TPU_TYPES:
+        raise InvalidParameter("tpu_type", tpu_type, f"must be one of {sorted(TPU_TYPES)}")
+
+
+def tpu_training_job(train_component: Any, tpu_type: str) -> Any:
+    """The train component as a Vertex AI custom job on the chosen TPU (restarted if a worker restarts,
+    which with the job's checkpoints makes preemptions cost minutes, not the run)."""
+    from google_cloud_pipeline_components.v1.custom_job import create_custom_training_job_from_component
+
+    machine_type, accelerator_type, accelerator_count, topology = TPU_TYPES[tpu_type]
+    job = create_custom_training_job_from_component(
+        train_component,
+        display_name="train",
+        machine_type=machine_type,
+        accelerator_type=accelerator_type,
+        accelerator_count=accelerator_count or 1,
+        restart_job_on_worker_restart=True,
+    )
+    worker_pool = job.component_spec.inputs["worker_pool_specs"].default[0]
+    if topology:  # TPU v5e: machine type + topology, no accelerator fields (the helper cannot say it)
+        worker_pool["machine_spec"] = {"machine_type": machine_type, "tpu_topology": topology}
+    return job
+
+
+def build_pipeline(
+    target: str = "local", cpu_image: str = DEFAULT_CPU_IMAGE, tpu_image: str = "", tpu_type: str = "v3-8"
+) -> Any:
+    check_target(target, tpu_type)
+    steps = make_steps(cpu_image, tpu_image or cpu_image)
+    train_component = tpu_training_job(steps.train, tpu_type) if target == "vertex" else steps.train
+
+    def resources(task: Any, step: str) -> Any:
+        if target == "vertex":
+            cpu, memory = CPU_RESOURCES[step]
+            task.set_cpu_limit(cpu).set_memory_limit(memory)
+        return task
+
+    @dsl.pipeline(name=PIPELINE_NAME, description="Pre-train a RoBERTa-style masked language model from scratch.")
+    def pretraining(
+        corpus: str = "embedded",
+        validation_corpus: str = "",
+        holdout_fraction: float = 0.05,
+        text_column: str = "text",
+        limit: int = 0,
+        vocab_size: int = 25_000,
+        lowercase: bool = False,
+        max_length: int = 128,
+        records_per_shard: int = 10_000,
+        num_parts: int = 1,
+        model_config: str = "roberta-base",
+        per_replica_batch_size: int = 256,
+        num_epochs: int = 1,
+        max_steps: int = 0,
+        learning_rate: float = 1e-4,
+        warmup_fraction: float = 0.05,
+        weight_decay: float = 1e-3,
+        mlm_probability: float = 0.15,
+        bf16: bool = False,
+        steps_per_execution: int = 50,
+        shuffle_buffer: int = 10_000,
+        seed: int = 42,
+        checkpoint_every_steps: int = 1_000,
+        log_every_steps: int = 100,
+        accelerator: str = "auto",
+        eval_batch_size: int = 64,
+    ):
+        tokenizer = resources(
+            steps.tokenizer(
+                corpus=corpus, vocab_size=vocab_size, text_column=text_column, limit=limit, lowercase=lowercase
+            ),
+            "tokenizer",
+        ).set_display_name("tokenizer")
+        common = {
+            "corpus": corpus,
+            "validation_corpus": validation_corpus,
+            "holdout_fraction": holdout_fraction,
+            "text_column": text_column,
+            "limit": limit,
+            "max_length": max_length,
+            "records_per_shard": records_per_shard,
+            "tokenizer": tokenizer.outputs["tokenizer"],
+        }
+        validation = resources(steps.shards(split="validation", num_parts=1, part=0, **common), "shards")
+        validation.set_display_name("validation shards")
+        parts = steps.part_indices(num_parts=num_parts).set_display_name("plan parts")
+        with dsl.ParallelFor(items=parts.output, name="train-parts") as part:
+            train_part = resources(steps.shards(split="train", num_parts=num_parts, part=part, **common), "shards")
+            train_part.set_display_name("train shards part")
+        train_shards = steps.merge_shards(parts=dsl.Collected(train_part.outputs["shards"])).set_display_name(
+            "merge train shards"
+        )
+        trained = train_component(
+            model_config=model_config,
+            per_replica_batch_size=per_replica_batch_size,
+            num_epochs=num_epochs,
+            max_steps=max_steps,
+            learning_rate=learning_rate,
+            warmup_fraction=warmup_fraction,
+            weight_decay=weight_decay,
+            mlm_probability=mlm_probability,
+            bf16=bf16,
+            steps_per_execution=steps_per_execution,
+            shuffle_buffer=shuffle_buffer,
+            seed=seed,
+            checkpoint_every_steps=checkpoint_every_steps,
+            log_every_steps=log_every_steps,
+            accelerator=accelerator,
+            tokenizer=tokenizer.outputs["tokenizer"],
+            train_shards=train_shards.outputs["shards"],
+            eval_shards=validation.outputs["shards"],
+        ).set_display_name("train")
+        trained.set_caching_options(False)
+        resources(
+            steps.evaluate(
+                mlm_probability=mlm_probability,
+                seed=0,
+                batch_size=eval_batch_size,
+                model=trained.outputs["model"],
+                shards=validation.outputs["shards"],
+            ),
+            "evaluate",
+        ).set_display_name("evaluate")
+
+    return pretraining
+
+
+def compile_pipeline(path: str, **kwargs: Any) -> str:
+    compiler.Compiler().compile(build_pipeline(**kwargs), package_path=path)
+    return path
