@@ -5,20 +5,35 @@ import pytest
 from conftest import PROJECT_ROOT, run_module
 
 
-@pytest.mark.parametrize("module", ["components.tokenizer", "components.shards", "components.merge_shards"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "components.tokenizer",
+        "components.shards",
+        "components.merge_shards",
+        "components.train",
+        "components.evaluate",
+        "pipelines.run_local",
+        "pipelines.compile",
+    ],
+)
 def test_every_component_runs_as_a_module_with_help(module):
     result = run_module(module, "--help")
     assert result.returncode == 0, result.stderr
-    assert "--output" in result.stdout
+    assert "--output" in result.stdout or "--pipeline_root" in result.stdout
 
 
 def test_importing_the_components_does_not_import_tensorflow():
-    probe = "import sys, components.shards, components.tokenizer; print('tensorflow' in sys.modules)"
+    probe = (
+        "import sys, components.shards, components.tokenizer, components.train, components.evaluate, "
+        "pipelines.pipeline; print('tensorflow' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", probe], cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
 
 
 def test_console_script_lists_jobs_and_dispatches(tmp_path):
+    assert run_module("components.cli", "--help").returncode == 0
     result = run_module("components.cli")
     assert result.returncode == 2
     assert "tokenizer" in result.stdout and "shards" in result.stdout

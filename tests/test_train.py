@@ -377,3 +377,24 @@ def test_checkpoints_sync_to_the_hub_through_the_real_client(tmp_path, wikitext_
     assert missing.returncode == 2
     assert "error: --hub-repo-id='user/tiny-checkpoints': a Hub push needs a write token in HF_TOKEN" in missing.stderr
     assert not (tmp_path / "m2").exists()
+
+
+def test_vertex_environment_variables_choose_the_output_folders(tmp_path, monkeypatch, wikitext_shards):
+    monkeypatch.setenv("AIP_MODEL_DIR", str(tmp_path / "aip-model"))
+    monkeypatch.setenv("AIP_CHECKPOINT_DIR", str(tmp_path / "aip-checkpoints"))
+    monkeypatch.setenv("AIP_TENSORBOARD_LOG_DIR", str(tmp_path / "aip-tensorboard"))
+    arguments = TrainArguments(
+        tokenizer=wikitext_shards["tokenizer"],
+        train_shards=wikitext_shards["train"],
+        max_steps=4,
+        checkpoint_every_steps=2,
+        **TINY,
+    )
+    assert arguments.output == str(tmp_path / "aip-model")
+    train(arguments)
+    assert (tmp_path / "aip-model" / SUMMARY_FILE).exists()
+    assert tf.train.latest_checkpoint(str(tmp_path / "aip-checkpoints")).endswith("ckpt-4")
+    assert list((tmp_path / "aip-tensorboard").glob("events.out.tfevents.*"))
+    monkeypatch.delenv("AIP_MODEL_DIR")
+    with pytest.raises(InvalidParameter, match=r"--output='': is required \(or set AIP_MODEL_DIR\)"):
+        TrainArguments(tokenizer=wikitext_shards["tokenizer"], train_shards=wikitext_shards["train"])

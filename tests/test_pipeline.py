@@ -1,0 +1,123 @@
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import run_module
+from transformers import pipeline
+
+from components.errors import InvalidParameter
+from components.shards import ShardArguments, gather_parts, write_shards
+from pipelines.pipeline import TPU_TYPES, build_pipeline, compile_pipeline
+from pipelines.run_local import RunLocalArguments, run_local
+
+CPU_IMAGE = "us-docker.pkg.dev/proj/tpu-mlm/cpu:0.1.0"
+TPU_IMAGE = "us-docker.pkg.dev/proj/tpu-mlm/tpu:0.1.0"
+
+
+def compiled(tmp_path, **kwargs) -> dict:
+    path = compile_pipeline(str(tmp_path / "pipeline.yaml"), **kwargs)
+    return yaml.safe_load(Path(path).read_text())
+
+
+def dag_tasks(spec: dict) -> dict:
+    return spec["root"]["dag"]["tasks"]
+
+
+@pytest.mark.parametrize("tpu_type", sorted(TPU_TYPES))
+def test_vertex_target_runs_training_as_a_tpu_custom_job(tmp_path, tpu_type):
+    spec = compiled(tmp_path, target="vertex", cpu_image=CPU_IMAGE, tpu_image=TPU_IMAGE, tpu_type=tpu_type)
+    machine_type, accelerator_type, accelerator_count, topology = TPU_TYPES[tpu_type]
+    train = spec["components"]["comp-train-step"]
+    worker_pool = train["inputDefinitions"]["parameters"]["worker_pool_specs"]["defaultValue"][0]
+    machine = worker_pool["machine_spec"]
+    assert machine["machine_type"] == machine_type
+    if topology:
+        assert machine == {"machine_type": machine_type, "tpu_topology": topology}
+    else:
+        assert (machine["accelerator_type"], machine["accelerator_count"]) == (accelerator_type, accelerator_count)
+    assert worker_pool["container_spec"]["image_uri"] == TPU_IMAGE
+    assert "from components.train import TrainArguments, train" in worker_pool["container_spec"]["command"][-1]
+    restart = train["inputDefinitions"]["parameters"]["restart_job_on_worker_restart"]["defaultValue"]
+    assert restart is True
+
+    executors = spec["deploymentSpec"]["executors"]
+    assert "google-cloud-pipeline-components" in executors["exec-train-step"]["container"]["image"]
+    cpu_steps = [e for name, e in executors.items() if name != "exec-train-step"]
+    assert {e["container"]["image"] for e in cpu_steps} == {CPU_IMAGE}
+    limited = [e for e in cpu_steps if "resources" in e["container"]]
+    assert len(limited) >= 3 and all(e["container"]["resources"]["resourceCpuLimit"] == "8" for e in limited)
+
+
+def test_dag_edges_fan_out_and_parameters(tmp_path):
+    spec = compiled(tmp_path, target="local")
+    tasks = dag_tasks(spec)
+    assert set(tasks) == {
+        "tokenizer-step",
+        "shards-step",
+        "part-indices",
+        "for-loop-1",
+        "merge-shards-step",
+        "train-step",
+        "evaluate-step",
+    }
+
+    def upstream(task: str) -> set:
+        return set(tasks[task].get("dependentTasks", []))
+
+    assert upstream("shards-step") == {"tokenizer-step"}
+    assert upstream("for-loop-1") == {"part-indices", "tokenizer-step"}
+    assert upstream("merge-shards-step") == {"for-loop-1"}
+    assert upstream("train-step") == {"tokenizer-step", "merge-shards-step", "shards-step"}
+    assert upstream("evaluate-step") == {"train-step", "shards-step"}
+    assert tasks["train-step"]["cachingOptions"] == {}  # training is never served from the cache
+    assert tasks["tokenizer-step"]["cachingOptions"] == {"enableCache": True}
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters["max_length"]["defaultValue"] == 128
+    assert parameters["vocab_size"]["defaultValue"] == 25_000
+    assert parameters["learning_rate"]["defaultValue"] == 1e-4
+    assert parameters["model_config"]["defaultValue"] == "roberta-base"
+
+
+def test_compile_rejects_unknown_targets_and_tpus(tmp_path):
+    with pytest.raises(InvalidParameter, match=r"--tpu-type='v9-1024': must be one of"):
+        build_pipeline("vertex", tpu_type="v9-1024")
+    with pytest.raises(InvalidParameter, match=r"--target='kubernetes'"):
+        build_pipeline("kubernetes")
+    result = run_module("pipelines.compile", "--target", "vertex", "--output", str(tmp_path / "p.yaml"))
+    assert result.returncode == 2 and "--tpu-image='': the vertex target needs" in result.stderr
+    result = run_module("pipelines.compile", "--target", "local", "--output", str(tmp_path / "p.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load((tmp_path / "p.yaml").read_text())["pipelineInfo"]["name"] == "tpu-mlm-pretraining"
+
+
+def test_parts_in_separate_folders_gather_into_one_set(tmp_path, embedded_tokenizer):
+    whole = write_shards(ShardArguments(output=str(tmp_path / "whole"), tokenizer=embedded_tokenizer))
+    folders = []
+    for part in range(3):
+        folder = str(tmp_path / f"task-{part}")
+        write_shards(ShardArguments(output=folder, tokenizer=embedded_tokenizer, num_parts=3, part=part))
+        folders.append(folder)
+    merged = gather_parts(folders, str(tmp_path / "merged"))
+    assert merged["texts"] == whole["texts"]
+    assert merged["tokens_written"] + merged["tokens_dropped"] == whole["tokens_written"] + whole["tokens_dropped"]
+    names = sorted(p.name for p in (tmp_path / "merged").glob("*.tfrecord"))
+    assert names == [f["name"] for f in merged["files"]]
+    assert [f["name"].split("-")[1] for f in merged["files"]] == ["00000", "00001", "00002"]
+
+
+@pytest.mark.slow
+def test_the_whole_pipeline_runs_locally_and_its_model_fills_masks(tmp_path, capsys):
+    summary = run_local(RunLocalArguments(pipeline_root=str(tmp_path / "runs"), num_parts=2, num_epochs=2))
+    artifacts = summary["artifacts"]
+    for name in ("tokenizer", "validation shards", "train shards", "model", "evaluation"):
+        assert Path(artifacts[name]).is_dir(), name
+    manifest = json.loads(Path(artifacts["train shards"], "manifest.json").read_text())
+    assert manifest["num_parts"] == 2 and len({f["name"].split("-")[1] for f in manifest["files"]}) == 2
+    metrics = json.loads(Path(artifacts["evaluation"], "metrics.json").read_text())
+    assert summary["metrics"]["loss"] == metrics["loss"] < 7.0  # ln(5000) = 8.5 for an untrained model
+    assert "masked-token accuracy" in Path(artifacts["report"]).read_text()
+    fill = pipeline("fill-mask", model=artifacts["model"], framework="tf", dtype=None)
+    assert len(fill("The function returns a <mask> of values.", top_k=3)) == 3
+    printed = capsys.readouterr().err
+    assert "Pipeline run finished" in printed and artifacts["model"] in printed and "Fill-mask:" in printed
