@@ -16,6 +16,7 @@ from components.errors import InvalidParameter
 
 log = logging.getLogger("tpu_mlm.hub")
 
+SECRET_NAME = re.compile(r"^projects/[\w.:-]+/secrets/[\w-]{1,255}(/versions/(latest|\d+))?$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
 
@@ -27,8 +28,28 @@ def check_repo_id(parameter: str, repo_id: str) -> str:
     return repo_id
 
 
-def hub_token(parameter: str, repo_id: str) -> str:
-    """The Hub token from ``HF_TOKEN``; the error names the parameter that asked for a push to ``repo_id``."""
+def check_secret_name(secret: str) -> str:
+    if not SECRET_NAME.match(secret):
+        raise InvalidParameter(
+            "hf_token_secret", secret, "must be a Secret Manager name: projects/PROJECT/secrets/NAME[/versions/V]"
+        )
+    return secret if "/versions/" in secret else secret + "/versions/latest"
+
+
+def secret_token(secret: str) -> str:
+    """The Hub token stored in Secret Manager (how Vertex AI jobs get secrets: custom jobs have no
+    secret-backed environment variables)."""
+    from google.cloud import secretmanager
+
+    client = secretmanager.SecretManagerServiceClient()
+    return client.access_secret_version(name=check_secret_name(secret)).payload.data.decode("utf-8").strip()
+
+
+def hub_token(parameter: str, repo_id: str, secret: str = "") -> str:
+    """The Hub token from the Secret Manager ``secret`` when one is named, else from ``HF_TOKEN``; the error
+    names the parameter that asked for a push to ``repo_id``."""
+    if secret:
+        return secret_token(secret)
     token = os.environ.get("HF_TOKEN", "").strip()
     if not token:
         raise InvalidParameter(parameter, repo_id, "a Hub push needs a write token in HF_TOKEN, which is not set")

@@ -1,7 +1,9 @@
-"""The pre-training pipeline: tokenizer -> train and validation shards -> train -> evaluate.
+"""The pre-training pipeline: tokenizer -> train and validation shards -> train -> evaluate -> Hub push.
 
 The training shards fan out over ``num_parts`` tasks (``dsl.ParallelFor``) whose outputs a merge step
-gathers; the validation shards are an independent task. Every hand-over is an artifact URI under the
+gathers; the validation shards are an independent task. The push runs only when ``hub_repo_id`` is set;
+its token comes from ``HF_TOKEN`` locally and from the Secret Manager secret ``hf_token_secret`` on Vertex AI,
+so no secret value is ever a pipeline parameter. Every hand-over is an artifact URI under the
 pipeline root (``gs://`` on Vertex AI). ``build_pipeline`` makes the pipeline for a target:
 
 * ``local``: every step a plain component, for ``kfp.local``;
@@ -28,7 +30,7 @@ TPU_TYPES: dict[str, tuple[str, str, int, str]] = {
 
 TARGETS = ("local", "vertex")
 # CPU and memory requests on Vertex AI for the CPU steps (tokenizing uses every core).
-CPU_RESOURCES = {"tokenizer": ("8", "32G"), "shards": ("8", "32G"), "evaluate": ("8", "32G")}
+CPU_RESOURCES = {"tokenizer": ("8", "32G"), "shards": ("8", "32G"), "evaluate": ("8", "32G"), "push": ("2", "8G")}
 
 
 def check_target(target: str, tpu_type: str) -> None:
@@ -99,6 +101,9 @@ def build_pipeline(
         log_every_steps: int = 100,
         accelerator: str = "auto",
         eval_batch_size: int = 64,
+        hub_repo_id: str = "",
+        hub_private: bool = False,
+        hf_token_secret: str = "",
     ):
         tokenizer = resources(
             steps.tokenizer(
@@ -146,7 +151,7 @@ def build_pipeline(
             eval_shards=validation.outputs["shards"],
         ).set_display_name("train")
         trained.set_caching_options(False)
-        resources(
+        evaluation = resources(
             steps.evaluate(
                 mlm_probability=mlm_probability,
                 seed=0,
@@ -156,6 +161,18 @@ def build_pipeline(
             ),
             "evaluate",
         ).set_display_name("evaluate")
+        with dsl.If(hub_repo_id != "", name="push-requested"):
+            pushed = resources(
+                steps.push(
+                    repo_id=hub_repo_id,
+                    private=hub_private,
+                    hf_token_secret=hf_token_secret,
+                    model=trained.outputs["model"],
+                    evaluation=evaluation.outputs["evaluation"],
+                ),
+                "push",
+            ).set_display_name("push to the Hub")
+            pushed.set_caching_options(False)
 
     return pretraining
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from components.cli import run_job
 from components.errors import InvalidParameter
+from components.hub import check_repo_id, hub_token
 from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline
 
 # The folder of each artifact inside a run, by task and output name, in the order they are made.
@@ -45,10 +46,15 @@ class RunLocalArguments:
     max_steps: int = field(default=0, metadata={"help": "Steps; overrides num_epochs when > 0."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (higher for tiny models)."})
     num_parts: int = field(default=1, metadata={"help": "Training-shard tasks run in parallel."})
+    hub_repo_id: str = field(default="", metadata={"help": "Push the model here at the end (token: HF_TOKEN)."})
+    hub_private: bool = field(default=False, metadata={"help": "Create the Hub repository as private."})
     docker: bool = field(default=False, metadata={"help": "Run each step in the CPU image with DockerRunner."})
     image: str = field(default=DEFAULT_CPU_IMAGE, metadata={"help": "Image for --docker (local name:tag)."})
 
     def __post_init__(self) -> None:
+        if self.hub_repo_id:
+            check_repo_id("hub_repo_id", self.hub_repo_id)
+            hub_token("hub_repo_id", self.hub_repo_id)  # before any step runs, not at the end
         if "://" in self.pipeline_root:
             raise InvalidParameter("pipeline_root", self.pipeline_root, "kfp.local needs a local folder")
 
@@ -76,6 +82,8 @@ def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
         learning_rate=arguments.learning_rate,
         num_parts=arguments.num_parts,
         log_every_steps=20,
+        hub_repo_id=arguments.hub_repo_id,
+        hub_private=arguments.hub_private,
         accelerator="cpu" if arguments.docker else "auto",
     )
     (run_dir,) = set(root.glob(f"{PIPELINE_NAME}-*")) - before

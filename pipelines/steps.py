@@ -165,6 +165,23 @@ def evaluate_step(
     Path(report.path).write_text(storage.read_text(storage.join(evaluation.uri, REPORT_FILE)))
 
 
+def push_step(
+    repo_id: str, private: bool, hf_token_secret: str, model: Input[Model], evaluation: Input[Artifact]
+) -> str:
+    from components.push import PushArguments, push
+
+    result = push(
+        PushArguments(
+            model=model.uri,
+            evaluation=evaluation.uri,
+            repo_id=repo_id,
+            private=private,
+            hf_token_secret=hf_token_secret,
+        )
+    )
+    return result["commit_url"]
+
+
 @dataclass
 class Steps:
     tokenizer: Any
@@ -173,6 +190,7 @@ class Steps:
     merge_shards: Any
     train: Any
     evaluate: Any
+    push: Any
 
 
 def make_steps(cpu_image: str, train_image: str) -> Steps:
@@ -188,4 +206,5 @@ def make_steps(cpu_image: str, train_image: str) -> Steps:
         merge_shards=component(merge_shards_step, cpu_image),
         train=component(train_step, train_image),
         evaluate=component(evaluate_step, cpu_image),
+        push=component(push_step, cpu_image),
     )

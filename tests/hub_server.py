@@ -160,6 +160,9 @@ class HubStandIn:
             def do_POST(self) -> None:
                 path = unquote(urlparse(self.path).path)
                 hub.requests.append(("POST", path))
+                if path == "/api/validate-yaml":  # model cards' metadata
+                    self._body()
+                    return self._send(200, {"errors": [], "warnings": []})
                 if path == "/api/repos/create":
                     if self._injected("create"):
                         return None

@@ -107,8 +107,12 @@ def test_parts_in_separate_folders_gather_into_one_set(tmp_path, embedded_tokeni
 
 
 @pytest.mark.slow
-def test_the_whole_pipeline_runs_locally_and_its_model_fills_masks(tmp_path, capsys):
-    summary = run_local(RunLocalArguments(pipeline_root=str(tmp_path / "runs"), num_parts=2, num_epochs=2))
+def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_path, capsys, monkeypatch, hub):
+    for name in ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN"):  # the steps' subprocesses inherit them
+        monkeypatch.setenv(name, hub.env[name])
+    summary = run_local(
+        RunLocalArguments(pipeline_root=str(tmp_path / "runs"), num_parts=2, num_epochs=2, hub_repo_id="user/local-run")
+    )
     artifacts = summary["artifacts"]
     for name in ("tokenizer", "validation shards", "train shards", "model", "evaluation"):
         assert Path(artifacts[name]).is_dir(), name
@@ -119,5 +123,9 @@ def test_the_whole_pipeline_runs_locally_and_its_model_fills_masks(tmp_path, cap
     assert "masked-token accuracy" in Path(artifacts["report"]).read_text()
     fill = pipeline("fill-mask", model=artifacts["model"], framework="tf", dtype=None)
     assert len(fill("The function returns a <mask> of values.", top_k=3)) == 3
+    repo = hub.repos["user/local-run"]
+    assert len(repo.commits) == 1 and {"README.md", "tf_model.h5", "tokenizer.json"} <= set(repo.files)
+    assert hub.file("user/local-run", "tf_model.h5") == Path(artifacts["model"], "tf_model.h5").read_bytes()
+    assert f"{metrics['perplexity']:.2f}" in hub.file("user/local-run", "README.md").decode()
     printed = capsys.readouterr().err
     assert "Pipeline run finished" in printed and artifacts["model"] in printed and "Fill-mask:" in printed

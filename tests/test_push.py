@@ -1,0 +1,124 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from huggingface_hub import snapshot_download
+from transformers import TFAutoModelForMaskedLM, pipeline
+
+from components.errors import InvalidParameter
+from components.evaluate import EvaluateArguments, evaluate
+from components.hub import check_repo_id, check_secret_name
+from components.push import PushArguments
+from components.train import TrainArguments, train
+from conftest import HUB_TOKEN, PROJECT_ROOT
+from pipelines.pipeline import compile_pipeline
+
+
+@pytest.fixture(scope="module")
+def model_and_evaluation(tmp_path_factory, wikitext_shards):
+    root = tmp_path_factory.mktemp("push")
+    train(
+        TrainArguments(
+            tokenizer=wikitext_shards["tokenizer"],
+            train_shards=wikitext_shards["train"],
+            output=str(root / "model"),
+            model_config="tiny",
+            per_replica_batch_size=16,
+            max_steps=10,
+            accelerator="cpu",
+        )
+    )
+    evaluate(
+        EvaluateArguments(
+            model=str(root / "model"), shards=wikitext_shards["validation"], output=str(root / "eval"), max_batches=2
+        )
+    )
+    return str(root / "model"), str(root / "eval")
+
+
+def push(hub, model, evaluation, *extra, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "components.push", "--model", model, "--evaluation", evaluation, *extra],
+        cwd=PROJECT_ROOT,
+        env=env or hub.env,
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_push_uploads_model_tokenizer_and_card_in_one_commit_and_loads_back(tmp_path, hub, model_and_evaluation):
+    model, evaluation = model_and_evaluation
+    result = push(hub, model, evaluation, "--repo_id", "user/tiny-roberta", "--private")
+    assert result.returncode == 0, result.stderr
+    assert HUB_TOKEN not in result.stdout + result.stderr
+    repo = hub.repos["user/tiny-roberta"]
+    assert repo.private and len(repo.commits) == 1
+    assert {"README.md", "config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json"} <= set(repo.files)
+    assert not any(name.startswith(("checkpoints", "logs")) for name in repo.files)
+
+    card = hub.file("user/tiny-roberta", "README.md").decode()
+    metrics = json.loads(Path(evaluation, "metrics.json").read_text())
+    assert f"| perplexity | {metrics['perplexity']:.2f} |" in card
+    assert 'pipeline("fill-mask", model="user/tiny-roberta", framework="tf", dtype=None)' in card
+    assert "| learning_rate | 0.0001 |" in card
+
+    folder = snapshot_download("user/tiny-roberta", token=HUB_TOKEN, endpoint=hub.url, cache_dir=str(tmp_path))
+    assert TFAutoModelForMaskedLM.from_pretrained(folder).config.vocab_size == 5000
+    fill = pipeline("fill-mask", model=folder, framework="tf", dtype=None)
+    assert len(fill("The game was <mask> in 2010 .", top_k=2)) == 2
+
+    again = push(hub, model, evaluation, "--repo_id", "user/tiny-roberta", "--private")
+    assert again.returncode == 0 and len(repo.commits) == 1, "unchanged content made a new commit"
+
+
+@pytest.mark.slow
+def test_push_failures_are_clear_and_leave_no_partial_commit(hub, model_and_evaluation):
+    model, evaluation = model_and_evaluation
+    no_token = {key: value for key, value in hub.env.items() if key != "HF_TOKEN"}
+    result = push(hub, model, evaluation, "--repo_id", "user/x", env=no_token)
+    assert result.returncode == 2
+    assert "error: --repo-id='user/x': a Hub push needs a write token in HF_TOKEN" in result.stderr
+    assert hub.repos == {}
+
+    read_only = {**hub.env, "HF_TOKEN": "hf_read_only"}
+    result = push(hub, model, evaluation, "--repo_id", "user/x", env=read_only)
+    assert result.returncode != 0 and "401" in result.stderr and hub.repos == {}
+
+    hub.fail_next["commit"] = [500]
+    result = push(hub, model, evaluation, "--repo_id", "user/y")
+    assert result.returncode != 0 and "500" in result.stderr
+    assert hub.repos["user/y"].commits == []  # the LFS upload happened, no commit points at it
+    assert push(hub, model, evaluation, "--repo_id", "user/y").returncode == 0
+    assert len(hub.repos["user/y"].commits) == 1
+
+
+@pytest.mark.parametrize("repo_id", ["no-namespace", "a/b/c", "user/has space", "user/-bad", "user/x--y", ""])
+def test_bad_repository_ids_are_refused(repo_id):
+    with pytest.raises(InvalidParameter, match="must be a Hub repository id"):
+        check_repo_id("repo_id", repo_id)
+
+
+def test_secret_names_are_checked_and_default_to_the_latest_version():
+    assert check_secret_name("projects/p/secrets/hf-token") == "projects/p/secrets/hf-token/versions/latest"
+    assert check_secret_name("projects/p/secrets/hf/versions/3") == "projects/p/secrets/hf/versions/3"
+    for bad in ("hf-token", "projects/p/secrets/", "projects/p/secret/hf", "projects/p/secrets/hf/versions/x"):
+        with pytest.raises(InvalidParameter, match=r"--hf-token-secret=.*Secret Manager name"):
+            check_secret_name(bad)
+    with pytest.raises(InvalidParameter, match="--hf-token-secret="):
+        PushArguments(model="/tmp/m", repo_id="user/m", hf_token_secret="my-token")
+
+
+def test_no_secret_value_lands_in_the_compiled_pipeline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    for target in ("local", "vertex"):
+        path = compile_pipeline(str(tmp_path / f"{target}.yaml"), target=target, tpu_image="tpu:1")
+        text = Path(path).read_text()
+        assert HUB_TOKEN not in text
+        spec = yaml.safe_load(text)
+        parameters = spec["root"]["inputDefinitions"]["parameters"]
+        assert parameters["hf_token_secret"]["defaultValue"] == ""
+        assert not [name for name in parameters if "token" in name and name != "hf_token_secret"]
