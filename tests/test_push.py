@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import HUB_TOKEN, PROJECT_ROOT
 from huggingface_hub import snapshot_download
 from transformers import TFAutoModelForMaskedLM, pipeline
 
@@ -13,7 +14,6 @@ from components.evaluate import EvaluateArguments, evaluate
 from components.hub import check_repo_id, check_secret_name
 from components.push import PushArguments
 from components.train import TrainArguments, train
-from conftest import HUB_TOKEN, PROJECT_ROOT
 from pipelines.pipeline import compile_pipeline
 
 
