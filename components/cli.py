@@ -20,11 +20,13 @@ from components.errors import InvalidParameter
 JOBS = {
     "run-local": ("pipelines.run_local", "Run the whole pipeline on this machine under kfp.local."),
     "compile": ("pipelines.compile", "Compile the pipeline for Vertex AI (or kfp.local) to YAML."),
+    "submit": ("pipelines.submit", "Submit a compiled pipeline to Vertex AI Pipelines (or --dry_run)."),
     "tokenizer": ("components.tokenizer", "Train a Unigram tokenizer on a corpus."),
     "shards": ("components.shards", "Tokenize a corpus into fixed-length TFRecord shards."),
     "merge-shards": ("components.merge_shards", "Merge the part manifests of a sharded run into manifest.json."),
     "train": ("components.train", "Pre-train a masked language model on shards (TPU, GPU or CPU)."),
     "evaluate": ("components.evaluate", "Loss, perplexity, masked accuracy and fill-mask examples."),
+    "push": ("components.push", "Push model, tokenizer and model card to the Hugging Face Hub."),
 }
 
 Arguments = TypeVar("Arguments")

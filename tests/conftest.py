@@ -92,3 +92,21 @@ def hub():
             "PYTHONPATH": str(PROJECT_ROOT),
         }
         yield server
+
+
+@pytest.fixture
+def gcs(monkeypatch):
+    """A Cloud Storage emulator on loopback with the bucket ``bucket``; google-cloud-storage clients find it
+    through ``STORAGE_EMULATOR_HOST``."""
+    import socket
+
+    from gcp_storage_emulator.server import create_server
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="bucket")
+    server.start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    yield f"http://127.0.0.1:{port}"
+    server.stop()

@@ -1,0 +1,127 @@
+"""Submit a compiled pipeline to Vertex AI Pipelines.
+
+Parameters are checked against the compiled template before anything is sent: unknown names, wrong types,
+a non-``gs://`` pipeline root, malformed Hub ids and secret names fail at once. ``--dry_run`` prints the
+job that would be created and touches no network. Credentials are the environment's (Application Default
+Credentials: ``gcloud auth application-default login``, or the service account of the machine).
+
+    python -m pipelines.submit --template pipeline.yaml --project my-project --region us-central1 \\
+        --pipeline_root gs://my-bucket/pipeline-root --service_account trainer@my-project.iam.gserviceaccount.com \\
+        --parameters '{"corpus": "hf:wikitext:wikitext-103-raw-v1", "hub_repo_id": "me/roberta-wikitext"}'
+"""
+
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from components.cli import run_job
+from components.errors import InvalidParameter
+from components.hub import check_repo_id, check_secret_name
+
+PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
+LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+
+
+@dataclass
+class SubmitArguments:
+    project: str = field(metadata={"help": "Google Cloud project id."})
+    pipeline_root: str = field(metadata={"help": "gs:// folder for the run's artifacts."})
+    template: str = field(default="pipeline.yaml", metadata={"help": "Compiled pipeline (pipelines.compile)."})
+    region: str = field(default="us-central1", metadata={"help": "Vertex AI region (one with the TPU type)."})
+    service_account: str = field(default="", metadata={"help": "Service account the run acts as."})
+    parameters: str = field(default="{}", metadata={"help": "Pipeline parameter values as a JSON object."})
+    labels: str = field(default="", metadata={"help": "Run labels, key=value,key=value."})
+    display_name: str = field(default="tpu-mlm-pretraining", metadata={"help": "Name of the run."})
+    enable_caching: bool = field(default=True, metadata={"help": "Reuse the results of unchanged steps."})
+    dry_run: bool = field(default=False, metadata={"help": "Print the job instead of submitting it."})
+
+
+def check_parameters(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` checked against the template's parameters: names, types and the values the pipeline would
+    otherwise reject only when a step runs."""
+    known = template["root"]["inputDefinitions"]["parameters"]
+    for name, value in values.items():
+        if name not in known:
+            raise InvalidParameter("parameters", name, f"is not a parameter of this pipeline; known: {sorted(known)}")
+        expected = PARAMETER_TYPES[known[name]["parameterType"]]
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+            raise InvalidParameter(name, value, f"must be of type {known[name]['parameterType'].lower()}")
+    if values.get("hub_repo_id"):
+        check_repo_id("hub_repo_id", values["hub_repo_id"])
+        if not values.get("hf_token_secret"):
+            raise InvalidParameter(
+                "hf_token_secret", "", "a Hub push on Vertex AI reads its token from a Secret Manager secret; name it"
+            )
+    if values.get("hf_token_secret"):
+        check_secret_name(values["hf_token_secret"])
+    return values
+
+
+def parse_labels(labels: str) -> dict[str, str]:
+    pairs = dict(item.split("=", 1) for item in labels.split(",") if "=" in item)
+    if labels.strip() and len(pairs) != len([item for item in labels.split(",") if item.strip()]):
+        raise InvalidParameter("labels", labels, "must be key=value pairs separated by commas")
+    for key, value in pairs.items():
+        if not LABEL.match(key) or not re.fullmatch(r"[a-z0-9_-]{0,63}", value):
+            raise InvalidParameter("labels", labels, "keys and values: lowercase letters, digits, '_' and '-'")
+    return pairs
+
+
+def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
+    """The ``aiplatform.PipelineJob`` for the arguments, after every check (no network is used)."""
+    from google.cloud import aiplatform
+
+    if not arguments.pipeline_root.startswith("gs://"):
+        raise InvalidParameter("pipeline_root", arguments.pipeline_root, "must be a gs:// URI on Vertex AI")
+    if not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", arguments.project):
+        raise InvalidParameter("project", arguments.project, "is not a Google Cloud project id")
+    if not Path(arguments.template).is_file():
+        raise InvalidParameter("template", arguments.template, "no such file; compile it with pipelines.compile")
+    try:
+        values = json.loads(arguments.parameters)
+    except json.JSONDecodeError as error:
+        raise InvalidParameter("parameters", arguments.parameters, f"is not a JSON object: {error}") from error
+    if not isinstance(values, dict):
+        raise InvalidParameter("parameters", arguments.parameters, "must be a JSON object of name: value")
+    template = yaml.safe_load(Path(arguments.template).read_text())
+    check_parameters(template, values)
+    return aiplatform.PipelineJob(
+        display_name=arguments.display_name,
+        template_path=arguments.template,
+        pipeline_root=arguments.pipeline_root,
+        parameter_values=values,
+        enable_caching=arguments.enable_caching,
+        labels=parse_labels(arguments.labels),
+        project=arguments.project,
+        location=arguments.region,
+        credentials=credentials,
+    )
+
+
+def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any]:
+    if arguments.dry_run:
+        from google.auth.credentials import AnonymousCredentials
+
+        job = build_job(arguments, credentials or AnonymousCredentials())
+        request = job.to_dict()
+        tasks = sorted(request["pipelineSpec"]["root"]["dag"]["tasks"])
+        request["pipelineSpec"] = f"{arguments.template} ({len(tasks)} tasks: {', '.join(tasks)})"
+        request["serviceAccount"] = arguments.service_account
+        return {"dry_run": True, "would_submit": request}
+    job = build_job(arguments, credentials)
+    job.submit(service_account=arguments.service_account or None)
+    return {"job": job.resource_name, "console": job._dashboard_uri()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(SubmitArguments, submit, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

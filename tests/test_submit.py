@@ -1,0 +1,121 @@
+import json
+
+import pytest
+from conftest import run_module
+from google.auth.credentials import AnonymousCredentials
+from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
+from google.cloud.aiplatform_v1.types import pipeline_job as gca_pipeline_job
+
+from components.errors import InvalidParameter
+from pipelines.pipeline import compile_pipeline
+from pipelines.submit import SubmitArguments, submit
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    return compile_pipeline(
+        str(tmp_path_factory.mktemp("submit") / "pipeline.yaml"),
+        target="vertex",
+        cpu_image="us-docker.pkg.dev/p/r/cpu:1",
+        tpu_image="us-docker.pkg.dev/p/r/tpu:1",
+        tpu_type="v5e-4",
+    )
+
+
+def arguments(template_path, **overrides) -> SubmitArguments:
+    values = {
+        "project": "my-project",
+        "pipeline_root": "gs://bucket/root",
+        "template": template_path,
+        "region": "europe-west4",
+        "service_account": "trainer@my-project.iam.gserviceaccount.com",
+        "parameters": json.dumps(
+            {
+                "corpus": "hf:wikitext:wikitext-103-raw-v1",
+                "max_steps": 1000,
+                "learning_rate": 2e-4,
+                "hub_repo_id": "me/roberta",
+                "hf_token_secret": "projects/my-project/secrets/hf-token",
+            }
+        ),
+        "labels": "team=nlp,run=first",
+    }
+    return SubmitArguments(**{**values, **overrides})
+
+
+def test_submit_sends_one_request_with_template_root_parameters_and_service_account(template, monkeypatch, gcs):
+    sent = []
+
+    def create_pipeline_job(self, request=None, *, parent=None, pipeline_job=None, pipeline_job_id=None, **_):
+        sent.append({"parent": parent, "job": pipeline_job, "id": pipeline_job_id})
+        return gca_pipeline_job.PipelineJob(
+            name=f"{parent}/pipelineJobs/{pipeline_job_id}", display_name=pipeline_job.display_name
+        )
+
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", create_pipeline_job)
+    result = submit(arguments(template), credentials=AnonymousCredentials())
+
+    (request,) = sent
+    assert request["parent"] == "projects/my-project/locations/europe-west4"
+    job = request["job"]
+    assert job.service_account == "trainer@my-project.iam.gserviceaccount.com"
+    assert job.runtime_config.gcs_output_directory == "gs://bucket/root"
+    values = dict(job.runtime_config.parameter_values)
+    assert values["corpus"] == "hf:wikitext:wikitext-103-raw-v1" and values["max_steps"] == 1000
+    assert values["hf_token_secret"] == "projects/my-project/secrets/hf-token"
+    assert dict(job.labels) == {"team": "nlp", "run": "first"}
+    spec = dict(job.pipeline_spec)
+    assert spec["pipelineInfo"]["name"] == "tpu-mlm-pretraining"
+    assert "train-step" in spec["root"]["dag"]["tasks"]
+    assert result["job"].endswith(request["id"])
+
+
+def test_dry_run_prints_the_job_and_sends_nothing(template, monkeypatch):
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", lambda *a, **k: pytest.fail("sent a request"))
+    result = submit(arguments(template, dry_run=True))
+    request = result["would_submit"]
+    assert request["runtimeConfig"]["gcsOutputDirectory"] == "gs://bucket/root"
+    assert request["runtimeConfig"]["parameterValues"]["hub_repo_id"] == "me/roberta"
+    assert request["serviceAccount"] == "trainer@my-project.iam.gserviceaccount.com"
+    assert "train-step" in request["pipelineSpec"]
+    cli = run_module(
+        "pipelines.submit",
+        "--template",
+        template,
+        "--project",
+        "my-project",
+        "--pipeline_root",
+        "gs://bucket/root",
+        "--dry_run",
+        timeout=120,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["would_submit"]["displayName"] == "tpu-mlm-pretraining"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"pipeline_root": "/local/root"}, r"--pipeline-root='/local/root': must be a gs:// URI"),
+        ({"project": "My Project"}, r"--project='My Project': is not a Google Cloud project id"),
+        ({"template": "/no/such.yaml"}, r"--template='/no/such.yaml': no such file"),
+        ({"parameters": "{not json"}, r"--parameters='\{not json': is not a JSON object"),
+        ({"parameters": '{"max_step": 10}'}, r"--parameters='max_step': is not a parameter of this pipeline"),
+        ({"parameters": '{"max_steps": "ten"}'}, r"--max-steps='ten': must be of type number_integer"),
+        ({"parameters": '{"bf16": 1}'}, r"--bf16=1: must be of type boolean"),
+        ({"parameters": '{"hub_repo_id": "me/x"}'}, r"--hf-token-secret='': a Hub push on Vertex AI reads"),
+        (
+            {"parameters": '{"hub_repo_id": "bad id", "hf_token_secret": "projects/p/secrets/s"}'},
+            r"--hub-repo-id='bad id'",
+        ),
+        (
+            {"parameters": '{"hub_repo_id": "me/x", "hf_token_secret": "hf_abc123"}'},
+            r"--hf-token-secret='hf_abc123': must be a Secret Manager name",
+        ),
+        ({"labels": "Team=NLP"}, r"--labels='Team=NLP'"),
+    ],
+)
+def test_bad_submissions_fail_before_any_request(template, monkeypatch, overrides, message):
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", lambda *a, **k: pytest.fail("sent a request"))
+    with pytest.raises(InvalidParameter, match=message):
+        submit(arguments(template, **overrides), credentials=AnonymousCredentials())
