@@ -26,6 +26,7 @@ JOBS = {
     "merge-shards": ("components.merge_shards", "Merge the part manifests of a sharded run into manifest.json."),
     "train": ("components.train", "Pre-train a masked language model on shards (TPU, GPU or CPU)."),
     "evaluate": ("components.evaluate", "Loss, perplexity, masked accuracy and fill-mask examples."),
+    "report": ("components.report", "The run report: metrics, loss curve, throughput, fill-mask examples (HTML)."),
     "push": ("components.push", "Push model, tokenizer and model card to the Hugging Face Hub."),
 }
 

@@ -30,7 +30,13 @@ TPU_TYPES: dict[str, tuple[str, str, int, str]] = {
 
 TARGETS = ("local", "vertex")
 # CPU and memory requests on Vertex AI for the CPU steps (tokenizing uses every core).
-CPU_RESOURCES = {"tokenizer": ("8", "32G"), "shards": ("8", "32G"), "evaluate": ("8", "32G"), "push": ("2", "8G")}
+CPU_RESOURCES = {
+    "tokenizer": ("8", "32G"),
+    "shards": ("8", "32G"),
+    "evaluate": ("8", "32G"),
+    "push": ("2", "8G"),
+    "report": ("2", "8G"),
+}
 
 
 def check_target(target: str, tpu_type: str) -> None:
@@ -161,6 +167,9 @@ def build_pipeline(
             ),
             "evaluate",
         ).set_display_name("evaluate")
+        resources(
+            steps.report(model=trained.outputs["model"], evaluation=evaluation.outputs["evaluation"]), "report"
+        ).set_display_name("run report")
         with dsl.If(hub_repo_id != "", name="push-requested"):
             pushed = resources(
                 steps.push(

@@ -29,7 +29,8 @@ ARTIFACTS = {
     "train shards": "merge-shards-step/shards",
     "model": "train-step/model",
     "evaluation": "evaluate-step/evaluation",
-    "report": "evaluate-step/report",
+    "evaluation report": "evaluate-step/report",
+    "run report": "report-step/report",
 }
 
 
@@ -65,7 +66,8 @@ def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
 
     root = Path(arguments.pipeline_root).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    runner = local.DockerRunner() if arguments.docker else local.SubprocessRunner(use_venv=False)
+    # host networking: steps may read a Hub dataset or gs://, and engines without a bridge network work too
+    runner = local.DockerRunner(network_mode="host") if arguments.docker else local.SubprocessRunner(use_venv=False)
     local.init(runner=runner, pipeline_root=str(root))
     pipeline = build_pipeline("local", cpu_image=arguments.image)
     before = set(root.glob(f"{PIPELINE_NAME}-*"))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kfp import dsl
-from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
 
 def tokenizer_step(
@@ -182,6 +182,12 @@ def push_step(
     return result["commit_url"]
 
 
+def report_step(model: Input[Model], evaluation: Input[Artifact], report: Output[HTML]):
+    from components.report import ReportArguments, write_report
+
+    write_report(ReportArguments(model=model.uri, evaluation=evaluation.uri, output=report.path))
+
+
 @dataclass
 class Steps:
     tokenizer: Any
@@ -191,6 +197,7 @@ class Steps:
     train: Any
     evaluate: Any
     push: Any
+    report: Any
 
 
 def make_steps(cpu_image: str, train_image: str) -> Steps:
@@ -207,4 +214,5 @@ def make_steps(cpu_image: str, train_image: str) -> Steps:
         train=component(train_step, train_image),
         evaluate=component(evaluate_step, cpu_image),
         push=component(push_step, cpu_image),
+        report=component(report_step, cpu_image),
     )

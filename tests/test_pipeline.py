@@ -46,7 +46,8 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job(tmp_path, tpu_type):
     cpu_steps = [e for name, e in executors.items() if name != "exec-train-step"]
     assert {e["container"]["image"] for e in cpu_steps} == {CPU_IMAGE}
     limited = [e for e in cpu_steps if "resources" in e["container"]]
-    assert len(limited) >= 3 and all(e["container"]["resources"]["resourceCpuLimit"] == "8" for e in limited)
+    cpu_limits = sorted(e["container"]["resources"]["resourceCpuLimit"] for e in limited)
+    assert cpu_limits == ["2", "2", "8", "8", "8", "8"]  # push, report; tokenizer, 2 x shards, evaluate
 
 
 def test_dag_edges_fan_out_and_parameters(tmp_path):
@@ -60,6 +61,8 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
         "merge-shards-step",
         "train-step",
         "evaluate-step",
+        "report-step",
+        "condition-2",
     }
 
     def upstream(task: str) -> set:
@@ -70,6 +73,12 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
     assert upstream("merge-shards-step") == {"for-loop-1"}
     assert upstream("train-step") == {"tokenizer-step", "merge-shards-step", "shards-step"}
     assert upstream("evaluate-step") == {"train-step", "shards-step"}
+    assert upstream("report-step") == {"train-step", "evaluate-step"}
+    assert upstream("condition-2") == {"train-step", "evaluate-step"}
+    condition = tasks["condition-2"]["triggerPolicy"]["condition"]
+    assert condition == "inputs.parameter_values['pipelinechannel--hub_repo_id'] != ''"
+    push_tasks = spec["components"]["comp-condition-2"]["dag"]["tasks"]
+    assert list(push_tasks) == ["push-step"] and push_tasks["push-step"]["cachingOptions"] == {}
     assert tasks["train-step"]["cachingOptions"] == {}  # training is never served from the cache
     assert tasks["tokenizer-step"]["cachingOptions"] == {"enableCache": True}
     parameters = spec["root"]["inputDefinitions"]["parameters"]
@@ -120,7 +129,9 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     assert manifest["num_parts"] == 2 and len({f["name"].split("-")[1] for f in manifest["files"]}) == 2
     metrics = json.loads(Path(artifacts["evaluation"], "metrics.json").read_text())
     assert summary["metrics"]["loss"] == metrics["loss"] < 7.0  # ln(5000) = 8.5 for an untrained model
-    assert "masked-token accuracy" in Path(artifacts["report"]).read_text()
+    assert "masked-token accuracy" in Path(artifacts["evaluation report"]).read_text()
+    run_report = Path(artifacts["run report"]).read_text()
+    assert "data:image/png;base64," in run_report and f"{metrics['perplexity']:.2f}" in run_report
     fill = pipeline("fill-mask", model=artifacts["model"], framework="tf", dtype=None)
     assert len(fill("The function returns a <mask> of values.", top_k=3)) == 3
     repo = hub.repos["user/local-run"]

@@ -1,0 +1,104 @@
+"""The run report: evaluation metrics, the training loss curve, throughput and fill-mask examples, as one
+self-contained HTML page (the plot embedded), which the Vertex AI console shows as the run's HTML artifact.
+
+    python -m components.report --model /tmp/model --evaluation /tmp/eval --output /tmp/report.html
+"""
+
+import base64
+import html
+import io
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from components import storage
+from components.cli import run_job
+from components.evaluate import METRICS_FILE
+from components.train import SUMMARY_FILE
+
+
+@dataclass
+class ReportArguments:
+    model: str = field(metadata={"help": "Model folder from components.train."})
+    evaluation: str = field(metadata={"help": "Folder with metrics.json from components.evaluate."})
+    output: str = field(metadata={"help": "HTML file to write (local or gs://)."})
+
+
+def loss_curve_png(history: list[dict[str, float]]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, loss_axis = pyplot.subplots(figsize=(7, 3.5), dpi=110)
+    steps = [point["step"] for point in history]
+    loss_axis.plot(steps, [point["loss"] for point in history], color="tab:blue", label="training loss")
+    loss_axis.set_xlabel("step")
+    loss_axis.set_ylabel("masked-LM loss")
+    rate_axis = loss_axis.twinx()
+    rate_axis.plot(
+        steps, [point["learning_rate"] for point in history], color="tab:gray", linestyle="--", label="learning rate"
+    )
+    rate_axis.set_ylabel("learning rate")
+    figure.legend(loc="upper right")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    pyplot.close(figure)
+    return buffer.getvalue()
+
+
+def build_report(summary: dict[str, Any], metrics: dict[str, Any]) -> str:
+    history = summary["history"]
+    rows = [
+        ("evaluation loss (masked tokens)", f"{metrics['loss']:.4f}"),
+        ("perplexity", f"{metrics['perplexity']:.2f}"),
+        ("masked-token accuracy", f"{metrics['masked_accuracy']:.2%}"),
+        ("masked tokens evaluated", f"{metrics['masked_tokens']:,}"),
+        ("training steps", f"{summary['total_steps']:,} (global batch {summary['global_batch_size']})"),
+        ("training loss, first / last", f"{summary['first_loss']:.4f} / {summary['last_loss']:.4f}"),
+        (
+            "throughput (last log)",
+            f"{history[-1]['samples_per_second']:,.1f} samples/s, {history[-1]['tokens_per_second']:,.0f} tokens/s"
+            if history
+            else "n/a",
+        ),
+        ("accelerator", f"{summary['replicas']} x {summary['accelerator']}"),
+        ("parameters", f"{summary['num_parameters']:,}"),
+    ]
+    if history and "mfu" in history[-1]:
+        rows.append(("model FLOPs utilization", f"{history[-1]['mfu']:.1%}"))
+    table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    plot = ""
+    if history:
+        encoded = base64.b64encode(loss_curve_png(history)).decode()
+        plot = f'<h2>Training loss</h2><img alt="training loss curve" src="data:image/png;base64,{encoded}">'
+    examples = ""
+    for example in metrics.get("fill_mask", []):
+        items = "".join(
+            f"<li><code>{html.escape(p['token'])}</code> {p['score']:.3f}</li>" for p in example["predictions"]
+        )
+        examples += f"<p>{html.escape(example['sentence'])}</p><ol>{items}</ol>"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>tpu-mlm run report</title><style>"
+        "body{font-family:sans-serif;max-width:52em;margin:2em auto}th{text-align:left;padding-right:2em}"
+        "</style></head><body><h1>Masked language model pre-training</h1>"
+        f"<table>{table}</table>{plot}<h2>Fill-mask examples</h2>{examples or '<p>none</p>'}</body></html>\n"
+    )
+
+
+def write_report(arguments: ReportArguments) -> dict[str, Any]:
+    summary = json.loads(storage.read_text(storage.join(arguments.model, SUMMARY_FILE)))
+    metrics = json.loads(storage.read_text(storage.join(arguments.evaluation, METRICS_FILE)))
+    storage.write_text_atomic(arguments.output, build_report(summary, metrics))
+    return {"report": arguments.output}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(ReportArguments, write_report, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

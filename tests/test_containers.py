@@ -1,0 +1,81 @@
+import os
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import PROJECT_ROOT
+
+from pipelines.run_local import RunLocalArguments, run_local
+
+CPU_DOCKERFILE = PROJECT_ROOT / "containers" / "cpu.Dockerfile"
+TPU_DOCKERFILE = PROJECT_ROOT / "containers" / "tpu.Dockerfile"
+TEST_IMAGE = "tpu-mlm-cpu:test"
+
+
+def pinned(name: str) -> str:
+    dependencies = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return next(d.split("==")[1] for d in dependencies if d.split("==")[0] == name)
+
+
+def docker_engine() -> bool:
+    if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").exists():
+        return False
+    return subprocess.run(["docker", "version"], capture_output=True).returncode == 0
+
+
+def test_tpu_image_uses_tensorflow_tpu_of_the_same_minor_version_and_the_pjrt_environment():
+    text = TPU_DOCKERFILE.read_text()
+    tpu_version = re.search(r"ARG TENSORFLOW_TPU_VERSION=(\S+)", text)[1]
+    assert tpu_version.rsplit(".", 1)[0] == pinned("tensorflow").rsplit(".", 1)[0]
+    assert '"tensorflow-tpu==${TENSORFLOW_TPU_VERSION}"' in text
+    # tensorflow itself must not be installed beside tensorflow-tpu: it is filtered out of the pins
+    assert "grep -vE '^(tensorflow|" in text and "pip install --no-deps -r /tmp/runtime.txt" in text
+    for variable in (
+        "PJRT_DEVICE=TPU",
+        "NEXT_PLUGGABLE_DEVICE_USE_C_API=true",
+        "TF_PLUGGABLE_DEVICE_LIBRARY_PATH=",
+        "TF_USE_LEGACY_KERAS=1",
+    ):
+        assert variable in text
+    assert 'CMD ["tpu-mlm", "train", "--help"]' in text
+
+
+def test_both_images_install_the_project_from_its_resolved_pins():
+    for dockerfile in (CPU_DOCKERFILE, TPU_DOCKERFILE):
+        text = dockerfile.read_text()
+        assert text.startswith("#") and "FROM python:3.11-slim" in text
+        assert "COPY constraints.txt" in text and "pip install --no-deps ." in text
+    constraints = (PROJECT_ROOT / "constraints.txt").read_text()
+    assert f"tensorflow=={pinned('tensorflow')}" in constraints and f"kfp=={pinned('kfp')}" in constraints
+
+
+@pytest.mark.slow
+def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner(tmp_path):
+    if not docker_engine():
+        pytest.skip(
+            "no Docker engine: start one with ../shared/tools/docker-sandbox and export DOCKER_HOST (.ci/run does)"
+        )
+    build = subprocess.run(
+        ["docker", "build", "--network", "host", "-f", str(CPU_DOCKERFILE), "-t", TEST_IMAGE, "."],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    help_text = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", TEST_IMAGE, "python", "-m", "components.shards", "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert help_text.returncode == 0 and "--max_length" in help_text.stdout
+
+    summary = run_local(
+        RunLocalArguments(pipeline_root=str(tmp_path / "runs"), docker=True, image=TEST_IMAGE, max_steps=20)
+    )
+    artifacts = summary["artifacts"]
+    manifest = Path(artifacts["train shards"], "manifest.json")
+    assert manifest.exists() and Path(artifacts["model"], "tf_model.h5").exists()
+    assert summary["metrics"]["masked_tokens"] > 0
+    assert "data:image/png;base64," in Path(artifacts["run report"]).read_text()
