@@ -3,7 +3,8 @@
 # make prepare   only the data steps: tokenizer, train and validation shards into outputs/
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
 # make test      ruff, then the whole test suite (slow tests included)
-# make bench     the sharding throughput benchmark on WikiText-2 (../shared/data)
+# make bench     the sharding and training throughput benchmarks on WikiText-2 (../shared/data)
+# make images    build and tag the CPU and TPU images (make cpu-image: the CPU one alone)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,10 @@ OUT ?= outputs
 RUNS ?= runs
 VOCAB_SIZE ?= 5000
 
-.PHONY: install run prepare compile test lint bench clean
+CPU_IMAGE ?= tpu-mlm-cpu:latest
+TPU_IMAGE ?= tpu-mlm-tpu:latest
+
+.PHONY: install run prepare compile test lint bench images cpu-image tpu-image clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +37,14 @@ prepare: install
 compile: install
 	$(BIN)/tpu-mlm compile --target local --output $(OUT)/pipeline-local.yaml
 
+images: cpu-image tpu-image
+
+cpu-image:
+	docker build --network host -f containers/cpu.Dockerfile -t $(CPU_IMAGE) .
+
+tpu-image:
+	docker build --network host -f containers/tpu.Dockerfile -t $(TPU_IMAGE) .
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -42,6 +54,7 @@ test: lint
 
 bench: install
 	$(BIN)/python benchmarks/shard_throughput.py
+	$(BIN)/python benchmarks/train_throughput.py
 
 clean:
 	rm -rf $(OUT) $(RUNS) .pytest_cache .ruff_cache
