@@ -201,10 +201,9 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
     return metrics
 
 
-def report_markdown(metrics: dict[str, Any]) -> str:
-    lines = [
-        f"# Evaluation on `{metrics['split']}`",
-        "",
+def metrics_table(metrics: dict[str, Any]) -> list[str]:
+    """The evaluation metrics as Markdown table lines (the report and the model card show the same)."""
+    return [
         "| metric | value |",
         "|---|---|",
         f"| loss (mean over masked tokens) | {metrics['loss']:.4f} |",
@@ -212,6 +211,14 @@ def report_markdown(metrics: dict[str, Any]) -> str:
         f"| masked-token accuracy | {metrics['masked_accuracy']:.2%} |",
         f"| masked tokens | {metrics['masked_tokens']:,} |",
         f"| samples | {metrics['samples']:,} |",
+    ]
+
+
+def report_markdown(metrics: dict[str, Any]) -> str:
+    lines = [
+        f"# Evaluation on `{metrics['split']}`",
+        "",
+        *metrics_table(metrics),
         "",
         f"Masking: {metrics['mlm_probability']:.0%} of tokens, seed {metrics['seed']} (the same positions "
         "in every run).",

@@ -18,7 +18,7 @@ from typing import Any
 from components import storage
 from components.cli import run_job
 from components.errors import InvalidParameter
-from components.evaluate import METRICS_FILE
+from components.evaluate import METRICS_FILE, metrics_table
 from components.hub import check_repo_id, check_secret_name, create_repo, hub_token, push_folder
 from components.train import SUMMARY_FILE
 
@@ -108,7 +108,7 @@ def model_card(repo_id: str, summary: dict[str, Any], config: dict[str, Any], me
         "",
         f"- {summary['total_steps']:,} steps, {summary['samples']:,} samples, {summary['tokens']:,} tokens on "
         f"{summary['replicas']} {summary['accelerator'].upper()} replica(s)",
-        f"- training data: `{train_arguments['train_shards']}`",
+        f"- training corpus: `{summary['corpus']['source']}` (shards `{train_arguments['train_shards']}`)",
         f"- loss {summary['first_loss']:.4f} at the first log step, {summary['last_loss']:.4f} at the last",
         "",
         "| hyperparameter | value |",
@@ -120,12 +120,7 @@ def model_card(repo_id: str, summary: dict[str, Any], config: dict[str, Any], me
             "",
             f"## Evaluation on `{metrics['split']}`",
             "",
-            "| metric | value |",
-            "|---|---|",
-            f"| loss (mean over masked tokens) | {metrics['loss']:.4f} |",
-            f"| perplexity | {metrics['perplexity']:.2f} |",
-            f"| masked-token accuracy | {metrics['masked_accuracy']:.2%} |",
-            f"| masked tokens | {metrics['masked_tokens']:,} |",
+            *metrics_table(metrics),
         ]
     lines += [
         "",

@@ -330,6 +330,7 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
         "last_loss": history[-1]["loss"] if history else None,
         "history": history,
         "tokenizer_fingerprint": plan.manifest["tokenizer_fingerprint"],
+        "corpus": plan.manifest["corpus"],
         "arguments": asdict(arguments),
     }
     if history:

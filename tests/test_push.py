@@ -65,6 +65,7 @@ def test_push_uploads_model_tokenizer_and_card_in_one_commit_and_loads_back(tmp_
     assert f"| perplexity | {metrics['perplexity']:.2f} |" in card
     assert 'pipeline("fill-mask", model="user/tiny-roberta", framework="tf", dtype=None)' in card
     assert "| learning_rate | 0.0001 |" in card
+    assert "- training corpus: `" in card and "valid.txt" in card
 
     folder = snapshot_download("user/tiny-roberta", token=HUB_TOKEN, endpoint=hub.url, cache_dir=str(tmp_path))
     assert TFAutoModelForMaskedLM.from_pretrained(folder).config.vocab_size == 5000
