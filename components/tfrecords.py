@@ -66,6 +66,15 @@ def _all_ones_feature(name: str, length: int) -> bytes:
     return _int64_feature_prefix(name, length) + b"\x01" * length
 
 
+@functools.cache
+def _record_prefix(width: int, length: int) -> bytes:
+    """Everything of a record before its packed ids, for ids that take ``width`` bytes."""
+    features_length = (
+        len(_int64_feature_prefix("input_ids", width)) + width + len(_all_ones_feature("attention_mask", length))
+    )
+    return b"\x0a" + varint(features_length) + _int64_feature_prefix("input_ids", width)  # Example.features
+
+
 def serialize_examples(input_ids: np.ndarray) -> list[bytes]:
     """Serialized ``tf.train.Example`` records for the rows of ``input_ids`` (samples x max_length), each with
     an all-ones ``attention_mask`` (packed samples have no padding)."""
@@ -76,8 +85,7 @@ def serialize_examples(input_ids: np.ndarray) -> list[bytes]:
     end = 0
     for width in widths:
         start, end = end, end + width
-        features = _int64_feature_prefix("input_ids", width) + payload[start:end] + mask_entry
-        records.append(b"\x0a" + varint(len(features)) + features)  # Example.features (field 1)
+        records.append(_record_prefix(width, length) + payload[start:end] + mask_entry)
     return records
 
 
