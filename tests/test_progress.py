@@ -1,0 +1,18 @@
+import logging
+
+from components.progress import Progress
+
+
+def test_progress_lines_show_totals_rates_and_eta(caplog, monkeypatch):
+    clock = iter([100.0, 110.0, 120.0])
+    monkeypatch.setattr("components.progress.time.monotonic", lambda: next(clock))
+    caplog.set_level(logging.INFO, logger="tpu_mlm.progress")
+    done = {"fraction": 0.25}
+    progress = Progress("shards train", lambda: done["fraction"], interval=5.0)
+    progress.update(texts=1_000, tokens=50_000)  # at 110 s: 10 s elapsed
+    assert caplog.messages == [
+        "shards train: texts 1,000 (100/s), tokens 50,000 (5,000/s), 25% done, ETA 0:00:30, elapsed 0:00:10"
+    ]
+    done["fraction"] = None
+    progress.update(texts=1_000)  # at 120 s, size unknown: no ETA
+    assert caplog.messages[-1] == "shards train: texts 2,000 (100/s), tokens 50,000 (2,500/s), elapsed 0:00:20"
