@@ -36,7 +36,17 @@ CPU_RESOURCES = {
     "evaluate": ("8", "32G"),
     "push": ("2", "8G"),
     "report": ("2", "8G"),
+    "preflight": ("2", "8G"),
 }
+
+
+def replicas(tpu_type: str) -> int:
+    """Replicas of tf.distribute on the TPU: its cores for v3, its chips (the topology's product) for v5e."""
+    _, _, accelerator_count, topology = TPU_TYPES[tpu_type]
+    if accelerator_count:
+        return accelerator_count
+    rows, columns = topology.split("x")
+    return int(rows) * int(columns)
 
 
 def check_target(target: str, tpu_type: str) -> None:
@@ -136,6 +146,22 @@ def build_pipeline(
         train_shards = steps.merge_shards(parts=dsl.Collected(train_part.outputs["shards"])).set_display_name(
             "merge train shards"
         )
+        checked = resources(
+            steps.preflight(
+                model_config=model_config,
+                per_replica_batch_size=per_replica_batch_size,
+                num_epochs=num_epochs,
+                max_steps=max_steps,
+                replicas=replicas(tpu_type) if target == "vertex" else 1,
+                hub_repo_id=hub_repo_id,
+                hf_token_secret=hf_token_secret,
+                tokenizer=tokenizer.outputs["tokenizer"],
+                train_shards=train_shards.outputs["shards"],
+                eval_shards=validation.outputs["shards"],
+            ),
+            "preflight",
+        ).set_display_name("preflight")
+        checked.set_caching_options(False)  # the token and the storage are checked anew on every run
         trained = train_component(
             model_config=model_config,
             per_replica_batch_size=per_replica_batch_size,
@@ -156,6 +182,7 @@ def build_pipeline(
             train_shards=train_shards.outputs["shards"],
             eval_shards=validation.outputs["shards"],
         ).set_display_name("train")
+        trained.after(checked)
         trained.set_caching_options(False)
         evaluation = resources(
             steps.evaluate(

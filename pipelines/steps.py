@@ -82,6 +82,38 @@ def merge_shards_step(parts: Input[list[Dataset]], shards: Output[Dataset]):
     shards.metadata.update({"split": manifest["split"], "num_records": manifest["num_records"]})
 
 
+def preflight_step(
+    model_config: str,
+    per_replica_batch_size: int,
+    num_epochs: int,
+    max_steps: int,
+    replicas: int,
+    hub_repo_id: str,
+    hf_token_secret: str,
+    tokenizer: Input[Artifact],
+    train_shards: Input[Dataset],
+    eval_shards: Input[Dataset],
+    report: Output[Artifact],
+):
+    from components.preflight import PreflightArguments, preflight
+
+    preflight(
+        PreflightArguments(
+            tokenizer=tokenizer.uri,
+            train_shards=train_shards.uri,
+            eval_shards=eval_shards.uri,
+            output=report.uri,
+            model_config=model_config,
+            per_replica_batch_size=per_replica_batch_size,
+            num_epochs=num_epochs,
+            max_steps=max_steps,
+            replicas=replicas,
+            hub_repo_id=hub_repo_id,
+            hf_token_secret=hf_token_secret,
+        )
+    )
+
+
 def train_step(
     model_config: str,
     per_replica_batch_size: int,
@@ -194,6 +226,7 @@ class Steps:
     part_indices: Any
     shards: Any
     merge_shards: Any
+    preflight: Any
     train: Any
     evaluate: Any
     push: Any
@@ -211,6 +244,7 @@ def make_steps(cpu_image: str, train_image: str) -> Steps:
         part_indices=component(part_indices, cpu_image),
         shards=component(shards_step, cpu_image),
         merge_shards=component(merge_shards_step, cpu_image),
+        preflight=component(preflight_step, cpu_image),
         train=component(train_step, train_image),
         evaluate=component(evaluate_step, cpu_image),
         push=component(push_step, cpu_image),

@@ -1,3 +1,4 @@
+import importlib
 import subprocess
 import sys
 
@@ -13,6 +14,9 @@ from conftest import PROJECT_ROOT, run_module
         "components.merge_shards",
         "components.train",
         "components.evaluate",
+        "components.preflight",
+        "components.push",
+        "components.report",
         "pipelines.run_local",
         "pipelines.compile",
     ],
@@ -20,7 +24,8 @@ from conftest import PROJECT_ROOT, run_module
 def test_every_component_runs_as_a_module_with_help(module):
     result = run_module(module, "--help")
     assert result.returncode == 0, result.stderr
-    assert "--output" in result.stdout or "--pipeline_root" in result.stdout
+    first_doc_line = importlib.import_module(module).__doc__.strip().splitlines()[0]
+    assert result.stdout.startswith("usage:") and first_doc_line[:40] in " ".join(result.stdout.split())
 
 
 def test_importing_the_components_does_not_import_tensorflow():

@@ -1,4 +1,5 @@
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ from transformers import pipeline
 
 from components.errors import InvalidParameter
 from components.shards import ShardArguments, gather_parts, write_shards
-from pipelines.pipeline import TPU_TYPES, build_pipeline, compile_pipeline
+from pipelines.pipeline import TPU_TYPES, build_pipeline, compile_pipeline, replicas
 from pipelines.run_local import RunLocalArguments, run_local
 
 CPU_IMAGE = "us-docker.pkg.dev/proj/tpu-mlm/cpu:0.1.0"
@@ -47,7 +48,10 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job(tmp_path, tpu_type):
     assert {e["container"]["image"] for e in cpu_steps} == {CPU_IMAGE}
     limited = [e for e in cpu_steps if "resources" in e["container"]]
     cpu_limits = sorted(e["container"]["resources"]["resourceCpuLimit"] for e in limited)
-    assert cpu_limits == ["2", "2", "8", "8", "8", "8"]  # push, report; tokenizer, 2 x shards, evaluate
+    assert cpu_limits == ["2", "2", "2", "8", "8", "8", "8"]  # preflight, push, report; tokenizer, shards x2, evaluate
+    preflight = spec["root"]["dag"]["tasks"]["preflight-step"]["inputs"]["parameters"]["replicas"]
+    expected_replicas = accelerator_count or math.prod(int(n) for n in topology.split("x"))
+    assert preflight["runtimeValue"]["constant"] == replicas(tpu_type) == expected_replicas
 
 
 def test_dag_edges_fan_out_and_parameters(tmp_path):
@@ -63,6 +67,7 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
         "evaluate-step",
         "report-step",
         "condition-2",
+        "preflight-step",
     }
 
     def upstream(task: str) -> set:
@@ -71,7 +76,8 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
     assert upstream("shards-step") == {"tokenizer-step"}
     assert upstream("for-loop-1") == {"part-indices", "tokenizer-step"}
     assert upstream("merge-shards-step") == {"for-loop-1"}
-    assert upstream("train-step") == {"tokenizer-step", "merge-shards-step", "shards-step"}
+    assert upstream("preflight-step") == {"tokenizer-step", "merge-shards-step", "shards-step"}
+    assert upstream("train-step") == {"tokenizer-step", "merge-shards-step", "shards-step", "preflight-step"}
     assert upstream("evaluate-step") == {"train-step", "shards-step"}
     assert upstream("report-step") == {"train-step", "evaluate-step"}
     assert upstream("condition-2") == {"train-step", "evaluate-step"}
