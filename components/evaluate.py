@@ -24,7 +24,7 @@ from components import storage
 from components.cli import run_job
 from components.data import Masking, masked_dataset
 from components.errors import InvalidParameter
-from components.shards import read_manifest
+from components.shards import read_manifest, verify_files
 from components.tokenizer import TOKENIZER_FILE, fingerprint
 
 log = logging.getLogger("tpu_mlm.evaluate")
@@ -160,6 +160,7 @@ def load_model(uri: str, local_dir: Path, parameter: str = "model") -> tuple[Any
 def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
     """Scores the model on the shards and writes metrics.json and report.md; returns the metrics."""
     manifest = read_manifest(arguments.shards)
+    verify_files(arguments.shards, manifest)
     sentences = arguments.sentences
     for sentence in sentences:
         if sentence.count("<mask>") != 1:

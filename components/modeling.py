@@ -124,12 +124,11 @@ def select_strategy(accelerator: str, tpu: str = "local") -> tuple[Any, str]:
                 raise InvalidParameter(
                     "accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({str(error).splitlines()[0]})"
                 ) from error
-            reason = "no TPU"
     gpus = tf.config.list_physical_devices("GPU")
     if accelerator in ("auto", "gpu"):
         if gpus:
             if accelerator == "auto":
-                log.info("accelerator auto: %s; training on %d GPU(s)", reason, len(gpus))
+                log.info("accelerator auto: no TPU found; training on %d GPU(s)", len(gpus))
             return tf.distribute.MirroredStrategy(), "gpu"
         if accelerator == "gpu":
             raise InvalidParameter("accelerator", accelerator, "no GPU is visible to TensorFlow")

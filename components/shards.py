@@ -402,6 +402,23 @@ def read_manifest(uri: str, parameter: str = "shards") -> dict[str, Any]:
     return json.loads(storage.read_text(manifest_uri))
 
 
+def verify_files(uri: str, manifest: dict[str, Any], parameter: str = "shards") -> None:
+    """Refuses, naming the file, a shard that is missing or whose size is not the one recorded when it was
+    written (a truncated copy, a file replaced by another run). One metadata request a file, no reading."""
+    for file in manifest["files"]:
+        path = storage.join(uri, file["name"])
+        if not storage.exists(path):
+            raise InvalidParameter(parameter, uri, f"shard {file['name']} listed in {MANIFEST} is missing")
+        actual = storage.size(path)
+        if actual != file["bytes"]:
+            raise InvalidParameter(
+                parameter,
+                uri,
+                f"shard {file['name']} has {actual} bytes, {MANIFEST} says {file['bytes']}: it is truncated or "
+                "was replaced; write the shards again",
+            )
+
+
 def _dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 

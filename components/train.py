@@ -43,7 +43,7 @@ from components.modeling import (
     select_strategy,
     training_flops_per_token,
 )
-from components.shards import read_manifest
+from components.shards import read_manifest, verify_files
 from components.tokenizer import load_tokenizer
 
 log = logging.getLogger("tpu_mlm.train")
@@ -158,6 +158,7 @@ def plan_training(arguments: TrainArguments, num_replicas: int) -> TrainingPlan:
     for parameter, shards in (("train_shards", manifest), ("eval_shards", eval_manifest)):
         if shards is None:
             continue
+        verify_files(getattr(arguments, parameter), shards, parameter)
         if shards["tokenizer_fingerprint"] != tokenizer_fingerprint:
             raise InvalidParameter(
                 parameter,

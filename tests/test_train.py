@@ -398,3 +398,26 @@ def test_vertex_environment_variables_choose_the_output_folders(tmp_path, monkey
     monkeypatch.delenv("AIP_MODEL_DIR")
     with pytest.raises(InvalidParameter, match=r"--output='': is required \(or set AIP_MODEL_DIR\)"):
         TrainArguments(tokenizer=wikitext_shards["tokenizer"], train_shards=wikitext_shards["train"])
+
+
+def test_a_truncated_or_missing_shard_is_named_before_training(tmp_path, wikitext_shards):
+    import shutil
+
+    copy = tmp_path / "shards"
+    shutil.copytree(wikitext_shards["train"], copy)
+    manifest = read_manifest(str(copy))
+    first = copy / manifest["files"][0]["name"]
+    first.write_bytes(first.read_bytes()[:1000])
+    values = {
+        "tokenizer": wikitext_shards["tokenizer"],
+        "train_shards": str(copy),
+        "output": str(tmp_path / "m"),
+        "max_steps": 2,
+        **TINY,
+    }
+    with pytest.raises(InvalidParameter, match=rf"--train-shards=.*shard {first.name} has 1000 bytes, manifest"):
+        train(TrainArguments(**values))
+    first.unlink()
+    with pytest.raises(InvalidParameter, match=rf"shard {first.name} listed in manifest.json is missing"):
+        train(TrainArguments(**values))
+    assert not (tmp_path / "m").exists()
