@@ -359,9 +359,7 @@ def merge_manifests(output: str) -> dict[str, Any]:
     if missing:
         raise InvalidParameter("output", output, f"is missing parts {missing} of {first['num_parts']}")
     files = [file for part in sorted(parts, key=lambda p: p["part"]) for file in part["files"]]
-    for file in files:
-        if not storage.exists(storage.join(output, file["name"])):
-            raise InvalidParameter("output", output, f"lists {file['name']} but the file is not there")
+    verify_files(output, {"files": files}, "output", listed_in="its part manifest")
     manifest = {key: first[key] for key in settings_keys}
     manifest.update(
         files=files,
@@ -402,19 +400,19 @@ def read_manifest(uri: str, parameter: str = "shards") -> dict[str, Any]:
     return json.loads(storage.read_text(manifest_uri))
 
 
-def verify_files(uri: str, manifest: dict[str, Any], parameter: str = "shards") -> None:
+def verify_files(uri: str, manifest: dict[str, Any], parameter: str = "shards", listed_in: str = MANIFEST) -> None:
     """Refuses, naming the file, a shard that is missing or whose size is not the one recorded when it was
     written (a truncated copy, a file replaced by another run). One metadata request a file, no reading."""
     for file in manifest["files"]:
         path = storage.join(uri, file["name"])
         if not storage.exists(path):
-            raise InvalidParameter(parameter, uri, f"shard {file['name']} listed in {MANIFEST} is missing")
+            raise InvalidParameter(parameter, uri, f"shard {file['name']} listed in {listed_in} is missing")
         actual = storage.size(path)
         if actual != file["bytes"]:
             raise InvalidParameter(
                 parameter,
                 uri,
-                f"shard {file['name']} has {actual} bytes, {MANIFEST} says {file['bytes']}: it is truncated or "
+                f"shard {file['name']} has {actual} bytes, {listed_in} says {file['bytes']}: it is truncated or "
                 "was replaced; write the shards again",
             )
 

@@ -286,7 +286,7 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
                 window_loss / window_steps,
                 float(schedule(step)),
                 window_steps * plan.global_batch_size / seconds,
-                tokens_per_step / plan.global_batch_size,
+                plan.manifest["max_length"],
                 flops_per_step * window_steps / seconds,
                 peak,
                 replicas,

@@ -19,6 +19,7 @@ from typing import Any
 
 from components.cli import run_job
 from components.errors import InvalidParameter
+from components.evaluate import METRICS_FILE
 from components.hub import check_repo_id, hub_token
 from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline
 
@@ -90,7 +91,7 @@ def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
     )
     (run_dir,) = set(root.glob(f"{PIPELINE_NAME}-*")) - before
     artifacts = {name: str(run_dir / relative) for name, relative in ARTIFACTS.items()}
-    metrics = json.loads(Path(artifacts["evaluation"], "metrics.json").read_text())
+    metrics = json.loads(Path(artifacts["evaluation"], METRICS_FILE).read_text())
     summary = {
         "run": str(run_dir),
         "seconds": round(time.perf_counter() - started, 1),

@@ -227,3 +227,17 @@ def test_cli_reports_bad_input_in_one_line_with_exit_code_2(tmp_path, embedded_t
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == "error: --max-length=4: must be from 8 to 8192 tokens"
     assert not (tmp_path / "o").exists()
+
+
+def test_merge_refuses_a_part_whose_shard_is_missing_or_truncated(tmp_path, embedded_tokenizer):
+    output = tmp_path / "s"
+    for part in range(2):
+        write_shards(ShardArguments(output=str(output), tokenizer=embedded_tokenizer, num_parts=2, part=part))
+    shard = sorted(output.glob("train-00001-*.tfrecord"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(InvalidParameter, match=rf"shard {shard.name} has 100 bytes, its part manifest says"):
+        merge_manifests(str(output))
+    shard.unlink()
+    with pytest.raises(InvalidParameter, match=rf"shard {shard.name} listed in its part manifest is missing"):
+        merge_manifests(str(output))
+    assert not (output / MANIFEST).exists()
