@@ -60,6 +60,14 @@ def basename(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1]
 
 
+def relocate(uri: str, root: str) -> str:
+    """``uri`` moved under ``root``, keeping its last three parts (a pipeline step's run or loop iteration,
+    task and output name); ``uri`` itself when ``root`` is empty."""
+    if not root:
+        return uri
+    return join(root, *uri.replace(os.sep, "/").rstrip("/").split("/")[-3:])
+
+
 def exists(uri: str) -> bool:
     return gfile().exists(uri)
 

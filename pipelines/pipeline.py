@@ -3,8 +3,9 @@
 The training shards fan out over ``num_parts`` tasks (``dsl.ParallelFor``) whose outputs a merge step
 gathers; the validation shards are an independent task. The push runs only when ``hub_repo_id`` is set;
 its token comes from ``HF_TOKEN`` locally and from the Secret Manager secret ``hf_token_secret`` on Vertex AI,
-so no secret value is ever a pipeline parameter. Every hand-over is an artifact URI under the
-pipeline root (``gs://`` on Vertex AI). ``build_pipeline`` makes the pipeline for a target:
+so no secret value is ever a pipeline parameter. Every hand-over is an artifact URI under the pipeline root
+(``gs://`` on Vertex AI), or under ``output_root`` when it is set. ``build_pipeline`` makes the pipeline for a
+target:
 
 * ``local``: every step a plain component, for ``kfp.local``;
 * ``vertex``: the train step runs as a Vertex AI custom job on TPUs (see ``TPU_TYPES``).
@@ -120,10 +121,16 @@ def build_pipeline(
         hub_repo_id: str = "",
         hub_private: bool = False,
         hf_token_secret: str = "",
+        output_root: str = "",
     ):
         tokenizer = resources(
             steps.tokenizer(
-                corpus=corpus, vocab_size=vocab_size, text_column=text_column, limit=limit, lowercase=lowercase
+                corpus=corpus,
+                vocab_size=vocab_size,
+                text_column=text_column,
+                limit=limit,
+                lowercase=lowercase,
+                output_root=output_root,
             ),
             "tokenizer",
         ).set_display_name("tokenizer")
@@ -135,6 +142,7 @@ def build_pipeline(
             "limit": limit,
             "max_length": max_length,
             "records_per_shard": records_per_shard,
+            "output_root": output_root,
             "tokenizer": tokenizer.outputs["tokenizer"],
         }
         validation = resources(steps.shards(split="validation", num_parts=1, part=0, **common), "shards")
@@ -143,9 +151,8 @@ def build_pipeline(
         with dsl.ParallelFor(items=parts.output, name="train-parts") as part:
             train_part = resources(steps.shards(split="train", num_parts=num_parts, part=part, **common), "shards")
             train_part.set_display_name("train shards part")
-        train_shards = steps.merge_shards(parts=dsl.Collected(train_part.outputs["shards"])).set_display_name(
-            "merge train shards"
-        )
+        train_shards = steps.merge_shards(output_root=output_root, parts=dsl.Collected(train_part.outputs["shards"]))
+        train_shards.set_display_name("merge train shards")
         checked = resources(
             steps.preflight(
                 model_config=model_config,
@@ -155,6 +162,7 @@ def build_pipeline(
                 replicas=replicas(tpu_type) if target == "vertex" else 1,
                 hub_repo_id=hub_repo_id,
                 hf_token_secret=hf_token_secret,
+                output_root=output_root,
                 tokenizer=tokenizer.outputs["tokenizer"],
                 train_shards=train_shards.outputs["shards"],
                 eval_shards=validation.outputs["shards"],
@@ -178,6 +186,7 @@ def build_pipeline(
             checkpoint_every_steps=checkpoint_every_steps,
             log_every_steps=log_every_steps,
             accelerator=accelerator,
+            output_root=output_root,
             tokenizer=tokenizer.outputs["tokenizer"],
             train_shards=train_shards.outputs["shards"],
             eval_shards=validation.outputs["shards"],
@@ -189,6 +198,7 @@ def build_pipeline(
                 mlm_probability=mlm_probability,
                 seed=0,
                 batch_size=eval_batch_size,
+                output_root=output_root,
                 model=trained.outputs["model"],
                 shards=validation.outputs["shards"],
             ),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components import storage
 from components.cli import run_job
 from components.errors import InvalidParameter
 from components.evaluate import METRICS_FILE
@@ -33,11 +34,16 @@ ARTIFACTS = {
     "evaluation report": "evaluate-step/report",
     "run report": "report-step/report",
 }
+# The ones that move to --output_root when it is set (the reports are KFP's, they stay with the run).
+DATA_ARTIFACTS = ("tokenizer", "validation shards", "train shards", "model", "evaluation")
 
 
 @dataclass
 class RunLocalArguments:
-    pipeline_root: str = field(default="runs", metadata={"help": "Local folder for the runs' artifacts."})
+    pipeline_root: str = field(default="runs", metadata={"help": "Local folder for the runs (kfp.local's own)."})
+    output_root: str = field(
+        default="", metadata={"help": "Store the steps' data here (a gs:// URI or a folder) instead of the root."}
+    )
     corpus: str = field(default="embedded", metadata={"help": "Training corpus (see components.corpus)."})
     validation_corpus: str = field(default="", metadata={"help": "Validation corpus; else a held-out fraction."})
     holdout_fraction: float = field(default=0.05, metadata={"help": "Held out for validation without one."})
@@ -58,7 +64,11 @@ class RunLocalArguments:
             check_repo_id("hub_repo_id", self.hub_repo_id)
             hub_token("hub_repo_id", self.hub_repo_id)  # before any step runs, not at the end
         if "://" in self.pipeline_root:
-            raise InvalidParameter("pipeline_root", self.pipeline_root, "kfp.local needs a local folder")
+            raise InvalidParameter(
+                "pipeline_root", self.pipeline_root, "kfp.local needs a local folder; put gs:// in --output_root"
+            )
+        if self.output_root:
+            storage.check_uri("output_root", self.output_root)
 
 
 def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
@@ -72,6 +82,8 @@ def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
     local.init(runner=runner, pipeline_root=str(root))
     pipeline = build_pipeline("local", cpu_image=arguments.image)
     before = set(root.glob(f"{PIPELINE_NAME}-*"))
+    # loop iterations' folders repeat from run to run, so each run's data gets a folder of its own
+    output_root = arguments.output_root and storage.join(arguments.output_root, time.strftime("run-%Y%m%d-%H%M%S"))
     started = time.perf_counter()
     pipeline(
         corpus=arguments.corpus,
@@ -88,10 +100,13 @@ def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
         hub_repo_id=arguments.hub_repo_id,
         hub_private=arguments.hub_private,
         accelerator="cpu" if arguments.docker else "auto",
+        output_root=output_root,
     )
     (run_dir,) = set(root.glob(f"{PIPELINE_NAME}-*")) - before
     artifacts = {name: str(run_dir / relative) for name, relative in ARTIFACTS.items()}
-    metrics = json.loads(Path(artifacts["evaluation"], METRICS_FILE).read_text())
+    for name in DATA_ARTIFACTS:
+        artifacts[name] = storage.relocate(artifacts[name], output_root)
+    metrics = json.loads(storage.read_text(storage.join(artifacts["evaluation"], METRICS_FILE)))
     summary = {
         "run": str(run_dir),
         "seconds": round(time.perf_counter() - started, 1),

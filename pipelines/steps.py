@@ -2,8 +2,10 @@
 
 Each step is a lightweight Python component whose body imports the ``components`` package (installed in the
 project's image) and calls the job's function with artifact URIs: a local path under ``kfp.local``, a
-``gs://`` URI on Vertex AI, which the jobs read and write through ``tf.io.gfile``. ``make_steps`` binds the
-steps to the images chosen at compile time.
+``gs://`` URI on Vertex AI, which the jobs read and write through ``tf.io.gfile``. With ``output_root`` set, a
+step stores its data outputs there instead and hands on that URI (``kfp.local`` keeps its own bookkeeping in a
+local folder, the data can still live in a bucket). ``make_steps`` binds the steps to the images chosen at
+compile time.
 """
 
 from dataclasses import dataclass
@@ -14,9 +16,18 @@ from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Ou
 
 
 def tokenizer_step(
-    corpus: str, vocab_size: int, text_column: str, limit: int, lowercase: bool, tokenizer: Output[Artifact]
+    corpus: str,
+    vocab_size: int,
+    text_column: str,
+    limit: int,
+    lowercase: bool,
+    output_root: str,
+    tokenizer: Output[Artifact],
 ):
+    from components.storage import relocate
     from components.tokenizer import TokenizerArguments, train_tokenizer
+
+    tokenizer.uri = relocate(tokenizer.uri, output_root)
 
     summary = train_tokenizer(
         TokenizerArguments(
@@ -50,10 +61,14 @@ def shards_step(
     records_per_shard: int,
     num_parts: int,
     part: int,
+    output_root: str,
     tokenizer: Input[Artifact],
     shards: Output[Dataset],
 ):
     from components.shards import ShardArguments, corpus_for_split, write_shards
+    from components.storage import relocate
+
+    shards.uri = relocate(shards.uri, output_root)
 
     source, fraction, holdout = corpus_for_split(split, corpus, validation_corpus, holdout_fraction)
     manifest = write_shards(
@@ -75,8 +90,11 @@ def shards_step(
     shards.metadata.update({"split": split, "part": part, "num_records": manifest["num_records"]})
 
 
-def merge_shards_step(parts: Input[list[Dataset]], shards: Output[Dataset]):
+def merge_shards_step(output_root: str, parts: Input[list[Dataset]], shards: Output[Dataset]):
     from components.shards import gather_parts
+    from components.storage import relocate
+
+    shards.uri = relocate(shards.uri, output_root)
 
     manifest = gather_parts([part.uri for part in parts], shards.uri)
     shards.metadata.update({"split": manifest["split"], "num_records": manifest["num_records"]})
@@ -90,12 +108,16 @@ def preflight_step(
     replicas: int,
     hub_repo_id: str,
     hf_token_secret: str,
+    output_root: str,
     tokenizer: Input[Artifact],
     train_shards: Input[Dataset],
     eval_shards: Input[Dataset],
     report: Output[Artifact],
 ):
     from components.preflight import PreflightArguments, preflight
+    from components.storage import relocate
+
+    report.uri = relocate(report.uri, output_root)
 
     preflight(
         PreflightArguments(
@@ -130,12 +152,16 @@ def train_step(
     checkpoint_every_steps: int,
     log_every_steps: int,
     accelerator: str,
+    output_root: str,
     tokenizer: Input[Artifact],
     train_shards: Input[Dataset],
     eval_shards: Input[Dataset],
     model: Output[Model],
 ):
+    from components.storage import relocate
     from components.train import TrainArguments, train
+
+    model.uri = relocate(model.uri, output_root)
 
     summary = train(
         TrainArguments(
@@ -171,6 +197,7 @@ def evaluate_step(
     mlm_probability: float,
     seed: int,
     batch_size: int,
+    output_root: str,
     model: Input[Model],
     shards: Input[Dataset],
     evaluation: Output[Artifact],
@@ -181,6 +208,8 @@ def evaluate_step(
 
     from components import storage
     from components.evaluate import REPORT_FILE, EvaluateArguments, evaluate
+
+    evaluation.uri = storage.relocate(evaluation.uri, output_root)
 
     results = evaluate(
         EvaluateArguments(

@@ -94,19 +94,31 @@ def hub():
         yield server
 
 
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A Cloud Storage emulator with the bucket ``bucket``, and the routing that lets TensorFlow's own gs://
+    filesystem reach it (see gcs_routing), in a process of their own; returns what a process needs to reach
+    them (environment variables)."""
+    import json
+
+    folder = tmp_path_factory.mktemp("gcs-routing")
+    server = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("gcs_routing.py")), str(folder), "bucket"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    env = json.loads(server.stdout.readline())
+    yield env
+    server.kill()
+    server.wait()
+
+
 @pytest.fixture
-def gcs(monkeypatch):
-    """A Cloud Storage emulator on loopback with the bucket ``bucket``; google-cloud-storage clients find it
-    through ``STORAGE_EMULATOR_HOST``."""
-    import socket
+def gcs(gcs_server, monkeypatch, request) -> str:
+    """A ``gs://`` folder of this test's own in the emulator, with this process (TensorFlow included) and its
+    subprocesses pointed at the emulator."""
+    import uuid
 
-    from gcp_storage_emulator.server import create_server
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="bucket")
-    server.start()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    for key, value in gcs_server.items():
+        monkeypatch.setenv(key, value)
+    return f"gs://bucket/{request.node.name.split('[')[0]}-{uuid.uuid4().hex[:8]}"

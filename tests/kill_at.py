@@ -1,0 +1,58 @@
+"""Runs a module as ``python -m`` would, and SIGKILLs it at a chosen point: the n-th call of a function
+(optionally only the calls with an argument containing some text), just before or just after it runs.
+
+    python tests/kill_at.py --function components.storage:publish --matching manifest.json -- \
+        components.shards --output ...
+
+A real SIGKILL of the real process: no handler, no flush, no cleanup runs, as when a VM is preempted or
+the kernel's OOM killer strikes. The crash tests use it to stop a job at exact, repeatable places.
+"""
+
+import argparse
+import importlib
+import os
+import runpy
+import signal
+import sys
+
+
+def arm(function: str, matching: str, nth: int, after: bool) -> None:
+    module_name, _, attribute = function.partition(":")
+    owner = importlib.import_module(module_name)
+    *parents, name = attribute.split(".")
+    for parent in parents:
+        owner = getattr(owner, parent)
+    original = getattr(owner, name)
+    calls = 0
+
+    def wrapper(*args, **kwargs):
+        nonlocal calls
+        if matching and not any(matching in str(value) for value in (*args, *kwargs.values())):
+            return original(*args, **kwargs)
+        calls += 1
+        if calls == nth and not after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        result = original(*args, **kwargs)
+        if calls == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    setattr(owner, name, wrapper)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--function", required=True, help="module:function or module:Class.method")
+    parser.add_argument("--matching", default="", help="count only calls with an argument containing this")
+    parser.add_argument("--nth", type=int, default=1, help="kill at this (counted) call")
+    parser.add_argument("--after", action="store_true", help="kill just after the call returns, not before")
+    split = sys.argv.index("--")
+    options = parser.parse_args(sys.argv[1:split])
+    module, *arguments = sys.argv[split + 1 :]  # after "--": the module to run, then its arguments
+    arm(options.function, options.matching, options.nth, options.after)
+    sys.argv = [module, *arguments]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

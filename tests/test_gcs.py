@@ -1,0 +1,95 @@
+"""The jobs on ``gs://``: TensorFlow's own GCS filesystem talking to a local emulator (see gcs_routing).
+
+Every object is checked through a second, independent client (google-cloud-storage) so that a test cannot
+pass by writing to some local fallback.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage as gcs_client
+
+from components import storage
+from components.corpus import embedded_lines
+from components.shards import ShardArguments, write_shards
+from components.tokenizer import TokenizerArguments, train_tokenizer
+from pipelines.run_local import RunLocalArguments, run_local
+
+
+def bucket_objects(prefix: str) -> dict[str, bytes]:
+    """Every object under ``gs://bucket/prefix``, read with google-cloud-storage from the emulator."""
+    client = gcs_client.Client(project="test", credentials=AnonymousCredentials())
+    bucket_prefix = prefix.removeprefix("gs://bucket/")
+    return {
+        blob.name.removeprefix(bucket_prefix).lstrip("/"): blob.download_as_bytes()
+        for blob in client.list_blobs("bucket", prefix=bucket_prefix)
+        if not blob.name.endswith("/")  # TensorFlow's folder markers
+    }
+
+
+def test_tensorflow_writes_renames_and_lists_in_the_emulator(gcs):
+    uri = storage.join(gcs, "folder", "file.json")
+    storage.write_text_atomic(uri, '{"a": 1}')
+    assert storage.read_text(uri) == '{"a": 1}'
+    assert storage.listdir(storage.join(gcs, "folder")) == ["file.json"]  # the temporary name is gone
+    assert storage.size(uri) == 8
+    assert bucket_objects(gcs) == {"folder/file.json": b'{"a": 1}'}
+
+
+def test_shards_from_gs_to_gs_equal_a_local_run_byte_for_byte(gcs, tmp_path, wikitext):
+    corpus = storage.join(gcs, "corpus", "valid.txt")
+    storage.write_bytes_atomic(corpus, (wikitext / "valid.txt").read_bytes())
+    tokenizer = storage.join(gcs, "tokenizer")  # one tokenizer for both: Unigram training is not deterministic
+    train_tokenizer(TokenizerArguments(output=tokenizer, corpus=corpus, vocab_size=2000))
+    assert {"tokenizer.json", "tokenizer_summary.json"} <= bucket_objects(tokenizer).keys()
+    outputs = {}
+    for name, root in (("local", str(tmp_path)), ("gs", gcs)):
+        source = corpus if name == "gs" else str(wikitext / "valid.txt")
+        shards = storage.join(root, "shards")
+        write_shards(ShardArguments(output=shards, tokenizer=tokenizer, corpus=source, records_per_shard=2000))
+        outputs[name] = shards
+
+    in_bucket = bucket_objects(outputs["gs"])
+    files = [path for path in Path(outputs["local"]).rglob("*") if path.is_file()]
+    local = {path.relative_to(outputs["local"]).as_posix(): path.read_bytes() for path in files}
+    tfrecords = [name for name in in_bucket if name.endswith(".tfrecord")]
+    assert len(tfrecords) >= 2 and not [name for name in in_bucket if name.endswith(storage.TEMP_SUFFIX)]
+    assert in_bucket.keys() == local.keys()
+    for name in tfrecords:
+        assert in_bucket[name] == local[name], name
+    manifests = [json.loads(side["manifest.json"]) for side in (in_bucket, local)]
+    assert manifests[0]["files"] == manifests[1]["files"]
+    assert manifests[0]["corpus"]["source"] == corpus and manifests[0]["num_records"] == manifests[1]["num_records"]
+
+
+@pytest.mark.slow
+def test_the_local_pipeline_keeps_its_data_in_a_bucket_and_pushes_to_the_hub(gcs, tmp_path, monkeypatch, hub):
+    for name in ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN"):  # the steps' subprocesses inherit them
+        monkeypatch.setenv(name, hub.env[name])
+    corpus = storage.join(gcs, "corpus", "topics.txt")
+    storage.write_text_atomic(corpus, "\n".join(embedded_lines()))
+    summary = run_local(
+        RunLocalArguments(
+            pipeline_root=str(tmp_path / "runs"),
+            output_root=storage.join(gcs, "runs"),
+            corpus=corpus,
+            num_parts=2,
+            max_steps=30,
+            hub_repo_id="user/gs-run",
+        )
+    )
+    artifacts = summary["artifacts"]
+    for name in ("tokenizer", "validation shards", "train shards", "model", "evaluation"):
+        assert artifacts[name].startswith(gcs + "/runs/run-"), name
+    model = bucket_objects(artifacts["model"])
+    assert {"config.json", "tf_model.h5", "tokenizer.json", "training_summary.json"} <= model.keys()
+    assert any(name.startswith("checkpoints/") for name in model)
+    manifest = json.loads(bucket_objects(artifacts["train shards"])["manifest.json"])
+    assert manifest["num_parts"] == 2 and manifest["corpus"]["source"] == corpus
+    metrics = json.loads(bucket_objects(artifacts["evaluation"])["metrics.json"])
+    assert summary["metrics"]["loss"] == metrics["loss"]
+    assert not list((tmp_path / "runs").rglob("*.tfrecord")) and not list((tmp_path / "runs").rglob("*.h5"))
+    assert hub.file("user/gs-run", "tf_model.h5") == model["tf_model.h5"]
+    assert len(hub.repos["user/gs-run"].commits) == 1
