@@ -142,8 +142,10 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
     done = _completed(arguments, settings, part_uri)
     if done is not None:
         log.info("%s already holds this part with the same settings; nothing to do", arguments.output)
+        if arguments.num_parts == 1 and not storage.exists(storage.join(arguments.output, MANIFEST)):
+            return merge_manifests(arguments.output)  # stopped between the part manifest and the manifest
         return done
-    _remove_leftovers(arguments)
+    _remove_leftovers(arguments, part_uri)
 
     started = time.perf_counter()
     texts = select_texts(
@@ -241,11 +243,12 @@ def _completed(arguments: ShardArguments, settings: dict[str, Any], part_uri: st
     return None
 
 
-def _remove_leftovers(arguments: ShardArguments) -> None:
+def _remove_leftovers(arguments: ShardArguments, part_uri: str) -> None:
     """Deletes what an interrupted or overwritten run of this part left: its shards and temporary files."""
     prefix = storage.join(arguments.output, f"{arguments.split}-{arguments.part:05d}-")
     for uri in storage.glob(prefix + "*"):
         storage.remove(uri)
+    storage.remove_temporaries(part_uri)
 
 
 def _tokenized_batches(backend: Any, texts: Iterator[str], batch_size: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -370,6 +373,7 @@ def merge_manifests(output: str) -> dict[str, Any]:
     )
     if manifest["num_records"] == 0:
         raise InvalidParameter("output", output, "the parts hold no samples: the corpus is shorter than one sample")
+    storage.remove_temporaries(storage.join(output, MANIFEST))
     storage.write_text_atomic(storage.join(output, MANIFEST), _dumps(manifest))
     log.info("%s: %d samples in %d files", storage.join(output, MANIFEST), manifest["num_records"], len(files))
     return manifest

@@ -147,6 +147,12 @@ def temp_name(uri: str) -> str:
     return f"{uri}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"
 
 
+def remove_temporaries(uri: str) -> None:
+    """Deletes the temporary files an interrupted writer of ``uri`` left (``uri`` itself stays)."""
+    for temp in glob(f"{uri}.*{TEMP_SUFFIX}"):
+        remove(temp)
+
+
 def publish(temp_uri: str, final_uri: str) -> None:
     """Makes a completely written file visible under its final name."""
     gfile().rename(temp_uri, final_uri, overwrite=True)

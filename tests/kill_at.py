@@ -1,4 +1,4 @@
-"""Runs a module as ``python -m`` would, and SIGKILLs it at a chosen point: the n-th call of a function
+"""Runs a job module's ``main`` as ``python -m`` does, and SIGKILLs it at a chosen point: the n-th call of a function
 (optionally only the calls with an argument containing some text), just before or just after it runs.
 
     python tests/kill_at.py --function components.storage:publish --matching manifest.json -- \
@@ -11,7 +11,6 @@ the kernel's OOM killer strikes. The crash tests use it to stop a job at exact, 
 import argparse
 import importlib
 import os
-import runpy
 import signal
 import sys
 
@@ -50,8 +49,8 @@ def main() -> None:
     options = parser.parse_args(sys.argv[1:split])
     module, *arguments = sys.argv[split + 1 :]  # after "--": the module to run, then its arguments
     arm(options.function, options.matching, options.nth, options.after)
-    sys.argv = [module, *arguments]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    # the module's own main(), not runpy: a second copy of the module as __main__ would not be armed
+    sys.exit(importlib.import_module(module).main(arguments))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -156,37 +156,85 @@ def test_rerun_is_idempotent_and_other_settings_need_overwrite(tmp_path, embedde
     assert len(read_records(output, 64)) == second["num_records"]
 
 
-@pytest.mark.slow
-def test_a_killed_writer_leaves_nothing_half_published_and_a_rerun_completes(tmp_path, wikitext, wikitext_tokenizer):
-    corpus = f"{wikitext / 'valid.txt'},{wikitext / 'test.txt'}"
-    args = ["--tokenizer", wikitext_tokenizer, "--corpus", corpus, "--records_per_shard", "50", "--batch_size", "100"]
-    reference = str(tmp_path / "reference")
-    assert run_module("components.shards", *args, "--output", reference).returncode == 0
+# Where the crash suite kills the shards job: (function, only calls with an argument containing, n-th such
+# call, kill after the call returns rather than before).
+KILL_POINTS = {
+    "tokenizing, nothing written yet": ("components.shards:SamplePacker.add", "", 1, False),
+    "records in an open temporary shard": ("components.shards:serialize_examples", "", 3, False),
+    "a shard closed, not yet renamed": ("components.storage:publish", ".tfrecord", 1, False),
+    "three shards published": ("components.storage:publish", ".tfrecord", 3, True),
+    "part manifest written, not renamed": ("components.storage:publish", "parts/", 1, False),
+    "part manifest published, no manifest": ("components.storage:publish", "parts/", 1, True),
+    "manifest written, not renamed": ("components.storage:publish", "manifest.json", 1, False),
+    "manifest published": ("components.storage:publish", "manifest.json", 1, True),
+}
 
-    output = tmp_path / "killed"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "components.shards", *args, "--output", str(output)],
+
+def folder_contents(root: str) -> dict[str, bytes]:
+    """Every file under ``root`` (local or gs://) by relative name, read through the project's storage."""
+    from components import storage
+
+    contents = {}
+    for directory, _, names in tf.io.gfile.walk(root):
+        for name in names:
+            uri = storage.join(directory, name)
+            contents[uri[len(root) :].lstrip("/")] = storage.read_bytes(uri)
+    return contents
+
+
+@pytest.fixture(scope="module")
+def crash_reference(tmp_path_factory, wikitext, wikitext_tokenizer) -> tuple[list[str], dict[str, bytes]]:
+    """The shards job's arguments and what an uninterrupted run of it writes."""
+    args = ["--tokenizer", wikitext_tokenizer, "--corpus", str(wikitext / "valid.txt"), "--records_per_shard", "300"]
+    args += ["--batch_size", "200"]
+    output = str(tmp_path_factory.mktemp("crash-reference"))
+    result = run_module("components.shards", *args, "--output", output)
+    assert result.returncode == 0, result.stderr
+    return args, folder_contents(output)
+
+
+def run_killed(point: str, args: list[str], output: str) -> None:
+    function, matching, nth, after = KILL_POINTS[point]
+    kill = ["--function", function, "--matching", matching, "--nth", str(nth), *(["--after"] if after else [])]
+    job = ["components.shards", *args, "--output", output]
+    process = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *kill, "--", *job],
         cwd=PROJECT_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
     )
-    deadline = time.monotonic() + 120
-    while len(list(output.glob("*.tfrecord"))) < 3 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    process.send_signal(signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL, "the writer finished before it could be killed"
+    assert process.returncode == -signal.SIGKILL, f"not killed at {point!r}: {process.stderr[-2000:]}"
 
-    assert not (output / MANIFEST).exists()
-    for shard in output.glob("*.tfrecord"):  # whatever is visible under a final name is complete
-        count = int(shard.name.rsplit("-", 1)[1].split(".")[0])
-        assert sum(1 for _ in tf.data.TFRecordDataset(str(shard))) == count
 
-    assert run_module("components.shards", *args, "--output", str(output)).returncode == 0
-    assert shard_names(str(output)) == shard_names(reference)
-    for name in shard_names(reference):
-        assert (output / name).read_bytes() == Path(reference, name).read_bytes()
-    assert json.loads((output / MANIFEST).read_text()) == json.loads(Path(reference, MANIFEST).read_text())
-    assert [p.name for p in output.iterdir() if p.name.endswith(".partial")] == []
+def assert_killed_run_then_rerun_match(point: str, crash_reference, output: str) -> None:
+    args, reference = crash_reference
+    run_killed(point, args, output)
+
+    visible = {name: data for name, data in folder_contents(output).items() if not name.endswith(".partial")}
+    for name, data in visible.items():  # a reader sees only complete files, each as an uninterrupted run wrote it
+        assert data == reference[name], f"{name} is visible but incomplete after a kill at {point!r}"
+    if MANIFEST not in visible:
+        with pytest.raises(InvalidParameter, match=r"holds no finished shard set"):
+            read_manifest(output)
+
+    rerun = run_module("components.shards", *args, "--output", output)
+    assert rerun.returncode == 0, rerun.stderr
+    assert folder_contents(output) == reference  # same names, counts (in the names and manifest) and bytes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_a_shards_job_killed_anywhere_shows_no_partial_file_and_its_rerun_equals_an_uninterrupted_run(
+    tmp_path, crash_reference, point
+):
+    assert_killed_run_then_rerun_match(point, crash_reference, str(tmp_path / "shards"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["a shard closed, not yet renamed", "manifest written, not renamed"])
+def test_the_same_on_gs(gcs, crash_reference, point):
+    assert_killed_run_then_rerun_match(point, crash_reference, f"{gcs}/shards")
 
 
 @pytest.mark.parametrize(
