@@ -1,16 +1,17 @@
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import tensorflow as tf
-from conftest import PROJECT_ROOT
+from conftest import PROJECT_ROOT, run_module
 from transformers import AutoTokenizer, TFAutoModelForMaskedLM, pipeline
 
+from components import storage
 from components.errors import InvalidParameter
 from components.evaluate import EvaluateArguments, evaluate
 from components.modeling import PRESETS, model_config, select_strategy, training_flops_per_token
@@ -102,69 +103,51 @@ def test_the_output_loads_in_the_fill_mask_pipeline(trained, wikitext_shards):
     assert predictions[0]["score"] >= predictions[1]["score"] >= predictions[2]["score"]
 
 
+RESUME_ARGS = ["--model_config", "tiny", "--per_replica_batch_size", "16", "--accelerator", "cpu", "--max_steps", "60"]
+RESUME_ARGS += ["--checkpoint_every_steps", "20", "--log_every_steps", "10", "--steps_per_execution", "5"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_history(tmp_path_factory, wikitext_shards) -> dict[int, float]:
+    """Learning rate by step of an uninterrupted run with the resume tests' arguments."""
+    output = tmp_path_factory.mktemp("uninterrupted")
+    data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
+    result = run_module("components.train", *data, *RESUME_ARGS, "--output", str(output))
+    assert result.returncode == 0, result.stderr
+    return {p["step"]: p["learning_rate"] for p in json.loads((output / SUMMARY_FILE).read_text())["history"]}
+
+
 @pytest.mark.slow
-def test_a_killed_trainer_resumes_from_its_checkpoint_and_ends_at_the_planned_step(tmp_path, wikitext_shards):
-    args = [
-        "--tokenizer",
-        wikitext_shards["tokenizer"],
-        "--train_shards",
-        wikitext_shards["train"],
-        "--model_config",
-        "tiny",
-        "--per_replica_batch_size",
-        "16",
-        "--accelerator",
-        "cpu",
-        "--max_steps",
-        "60",
-        "--checkpoint_every_steps",
-        "20",
-        "--log_every_steps",
-        "10",
-        "--steps_per_execution",
-        "5",
-    ]
-    reference = tmp_path / "reference"
-    assert (
-        subprocess.run(
-            [sys.executable, "-m", "components.train", *args, "--output", str(reference)],
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-        ).returncode
-        == 0
-    )
-
-    output = tmp_path / "killed"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "components.train", *args, "--output", str(output)],
-        cwd=PROJECT_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while not (output / "checkpoints" / "ckpt-20.index").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL
-    assert not (output / SUMMARY_FILE).exists(), "the trainer finished before it could be killed"
-
-    rerun = subprocess.run(
-        [sys.executable, "-m", "components.train", *args, "--output", str(output)],
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_planned_step(
+    request, tmp_path, wikitext_shards, uninterrupted_history, where
+):
+    output = f"{request.getfixturevalue('gcs')}/model" if where == "gs" else str(tmp_path / "model")
+    data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
+    job = ["components.train", *data, *RESUME_ARGS, "--output", output]
+    save = "tensorflow.python.checkpoint.checkpoint_management:CheckpointManager.save"
+    killed = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), "--function", save, "--after", "--", *job],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
     )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-20")
+    assert not tf.io.gfile.exists(f"{output}/{SUMMARY_FILE}")
+
+    rerun = run_module(*job)
     assert rerun.returncode == 0, rerun.stderr
-    summary = json.loads((output / SUMMARY_FILE).read_text())
-    assert summary["resumed_from_step"] in (20, 40)
+    summary = json.loads(storage.read_text(f"{output}/{SUMMARY_FILE}"))
     assert "resuming from" in rerun.stderr
-    assert summary["total_steps"] == 60 and summary["steps_this_run"] == 60 - summary["resumed_from_step"]
-    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-60")
-    # the learning-rate schedule continued where it was, not from the start
-    expected = {p["step"]: p["learning_rate"] for p in json.loads((reference / SUMMARY_FILE).read_text())["history"]}
-    for point in summary["history"]:
-        assert point["step"] > summary["resumed_from_step"]
-        assert point["learning_rate"] == pytest.approx(expected[point["step"]])
+    assert summary["resumed_from_step"] == 20
+    assert summary["total_steps"] == 60 and summary["steps_this_run"] == 40
+    assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-60")
+    assert tf.io.gfile.exists(f"{output}/tf_model.h5")
+    for point in summary["history"]:  # the learning-rate schedule went on where it was, not from the start
+        assert point["step"] > 20
+        assert point["learning_rate"] == pytest.approx(uninterrupted_history[point["step"]])
 
 
 def test_strategy_selection(caplog):
