@@ -8,10 +8,14 @@ Python and the model step compiles with XLA on TPU.
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from components import storage
+from components.errors import InvalidParameter
 from components.tfrecords import feature_spec
 
 IGNORE_INDEX = -100  # the label transformers' loss skips
@@ -101,3 +105,37 @@ def masked_dataset(
         deterministic=not training,
     )
     return dataset.prefetch(autotune)
+
+
+def first_corrupt_shard(uri: str, manifest: dict[str, Any]) -> tuple[str, str] | None:
+    """(name, TensorFlow's message) of the first shard whose records fail their checksums, or None. Reads
+    every record: used once reading has failed, to say which file it was (``DataLossError`` does not)."""
+    import tensorflow as tf
+
+    for path in shard_files(uri, manifest):
+        try:
+            for _ in tf.data.TFRecordDataset(path):
+                pass
+        except tf.errors.DataLossError as error:
+            # "{{function_node ...}} corrupted record at 150288 [Op:IteratorGetNext] name: " -> the middle
+            return storage.basename(path), re.sub(r"\{\{.*?\}\}|\[Op:.*", "", error.message).strip()
+    return None
+
+
+@contextlib.contextmanager
+def naming_corrupt_shards(*sources: tuple[str, str, dict[str, Any] | None]) -> Iterator[None]:
+    """Turns a ``DataLossError`` raised inside into an error naming the parameter, the folder and the shard
+    that is corrupted, looked for in ``sources``: (parameter, folder, manifest) triples."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.DataLossError:
+        for parameter, uri, manifest in sources:
+            found = first_corrupt_shard(uri, manifest) if manifest is not None else None
+            if found is not None:
+                name, message = found
+                raise InvalidParameter(
+                    parameter, uri, f"shard {name} is corrupted ({message}); write the shards again"
+                ) from None
+        raise

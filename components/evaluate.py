@@ -22,7 +22,7 @@ from typing import Any
 
 from components import storage
 from components.cli import run_job
-from components.data import Masking, masked_dataset
+from components.data import Masking, masked_dataset, naming_corrupt_shards
 from components.errors import InvalidParameter
 from components.shards import read_manifest, verify_files
 from components.tokenizer import TOKENIZER_FILE, fingerprint
@@ -179,7 +179,8 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
         dataset = masked_dataset(
             arguments.shards, manifest, arguments.batch_size, masking, training=False, seed=arguments.seed
         )
-        metrics = masked_lm_metrics(model, dataset, max_batches=arguments.max_batches)
+        with naming_corrupt_shards(("shards", arguments.shards, manifest)):
+            metrics = masked_lm_metrics(model, dataset, max_batches=arguments.max_batches)
         examples = fill_mask_examples(model, tokenizer, sentences, arguments.top_k) if sentences else []
     metrics.update(
         seconds=round(time.perf_counter() - started, 3),

@@ -32,7 +32,7 @@ from typing import Any
 
 from components import storage
 from components.cli import run_job
-from components.data import Masking, masked_dataset
+from components.data import Masking, masked_dataset, naming_corrupt_shards
 from components.errors import InvalidParameter
 from components.evaluate import check_probability, masked_lm_metrics
 from components.hub import check_repo_id, create_repo, hub_token, push_folder
@@ -243,6 +243,10 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
         shuffle_buffer=arguments.shuffle_buffer,
     )
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    shard_sources = (
+        ("train_shards", arguments.train_shards, plan.manifest),
+        ("eval_shards", arguments.eval_shards, plan.eval_manifest),
+    )
     predictions = max_predictions(plan.manifest["max_length"], arguments.mlm_probability)
     train_steps = _train_function(model, optimizer, strategy, _use_xla(arguments.xla, kind), predictions)
     eval_dataset = None
@@ -276,7 +280,8 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
             step + arguments.steps_per_execution,
         )
         steps = min(boundaries) - step
-        loss = float(train_steps(iterator, tf.constant(steps, tf.int32)))
+        with naming_corrupt_shards(*shard_sources):
+            loss = float(train_steps(iterator, tf.constant(steps, tf.int32)))
         step += steps
         window_steps, window_loss = window_steps + steps, window_loss + loss * steps
         if step % arguments.log_every_steps == 0 or step == plan.total_steps:
@@ -308,7 +313,8 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
                         f"Training checkpoint at step {step} of {plan.total_steps}",
                     )
             if eval_dataset is not None:
-                eval_metrics = masked_lm_metrics(model, eval_dataset, strategy, arguments.eval_batches)
+                with naming_corrupt_shards(*shard_sources):
+                    eval_metrics = masked_lm_metrics(model, eval_dataset, strategy, arguments.eval_batches)
                 with writer.as_default(step=step):
                     tf.summary.scalar("eval/loss", eval_metrics["loss"])
                     tf.summary.scalar("eval/masked_accuracy", eval_metrics["masked_accuracy"])

@@ -404,3 +404,32 @@ def test_a_truncated_or_missing_shard_is_named_before_training(tmp_path, wikitex
     with pytest.raises(InvalidParameter, match=rf"shard {first.name} listed in manifest.json is missing"):
         train(TrainArguments(**values))
     assert not (tmp_path / "m").exists()
+
+
+def test_a_corrupted_shard_of_the_right_size_is_named_by_training_and_evaluation(tmp_path, wikitext_shards):
+    import shutil
+
+    copy = tmp_path / "shards"
+    shutil.copytree(wikitext_shards["train"], copy)
+    manifest = read_manifest(str(copy))
+    last = copy / manifest["files"][-1]["name"]
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte inside a record: same size, so verify_files passes
+    last.write_bytes(bytes(data))
+    message = rf"--train-shards='{copy}': shard {last.name} is corrupted \(corrupted record at \d+\)"
+    with pytest.raises(InvalidParameter, match=message):
+        train(
+            TrainArguments(
+                tokenizer=wikitext_shards["tokenizer"],
+                train_shards=str(copy),
+                output=str(tmp_path / "model"),
+                max_steps=2,
+                **TINY,
+            )
+        )
+    assert not (tmp_path / "model" / SUMMARY_FILE).exists()
+
+    model = save_untrained(tmp_path / "untrained", wikitext_shards)
+    with pytest.raises(InvalidParameter, match=rf"--shards='{copy}': shard {last.name} is corrupted"):
+        evaluate(EvaluateArguments(model=model, shards=str(copy), output=str(tmp_path / "evaluation")))
+    assert not (tmp_path / "evaluation").exists()
