@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from components.errors import InvalidParameter
+from components.errors import InvalidParameter, ServiceFailed
 
 # job name -> (module, what it does)
 JOBS = {
@@ -61,6 +61,9 @@ def run_job(
     except InvalidParameter as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ServiceFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(json.dumps(summary, indent=2, default=str))
     return 0
 

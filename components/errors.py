@@ -1,4 +1,5 @@
-"""The error every step raises for bad input, before it spends time or writes anything."""
+"""The errors a step reports in one line: bad input (before it spends time or writes anything), and an
+outside service that kept failing after retries."""
 
 
 class InvalidParameter(ValueError):
@@ -9,3 +10,7 @@ class InvalidParameter(ValueError):
         self.value = value
         flag = "--" + parameter.replace("_", "-")
         super().__init__(f"{flag}={value!r}: {expected}")
+
+
+class ServiceFailed(RuntimeError):
+    """An outside service (the Hub) kept failing with errors that are usually transient, retries included."""

@@ -1,4 +1,5 @@
-"""Talking to the Hugging Face Hub: repository ids, the token, and pushing a folder in one commit.
+"""Talking to the Hugging Face Hub: repository ids, the token, and pushing a folder in one commit, retried
+with backoff after transient errors.
 
 The token is read from ``HF_TOKEN`` and never written into arguments, logs or artifacts. ``HF_ENDPOINT``
 points the client at another Hub (the tests use a local stand-in of its HTTP API).
@@ -8,13 +9,20 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from components.errors import InvalidParameter
+from components.errors import InvalidParameter, ServiceFailed
 
 log = logging.getLogger("tpu_mlm.hub")
+T = TypeVar("T")
+
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+DEFAULT_RETRIES = 4
 
 SECRET_NAME = re.compile(r"^projects/[\w.:-]+/secrets/[\w-]{1,255}(/versions/(latest|\d+))?$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
@@ -56,18 +64,61 @@ def hub_token(parameter: str, repo_id: str, secret: str = "") -> str:
     return token
 
 
-def create_repo(repo_id: str, token: str, private: bool) -> None:
+def is_transient(error: BaseException) -> bool:
+    """Worth another try: rate limiting, a server error or a dropped connection, not a refusal."""
+    import requests
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if isinstance(error, HfHubHTTPError) and error.response is not None:
+        return error.response.status_code in TRANSIENT_STATUSES
+    return isinstance(error, requests.ConnectionError | requests.Timeout)
+
+
+def with_retries(action: Callable[[], T], what: str, retries: int = DEFAULT_RETRIES, first_delay: float = 1.0) -> T:
+    """``action()``, tried again up to ``retries`` times after transient errors, waiting 1, 2, 4 ... s
+    (with jitter) in between. Hub commits are atomic, so trying a whole upload again is safe."""
+    for attempt in range(retries + 1):
+        try:
+            return action()
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            reason = str(error).splitlines()[0]
+            if attempt == retries:
+                raise ServiceFailed(f"{what} failed {retries + 1} times; the last error: {reason}") from error
+            delay = first_delay * 2**attempt * random.uniform(0.8, 1.2)
+            log.warning("%s failed (%s); try %d of %d in %.1f s", what, reason, attempt + 2, retries + 1, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def create_repo(repo_id: str, token: str, private: bool, retries: int = DEFAULT_RETRIES) -> None:
     from huggingface_hub import HfApi
 
-    HfApi(token=token).create_repo(repo_id, private=private, exist_ok=True)
+    with_retries(
+        lambda: HfApi(token=token).create_repo(repo_id, private=private, exist_ok=True),
+        f"creating the Hub repository {repo_id}",
+        retries,
+    )
 
 
-def push_folder(folder: Path, repo_id: str, token: str, message: str, ignore: list[str] | None = None) -> Any:
+def push_folder(
+    folder: Path,
+    repo_id: str,
+    token: str,
+    message: str,
+    ignore: list[str] | None = None,
+    retries: int = DEFAULT_RETRIES,
+) -> Any:
     """Uploads ``folder`` to ``repo_id`` in one commit; unchanged content makes no new commit."""
     from huggingface_hub import HfApi
 
-    commit = HfApi(token=token).upload_folder(
-        repo_id=repo_id, folder_path=folder, commit_message=message, ignore_patterns=ignore
+    commit = with_retries(
+        lambda: HfApi(token=token).upload_folder(
+            repo_id=repo_id, folder_path=folder, commit_message=message, ignore_patterns=ignore
+        ),
+        f"pushing {folder} to the Hub repository {repo_id}",
+        retries,
     )
     log.info("pushed %s to %s (commit %s)", folder, repo_id, commit.oid)
     return commit

@@ -19,7 +19,7 @@ from components import storage
 from components.cli import run_job
 from components.errors import InvalidParameter
 from components.evaluate import METRICS_FILE, metrics_table
-from components.hub import check_repo_id, check_secret_name, create_repo, hub_token, push_folder
+from components.hub import DEFAULT_RETRIES, check_repo_id, check_secret_name, create_repo, hub_token, push_folder
 from components.train import SUMMARY_FILE
 
 
@@ -33,9 +33,14 @@ class PushArguments:
         default="", metadata={"help": "Secret Manager secret holding the token; else HF_TOKEN is used."}
     )
     commit_message: str = field(default="Upload masked language model pre-trained with tpu-mlm-pipeline")
+    retries: int = field(
+        default=DEFAULT_RETRIES, metadata={"help": "Tries again after transient Hub errors (1, 2, 4 ... s apart)."}
+    )
 
     def __post_init__(self) -> None:
         check_repo_id("repo_id", self.repo_id)
+        if not 0 <= self.retries <= 10:
+            raise InvalidParameter("retries", self.retries, "must be from 0 to 10")
         storage.check_uri("model", self.model)
         if self.evaluation:
             storage.check_uri("evaluation", self.evaluation)
@@ -59,8 +64,8 @@ def push(arguments: PushArguments) -> dict[str, Any]:
         summary = json.loads((folder / SUMMARY_FILE).read_text())
         config = json.loads((folder / "config.json").read_text())
         (folder / "README.md").write_text(model_card(arguments.repo_id, summary, config, metrics))
-        create_repo(arguments.repo_id, token, arguments.private)
-        commit = push_folder(folder, arguments.repo_id, token, arguments.commit_message)
+        create_repo(arguments.repo_id, token, arguments.private, arguments.retries)
+        commit = push_folder(folder, arguments.repo_id, token, arguments.commit_message, retries=arguments.retries)
     return {"repo_id": arguments.repo_id, "commit": commit.oid, "commit_url": commit.commit_url}
 
 

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,12 +90,28 @@ def test_push_failures_are_clear_and_leave_no_partial_commit(hub, model_and_eval
     result = push(hub, model, evaluation, "--repo_id", "user/x", env=read_only)
     assert result.returncode != 0 and "401" in result.stderr and hub.repos == {}
 
-    hub.fail_next["commit"] = [500]
-    result = push(hub, model, evaluation, "--repo_id", "user/y")
-    assert result.returncode != 0 and "500" in result.stderr
+    hub.fail_next["commit"] = [500, 500]
+    result = push(hub, model, evaluation, "--repo_id", "user/y", "--retries", "1")
+    assert result.returncode == 1
+    message = r"error: pushing \S+ to the Hub repository user/y failed 2 times; the last error: 500"
+    assert re.search(message, result.stderr)
+    assert "Traceback" not in result.stderr
     assert hub.repos["user/y"].commits == []  # the LFS upload happened, no commit points at it
     assert push(hub, model, evaluation, "--repo_id", "user/y").returncode == 0
     assert len(hub.repos["user/y"].commits) == 1
+
+
+@pytest.mark.slow
+def test_transient_hub_errors_are_retried_with_backoff_into_one_commit(hub, model_and_evaluation):
+    model, evaluation = model_and_evaluation
+    hub.fail_next.update({"create": [503], "lfs-upload": [502], "commit": [500, 429]})
+    result = push(hub, model, evaluation, "--repo_id", "user/flaky")
+    assert result.returncode == 0, result.stderr
+    assert len(hub.repos["user/flaky"].commits) == 1
+    assert hub.file("user/flaky", "tf_model.h5") == Path(model, "tf_model.h5").read_bytes()
+    assert all(not statuses for statuses in hub.fail_next.values())  # every injected failure was met
+    waits = [float(wait) for wait in re.findall(r"failed \(.*?\); try \d of 5 in ([\d.]+) s", result.stderr)]
+    assert len(waits) >= 3 and waits[-1] > waits[-2]  # the waits grow: 1, 2, 4 ... s
 
 
 @pytest.mark.parametrize("repo_id", ["no-namespace", "a/b/c", "user/has space", "user/-bad", "user/x--y", ""])
