@@ -82,7 +82,6 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         max_steps=arguments.max_steps,
     )
     plan = plan_training(train_arguments, arguments.replicas)
-    check_writable(arguments.output)
     report: dict[str, Any] = {
         "total_steps": plan.total_steps,
         "global_batch_size": plan.global_batch_size,
@@ -93,6 +92,7 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
     if arguments.hub_repo_id:
         token = hub_token("hub_repo_id", arguments.hub_repo_id, arguments.hf_token_secret)
         report["hub_user"] = check_hub_write(arguments.hub_repo_id, token)
+    check_writable(arguments.output)  # last: the only check that writes
     report["seconds"] = round(time.perf_counter() - started, 3)
     storage.write_text_atomic(storage.join(arguments.output, "preflight.json"), json.dumps(report, indent=2) + "\n")
     return report

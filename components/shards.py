@@ -311,7 +311,6 @@ class ShardWriter:
         self._writer: Any = None
         self._temp = ""
         self._in_file = 0
-        storage.makedirs(output)
 
     def write(self, records: list[bytes]) -> None:
         for record in records:
@@ -330,6 +329,8 @@ class ShardWriter:
         import tensorflow as tf
 
         index = len(self.files)
+        if index == 0:
+            storage.makedirs(self.output)  # not before the first record: a failed run leaves no folder
         self._temp = storage.join(self.output, f"{self.split}-{self.part:05d}-{index:05d}{storage.TEMP_SUFFIX}")
         self._writer = tf.io.TFRecordWriter(self._temp)
         self._in_file = 0

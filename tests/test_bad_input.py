@@ -1,0 +1,292 @@
+"""The bad-input table: what users type wrong, the exact line they get back, and that nothing was written,
+pushed or submitted. The README lists the same messages (a test below keeps the two in step).
+
+Each case runs a ``tpu-mlm`` job as a user would. ``…`` in a message stands for text that differs from run
+to run (temporary folders, tokenizer fingerprints). Cases that could reach the Hub run in a subprocess
+pointed at the local Hub stand-in, so "nothing pushed" is checked where a push would land.
+"""
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+from conftest import HUB_TOKEN, PROJECT_ROOT
+from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
+
+from components.cli import main as tpu_mlm
+from components.shards import ShardArguments, read_manifest, write_shards
+from components.tokenizer import TokenizerArguments, train_tokenizer
+from pipelines.pipeline import compile_pipeline
+
+README = PROJECT_ROOT / "README.md"
+
+
+@dataclass(frozen=True)
+class Case:
+    job: str
+    command: str  # the job's arguments as typed; {name} stands for a real input of the test's
+    message: str  # what follows "error: " on the last line of stderr
+    hub_token: str | None = None  # run against the Hub stand-in with this HF_TOKEN ("" = none)
+
+
+CASES = {
+    # corpora and URIs
+    "unsupported URI scheme": Case(
+        "tokenizer",
+        "--corpus s3://bucket/a.txt --output {out}",
+        "--corpus='s3://bucket/a.txt': unsupported URI scheme 's3'; use a local path or gs://bucket/path",
+    ),
+    "bucket missing from a gs:// URI": Case(
+        "tokenizer",
+        "--output gs:///tokenizer",
+        "--output='gs:///tokenizer': a gs:// URI needs a bucket name: gs://bucket/path",
+    ),
+    "corpus files that do not exist": Case(
+        "tokenizer",
+        "--corpus {data}/missing/*.txt --output {out}",
+        "--corpus='…/missing/*.txt': no file matches this path; expected 'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or "
+        "comma-separated local/gs:// paths or globs of .json, .jsonl, .parquet, .txt files",
+    ),
+    "a corpus of blank lines": Case(
+        "tokenizer",
+        "--corpus {data}/empty.txt --output {out}",
+        "--corpus='…/empty.txt': holds no text (every row is empty)",
+    ),
+    "a text column the files do not have": Case(
+        "shards",
+        "--tokenizer {tokenizer} --corpus {data}/rows.jsonl --text_column body --output {out}",
+        "--text-column='body': …/rows.jsonl has no such column; it has ['text']",
+    ),
+    # tokenizer and shard settings
+    "a vocabulary smaller than the special tokens": Case(
+        "tokenizer",
+        "--vocab_size 4 --output {out}",
+        "--vocab-size=4: must be larger than the 5 special tokens ['<s>', '<pad>', '</s>', '<unk>', '<mask>'] and "
+        "at most 1,000,000",
+    ),
+    "a sample length out of range": Case(
+        "shards",
+        "--tokenizer {tokenizer} --max_length 100000 --output {out}",
+        "--max-length=100000: must be from 8 to 8192 tokens",
+    ),
+    "a part beyond num_parts": Case(
+        "shards",
+        "--tokenizer {tokenizer} --num_parts 4 --part 4 --output {out}",
+        "--part=4: must be from 0 to num_parts-1 = 3",
+    ),
+    "a folder that is not a tokenizer": Case(
+        "shards",
+        "--tokenizer {data} --output {out}",
+        "--tokenizer='…': is not a tokenizer folder (no tokenizer.json in it)",
+    ),
+    "a corpus shorter than one sample": Case(
+        "shards",
+        "--tokenizer {tokenizer} --corpus {data}/tiny.txt --max_length 512 --output {out}",
+        "--max-length=512: the corpus gave … tokens, less than one sample; use a larger corpus or a smaller "
+        "--max_length",
+    ),
+    # tokenizer / shards / model mismatches
+    "shards of another tokenizer": Case(
+        "train",
+        "--tokenizer {other_tokenizer} --train_shards {shards} --output {out}",
+        "--train-shards='…': were made with another tokenizer (sha256:…) than --tokenizer (sha256:…)",
+    ),
+    "a truncated shard": Case(
+        "train",
+        "--tokenizer {tokenizer} --train_shards {truncated} --output {out}",
+        "--train-shards='…': shard … has 100 bytes, manifest.json says …: it is truncated or was replaced; write "
+        "the shards again",
+    ),
+    "a shard folder that is not finished": Case(
+        "evaluate",
+        "--model {data} --shards {data} --output {out}",
+        "--shards='…': holds no finished shard set (no manifest.json; is the run complete?)",
+    ),
+    "an unknown model preset": Case(
+        "train",
+        "--tokenizer {tokenizer} --train_shards {shards} --model_config roberta-huge --output {out}",
+        "--model-config='roberta-huge': unknown preset; use one of ['roberta-base', 'roberta-large', 'tiny'], a "
+        "config.json path or URI, or a Hub model name",
+    ),
+    "a fill-mask sentence without <mask>": Case(
+        "evaluate",
+        "--model {data} --shards {shards} --fill_mask 'No mask here.' --output {out}",
+        "--fill-mask='No mask here.': each sentence needs exactly one <mask>",
+    ),
+    # sizes and batch arithmetic
+    "a negative learning rate": Case(
+        "train",
+        "--tokenizer {tokenizer} --train_shards {shards} --learning_rate -0.0001 --output {out}",
+        "--learning-rate=-0.0001: must be a positive number (1e-4 is usual)",
+    ),
+    "a global batch larger than the data": Case(
+        "train",
+        "--tokenizer {tokenizer} --train_shards {shards} --per_replica_batch_size 100000 --output {out}",
+        "--per-replica-batch-size=100000: x 1 replica(s) = global batch 100000, more than the … training samples",
+    ),
+    "a batch too large only for the 8 replicas of a v3-8": Case(
+        "preflight",
+        "--tokenizer {tokenizer} --train_shards {shards} --model_config tiny --replicas 8 --per_replica_batch_size "
+        "256 --output {out}",
+        "--per-replica-batch-size=256: x 8 replica(s) = global batch 2048, more than the … training samples",
+    ),
+    # wrong parameter types
+    "a word where a number goes": Case(
+        "train",
+        "--tokenizer {tokenizer} --train_shards {shards} --max_steps ten --output {out}",
+        "argument --max_steps/--max-steps: invalid int value: 'ten'",
+    ),
+    "a yes/no flag given something else": Case(
+        "shards",
+        "--tokenizer {tokenizer} --overwrite maybe --output {out}",
+        "argument --overwrite: Truthy value expected: got maybe but expected one of yes/no, true/false, t/f, y/n, "
+        "1/0 (case insensitive).",
+    ),
+    # the Hub
+    "a Hub repository id without a namespace": Case(
+        "push",
+        "--model {data} --repo_id no-namespace",
+        "--repo-id='no-namespace': must be a Hub repository id 'namespace/name' (letters, digits, '-', '_', '.')",
+        hub_token=HUB_TOKEN,
+    ),
+    "a push without a token": Case(
+        "push",
+        "--model {data} --repo_id user/model",
+        "--repo-id='user/model': a Hub push needs a write token in HF_TOKEN, which is not set",
+        hub_token="",
+    ),
+    "a token that may only read": Case(
+        "preflight",
+        "--tokenizer {tokenizer} --train_shards {shards} --model_config tiny --per_replica_batch_size 8 "
+        "--hub_repo_id user/model --output {out}",
+        "--hub-repo-id='user/model': the Hub token may not write (its role is 'read')",
+        hub_token="hf_read_only",
+    ),
+    "checkpoint pushes without a token": Case(
+        "train",
+        "--tokenizer {tokenizer} --train_shards {shards} --hub_repo_id user/model --output {out}",
+        "--hub-repo-id='user/model': a Hub push needs a write token in HF_TOKEN, which is not set",
+        hub_token="",
+    ),
+    "a token value where a secret name goes": Case(
+        "push",
+        "--model {data} --repo_id user/model --hf_token_secret hf_abc123",
+        "--hf-token-secret='hf_abc123': must be a Secret Manager name: projects/PROJECT/secrets/NAME[/versions/V]",
+        hub_token=HUB_TOKEN,
+    ),
+    # the pipeline: compiling, submitting, running locally
+    "an unknown TPU type": Case(
+        "compile",
+        "--tpu_type v4-32 --tpu_image tpu:1 --output {out}",
+        "argument --tpu_type/--tpu-type: invalid choice: 'v4-32' (choose from 'v3-8', 'v5e-1', 'v5e-4', 'v5e-8')",
+    ),
+    "a Vertex pipeline without a TPU image": Case(
+        "compile",
+        "--target vertex --output {out}",
+        "--tpu-image='': the vertex target needs the TPU image's URI",
+    ),
+    "a misspelt pipeline parameter": Case(
+        "submit",
+        """--template {template} --project my-proj --pipeline_root gs://b/r --parameters '{{"max_step": 1}}'""",
+        "--parameters='max_step': is not a parameter of this pipeline; known: […]",
+    ),
+    "a pipeline parameter of the wrong type": Case(
+        "submit",
+        """--template {template} --project my-proj --pipeline_root gs://b/r --parameters '{{"max_steps": "ten"}}'""",
+        "--max-steps='ten': must be of type number_integer",
+    ),
+    "a Vertex push without a secret": Case(
+        "submit",
+        """--template {template} --project my-proj --pipeline_root gs://b/r --parameters '{{"hub_repo_id": "me/x"}}'""",
+        "--hf-token-secret='': a Hub push on Vertex AI reads its token from a Secret Manager secret; name it",
+    ),
+    "a local pipeline root on Vertex": Case(
+        "submit",
+        "--template {template} --project my-proj --pipeline_root /local/root",
+        "--pipeline-root='/local/root': must be a gs:// URI on Vertex AI",
+    ),
+    "a bucket as the kfp.local root": Case(
+        "run-local",
+        "--pipeline_root gs://bucket/runs",
+        "--pipeline-root='gs://bucket/runs': kfp.local needs a local folder; put gs:// in --output_root",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, embedded_tokenizer) -> dict[str, str]:
+    """Real, valid inputs for the arguments a case does not get wrong."""
+    root = tmp_path_factory.mktemp("bad-input")
+    data = root / "data"
+    data.mkdir()
+    (data / "empty.txt").write_text("\n\n  \n")
+    (data / "tiny.txt").write_text("a few words\n")
+    (data / "rows.jsonl").write_text('{"text": "hello"}\n')
+    shards = str(root / "shards")
+    write_shards(ShardArguments(output=shards, tokenizer=embedded_tokenizer, records_per_shard=2000))
+    truncated = root / "truncated"
+    shutil.copytree(shards, truncated)
+    first = truncated / read_manifest(shards)["files"][0]["name"]
+    first.write_bytes(first.read_bytes()[:100])
+    other_tokenizer = str(root / "other-tokenizer")
+    train_tokenizer(TokenizerArguments(output=other_tokenizer, vocab_size=1000))
+    template = compile_pipeline(str(root / "pipeline.yaml"), target="vertex", tpu_image="tpu:1")
+    return {
+        "data": str(data),
+        "tokenizer": embedded_tokenizer,
+        "other_tokenizer": other_tokenizer,
+        "shards": shards,
+        "truncated": str(truncated),
+        "template": template,
+    }
+
+
+def pattern(message: str) -> str:
+    return ".+".join(re.escape(part) for part in message.split("…"))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_gets_one_clear_line_and_nothing_is_written_pushed_or_submitted(
+    name, inputs, tmp_path, capsys, monkeypatch, request
+):
+    case = CASES[name]
+    out = tmp_path / "out"
+    args = [arg.format(out=out, **inputs) for arg in shlex.split(case.command)]
+    if case.job == "run-local":
+        monkeypatch.chdir(tmp_path)  # a wrongly accepted root would appear here
+    if case.hub_token is None:
+        monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", lambda *a, **k: pytest.fail("submitted"))
+        try:
+            code = tpu_mlm([case.job, *args])
+        except SystemExit as exit:  # argparse's own errors (wrong types)
+            code = exit.code
+        stderr = capsys.readouterr().err
+    else:
+        hub = request.getfixturevalue("hub")
+        env = {**hub.env, "HF_TOKEN": case.hub_token}
+        process = subprocess.run(
+            [sys.executable, "-m", "components.cli", case.job, *args],
+            cwd=PROJECT_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        code, stderr = process.returncode, process.stderr
+        assert hub.repos == {} and not [r for r in hub.requests if r[0] != "GET"], "something reached the Hub"
+    assert code == 2, stderr
+    last_line = stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"(.+: )?error: " + pattern(case.message), last_line), last_line
+    assert "Traceback" not in stderr
+    assert not out.exists(), f"{name}: wrote {sorted(p.name for p in out.rglob('*'))}"
+    assert list(tmp_path.iterdir()) == [], "something was written beside the output"
+
+
+def test_the_readme_lists_every_message_of_the_table():
+    readme = README.read_text()
+    missing = [name for name, case in CASES.items() if f"`{case.message}`" not in readme]
+    assert not missing, f"not in README.md: {missing}"
+    assert len(CASES) >= 20
