@@ -9,6 +9,7 @@ from transformers import pipeline
 
 from components.errors import InvalidParameter
 from components.shards import ShardArguments, gather_parts, write_shards
+from components.storage import relocate
 from pipelines.pipeline import TPU_TYPES, build_pipeline, compile_pipeline, replicas
 from pipelines.run_local import RunLocalArguments, run_local
 
@@ -92,6 +93,17 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
     assert parameters["vocab_size"]["defaultValue"] == 25_000
     assert parameters["learning_rate"]["defaultValue"] == 1e-4
     assert parameters["model_config"]["defaultValue"] == "roberta-base"
+    assert parameters["output_root"]["defaultValue"] == ""  # data under the pipeline root unless asked
+
+
+def test_output_root_moves_a_step_output_keeping_run_task_and_name():
+    local = "/home/me/runs/tpu-mlm-pretraining-2026-11-30/for-loop-1-iteration-0/shards-step-2/shards"
+    assert relocate(local, "") == local
+    assert relocate(local, "gs://bucket/runs/run-1") == (
+        "gs://bucket/runs/run-1/for-loop-1-iteration-0/shards-step-2/shards"
+    )
+    vertex = "gs://root/123/tpu-mlm-pretraining-20261130/train-step_456/model"
+    assert relocate(vertex, "gs://other/data") == "gs://other/data/tpu-mlm-pretraining-20261130/train-step_456/model"
 
 
 def test_compile_rejects_unknown_targets_and_tpus(tmp_path):
