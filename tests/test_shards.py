@@ -158,6 +158,8 @@ def test_rerun_is_idempotent_and_other_settings_need_overwrite(tmp_path, embedde
 
 # Where the crash suite kills the shards job: (function, only calls with an argument containing, n-th such
 # call, kill after the call returns rather than before).
+# Where the crash suite kills a job: (function, only calls with an argument containing, n-th such call,
+# kill after the call returns rather than before).
 KILL_POINTS = {
     "tokenizing, nothing written yet": ("components.shards:SamplePacker.add", "", 1, False),
     "records in an open temporary shard": ("components.shards:serialize_examples", "", 3, False),
@@ -167,6 +169,11 @@ KILL_POINTS = {
     "part manifest published, no manifest": ("components.storage:publish", "parts/", 1, True),
     "manifest written, not renamed": ("components.storage:publish", "manifest.json", 1, False),
     "manifest published": ("components.storage:publish", "manifest.json", 1, True),
+}
+MERGE_KILL_POINTS = {
+    "a shard copied, not yet renamed": ("components.storage:publish", ".tfrecord", 2, False),
+    "the first part's manifest copied": ("components.storage:publish", "parts/", 1, True),
+    "manifest written, not renamed": ("components.storage:publish", "manifest.json", 1, False),
 }
 
 
@@ -184,41 +191,56 @@ def folder_contents(root: str) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def crash_reference(tmp_path_factory, wikitext, wikitext_tokenizer) -> tuple[list[str], dict[str, bytes]]:
-    """The shards job's arguments and what an uninterrupted run of it writes."""
-    args = ["--tokenizer", wikitext_tokenizer, "--corpus", str(wikitext / "valid.txt"), "--records_per_shard", "300"]
-    args += ["--batch_size", "200"]
+    """The shards job (module and arguments but --output) and what an uninterrupted run of it writes."""
+    job = ["components.shards", "--tokenizer", wikitext_tokenizer, "--corpus", str(wikitext / "valid.txt")]
+    job += ["--records_per_shard", "300", "--batch_size", "200"]
     output = str(tmp_path_factory.mktemp("crash-reference"))
-    result = run_module("components.shards", *args, "--output", output)
+    result = run_module(*job, "--output", output)
     assert result.returncode == 0, result.stderr
-    return args, folder_contents(output)
+    return job, folder_contents(output)
 
 
-def run_killed(point: str, args: list[str], output: str) -> None:
-    function, matching, nth, after = KILL_POINTS[point]
+@pytest.fixture(scope="module")
+def merge_reference(tmp_path_factory, embedded_tokenizer) -> tuple[list[str], dict[str, bytes]]:
+    """The merge job over three parts written to folders of their own, as the pipeline's tasks write them,
+    and what an uninterrupted merge writes."""
+    root = tmp_path_factory.mktemp("merge-reference")
+    folders = [str(root / f"task-{part}") for part in range(3)]
+    for part, folder in enumerate(folders):
+        write_shards(
+            ShardArguments(output=folder, tokenizer=embedded_tokenizer, num_parts=3, part=part, records_per_shard=100)
+        )
+    job = ["components.merge_shards", "--parts", ",".join(folders)]
+    result = run_module(*job, "--output", str(root / "merged"))
+    assert result.returncode == 0, result.stderr
+    return job, folder_contents(str(root / "merged"))
+
+
+def run_killed(kill_point: tuple[str, str, int, bool], job: list[str], output: str) -> None:
+    function, matching, nth, after = kill_point
     kill = ["--function", function, "--matching", matching, "--nth", str(nth), *(["--after"] if after else [])]
-    job = ["components.shards", *args, "--output", output]
     process = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *kill, "--", *job],
+        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *kill, "--", *job, "--output", output],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
     )
-    assert process.returncode == -signal.SIGKILL, f"not killed at {point!r}: {process.stderr[-2000:]}"
+    assert process.returncode == -signal.SIGKILL, f"not killed at {kill_point}: {process.stderr[-2000:]}"
 
 
-def assert_killed_run_then_rerun_match(point: str, crash_reference, output: str) -> None:
-    args, reference = crash_reference
-    run_killed(point, args, output)
+def assert_killed_run_then_rerun_match(kill_point: tuple, reference_run, output: str) -> None:
+    job, reference = reference_run
+    run_killed(kill_point, job, output)
 
     visible = {name: data for name, data in folder_contents(output).items() if not name.endswith(".partial")}
     for name, data in visible.items():  # a reader sees only complete files, each as an uninterrupted run wrote it
-        assert data == reference[name], f"{name} is visible but incomplete after a kill at {point!r}"
+        assert data == reference[name], f"{name} is visible but incomplete after a kill at {kill_point}"
     if MANIFEST not in visible:
         with pytest.raises(InvalidParameter, match=r"holds no finished shard set"):
             read_manifest(output)
 
-    rerun = run_module("components.shards", *args, "--output", output)
+    rerun = run_module(*job, "--output", output)
     assert rerun.returncode == 0, rerun.stderr
     assert folder_contents(output) == reference  # same names, counts (in the names and manifest) and bytes
 
@@ -228,13 +250,21 @@ def assert_killed_run_then_rerun_match(point: str, crash_reference, output: str)
 def test_a_shards_job_killed_anywhere_shows_no_partial_file_and_its_rerun_equals_an_uninterrupted_run(
     tmp_path, crash_reference, point
 ):
-    assert_killed_run_then_rerun_match(point, crash_reference, str(tmp_path / "shards"))
+    assert_killed_run_then_rerun_match(KILL_POINTS[point], crash_reference, str(tmp_path / "shards"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", list(MERGE_KILL_POINTS))
+def test_a_merge_killed_anywhere_shows_no_partial_file_and_its_rerun_equals_an_uninterrupted_merge(
+    tmp_path, merge_reference, point
+):
+    assert_killed_run_then_rerun_match(MERGE_KILL_POINTS[point], merge_reference, str(tmp_path / "merged"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["a shard closed, not yet renamed", "manifest written, not renamed"])
 def test_the_same_on_gs(gcs, crash_reference, point):
-    assert_killed_run_then_rerun_match(point, crash_reference, f"{gcs}/shards")
+    assert_killed_run_then_rerun_match(KILL_POINTS[point], crash_reference, f"{gcs}/shards")
 
 
 @pytest.mark.parametrize(
