@@ -37,6 +37,7 @@ class PreflightArguments:
     replicas: int = field(default=1, metadata={"help": "Replicas of the training accelerator (a v3-8 has 8)."})
     hub_repo_id: str = field(default="", metadata={"help": "Repository the pipeline will push to, if any."})
     hf_token_secret: str = field(default="", metadata={"help": "Secret Manager secret holding the Hub token."})
+    checkpoint_dir: str = field(default="", metadata={"help": "The training's checkpoint folder, if a fixed one."})
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -80,6 +81,7 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         per_replica_batch_size=arguments.per_replica_batch_size,
         num_epochs=arguments.num_epochs,
         max_steps=arguments.max_steps,
+        checkpoint_dir=arguments.checkpoint_dir,
     )
     plan = plan_training(train_arguments, arguments.replicas)
     report: dict[str, Any] = {

@@ -49,6 +49,9 @@ from components.tokenizer import load_tokenizer
 log = logging.getLogger("tpu_mlm.train")
 
 SUMMARY_FILE = "training_summary.json"
+# Written beside the checkpoints: what they are checkpoints of, so that resuming with another model is refused.
+CHECKPOINT_IDENTITY_FILE = "checkpoint_identity.json"
+NOT_ARCHITECTURE = ("transformers_version", "_name_or_path", "architectures")  # config keys that are bookkeeping
 ACCELERATORS = ("auto", "tpu", "gpu", "cpu")
 XLA_CHOICES = ("auto", "on", "off")
 
@@ -148,6 +151,7 @@ class TrainingPlan:
     tokenizer: Any
     total_steps: int
     global_batch_size: int
+    checkpoint_identity: dict[str, Any]
 
 
 def plan_training(arguments: TrainArguments, num_replicas: int) -> TrainingPlan:
@@ -191,7 +195,36 @@ def plan_training(arguments: TrainArguments, num_replicas: int) -> TrainingPlan:
         )
     steps_per_epoch = manifest["num_records"] // global_batch
     total_steps = arguments.max_steps or arguments.num_epochs * steps_per_epoch
-    return TrainingPlan(manifest, eval_manifest, config, tokenizer, total_steps, global_batch)
+    identity = checkpoint_identity(config, tokenizer_fingerprint)
+    check_checkpoints_match(arguments.checkpoint_dir, identity)
+    return TrainingPlan(manifest, eval_manifest, config, tokenizer, total_steps, global_batch, identity)
+
+
+def checkpoint_identity(config: Any, tokenizer_fingerprint: str) -> dict[str, Any]:
+    """What checkpoints must share to be resumed: the model's architecture and the tokenizer."""
+    architecture = {k: v for k, v in config.to_dict().items() if k not in NOT_ARCHITECTURE}
+    return json.loads(json.dumps({"model_config": architecture, "tokenizer_fingerprint": tokenizer_fingerprint}))
+
+
+def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> None:
+    """Refuses a checkpoint folder that holds checkpoints of another model or tokenizer (a stable
+    ``--checkpoint_dir`` reused by mistake) before any accelerator time is spent."""
+    uri = storage.join(checkpoint_dir, CHECKPOINT_IDENTITY_FILE)
+    if not storage.exists(uri):
+        return
+    existing = json.loads(storage.read_text(uri))
+    differing = sorted(
+        key for key in identity["model_config"] if existing["model_config"].get(key) != identity["model_config"][key]
+    )
+    if existing["tokenizer_fingerprint"] != identity["tokenizer_fingerprint"]:
+        differing.append("tokenizer")
+    if differing:
+        raise InvalidParameter(
+            "checkpoint_dir",
+            checkpoint_dir,
+            f"holds checkpoints of another model ({', '.join(differing)} differ); resume with the same model "
+            "config and tokenizer, or use an empty folder",
+        )
 
 
 def train(arguments: TrainArguments) -> dict[str, Any]:
@@ -227,6 +260,9 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
         )
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(checkpoint, arguments.checkpoint_dir, max_to_keep=3)
+    identity_uri = storage.join(arguments.checkpoint_dir, CHECKPOINT_IDENTITY_FILE)
+    if not storage.exists(identity_uri):
+        storage.write_text_atomic(identity_uri, json.dumps(plan.checkpoint_identity, indent=2) + "\n")
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint)
     start_step = int(optimizer.iterations.numpy())

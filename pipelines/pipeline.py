@@ -122,6 +122,7 @@ def build_pipeline(
         hub_private: bool = False,
         hf_token_secret: str = "",
         output_root: str = "",
+        checkpoint_dir: str = "",
     ):
         tokenizer = resources(
             steps.tokenizer(
@@ -162,6 +163,7 @@ def build_pipeline(
                 replicas=replicas(tpu_type) if target == "vertex" else 1,
                 hub_repo_id=hub_repo_id,
                 hf_token_secret=hf_token_secret,
+                checkpoint_dir=checkpoint_dir,
                 output_root=output_root,
                 tokenizer=tokenizer.outputs["tokenizer"],
                 train_shards=train_shards.outputs["shards"],
@@ -186,6 +188,7 @@ def build_pipeline(
             checkpoint_every_steps=checkpoint_every_steps,
             log_every_steps=log_every_steps,
             accelerator=accelerator,
+            checkpoint_dir=checkpoint_dir,
             output_root=output_root,
             tokenizer=tokenizer.outputs["tokenizer"],
             train_shards=train_shards.outputs["shards"],

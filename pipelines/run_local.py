@@ -41,6 +41,9 @@ DATA_ARTIFACTS = ("tokenizer", "validation shards", "train shards", "model", "ev
 @dataclass
 class RunLocalArguments:
     pipeline_root: str = field(default="runs", metadata={"help": "Local folder for the runs (kfp.local's own)."})
+    checkpoint_dir: str = field(
+        default="", metadata={"help": "A fixed checkpoint folder: running again resumes the training from it."}
+    )
     output_root: str = field(
         default="", metadata={"help": "Store the steps' data here (a gs:// URI or a folder) instead of the root."}
     )
@@ -101,6 +104,7 @@ def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
         hub_private=arguments.hub_private,
         accelerator="cpu" if arguments.docker else "auto",
         output_root=output_root,
+        checkpoint_dir=arguments.checkpoint_dir,
     )
     (run_dir,) = set(root.glob(f"{PIPELINE_NAME}-*")) - before
     artifacts = {name: str(run_dir / relative) for name, relative in ARTIFACTS.items()}

@@ -108,6 +108,7 @@ def preflight_step(
     replicas: int,
     hub_repo_id: str,
     hf_token_secret: str,
+    checkpoint_dir: str,
     output_root: str,
     tokenizer: Input[Artifact],
     train_shards: Input[Dataset],
@@ -132,6 +133,7 @@ def preflight_step(
             replicas=replicas,
             hub_repo_id=hub_repo_id,
             hf_token_secret=hf_token_secret,
+            checkpoint_dir=checkpoint_dir,
         )
     )
 
@@ -152,6 +154,7 @@ def train_step(
     checkpoint_every_steps: int,
     log_every_steps: int,
     accelerator: str,
+    checkpoint_dir: str,
     output_root: str,
     tokenizer: Input[Artifact],
     train_shards: Input[Dataset],
@@ -184,7 +187,7 @@ def train_step(
             checkpoint_every_steps=checkpoint_every_steps,
             log_every_steps=log_every_steps,
             accelerator=accelerator,
-            checkpoint_dir=model.uri + "/checkpoints",
+            checkpoint_dir=checkpoint_dir or model.uri + "/checkpoints",
             tensorboard_dir=model.uri + "/logs",
         )
     )

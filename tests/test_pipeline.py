@@ -94,6 +94,7 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
     assert parameters["learning_rate"]["defaultValue"] == 1e-4
     assert parameters["model_config"]["defaultValue"] == "roberta-base"
     assert parameters["output_root"]["defaultValue"] == ""  # data under the pipeline root unless asked
+    assert parameters["checkpoint_dir"]["defaultValue"] == ""
 
 
 def test_output_root_moves_a_step_output_keeping_run_task_and_name():

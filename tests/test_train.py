@@ -433,3 +433,61 @@ def test_a_corrupted_shard_of_the_right_size_is_named_by_training_and_evaluation
     with pytest.raises(InvalidParameter, match=rf"--shards='{copy}': shard {last.name} is corrupted"):
         evaluate(EvaluateArguments(model=model, shards=str(copy), output=str(tmp_path / "evaluation")))
     assert not (tmp_path / "evaluation").exists()
+
+
+def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuses_another_model(
+    tmp_path, wikitext_shards
+):
+    from kfp.dsl import Artifact, Dataset, Model
+
+    from components.preflight import PreflightArguments, preflight
+    from pipelines.steps import train_step
+
+    checkpoints = str(tmp_path / "checkpoints")  # outside the runs' model artifacts, as a pipeline parameter
+    step_arguments = dict(
+        model_config="tiny",
+        per_replica_batch_size=16,
+        num_epochs=1,
+        max_steps=6,
+        learning_rate=1e-3,
+        warmup_fraction=0.0,
+        weight_decay=0.0,
+        mlm_probability=0.15,
+        bf16=False,
+        steps_per_execution=3,
+        shuffle_buffer=100,
+        seed=0,
+        checkpoint_every_steps=3,
+        log_every_steps=3,
+        accelerator="cpu",
+        checkpoint_dir=checkpoints,
+        output_root="",
+        tokenizer=Artifact(uri=wikitext_shards["tokenizer"]),
+        train_shards=Dataset(uri=wikitext_shards["train"]),
+        eval_shards=Dataset(uri=wikitext_shards["validation"]),
+    )
+    for run in ("first", "second"):  # two pipeline runs: each has a model artifact of its own
+        train_step(**step_arguments, model=Model(uri=str(tmp_path / run / "model")))
+    first, second = (json.loads((tmp_path / run / "model" / SUMMARY_FILE).read_text()) for run in ("first", "second"))
+    assert first["resumed_from_step"] == 0 and first["steps_this_run"] == 6
+    assert second["resumed_from_step"] == 6 and second["steps_this_run"] == 0  # nothing trained twice
+    assert json.loads((tmp_path / "checkpoints" / "checkpoint_identity.json").read_text())["model_config"]
+
+    other = tmp_path / "other-config.json"
+    config = json.loads((tmp_path / "first" / "model" / "config.json").read_text())
+    other.write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] + 1}))
+    message = rf"--checkpoint-dir='{checkpoints}': holds checkpoints of another model \(num_hidden_layers differ\)"
+    with pytest.raises(InvalidParameter, match=message):  # preflight says it before the TPU step starts
+        preflight(
+            PreflightArguments(
+                tokenizer=wikitext_shards["tokenizer"],
+                train_shards=wikitext_shards["train"],
+                output=str(tmp_path / "preflight"),
+                model_config=str(other),
+                per_replica_batch_size=16,
+                checkpoint_dir=checkpoints,
+            )
+        )
+    with pytest.raises(InvalidParameter, match=message):
+        train_step(**{**step_arguments, "model_config": str(other)}, model=Model(uri=str(tmp_path / "third")))
+    assert not (tmp_path / "third").exists() and not (tmp_path / "preflight").exists()
