@@ -10,6 +10,7 @@ everything under ``--pipeline_root``.
 """
 
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -34,6 +35,8 @@ ARTIFACTS = {
     "evaluation report": "evaluate-step/report",
     "run report": "report-step/report",
 }
+# What a push from inside a step's container needs from this environment.
+HUB_ENVIRONMENT = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
 # The ones that move to --output_root when it is set (the reports are KFP's, they stay with the run).
 DATA_ARTIFACTS = ("tokenizer", "validation shards", "train shards", "model", "evaluation")
 
@@ -80,8 +83,13 @@ def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
 
     root = Path(arguments.pipeline_root).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    # host networking: steps may read a Hub dataset or gs://, and engines without a bridge network work too
-    runner = local.DockerRunner(network_mode="host") if arguments.docker else local.SubprocessRunner(use_venv=False)
+    if arguments.docker:
+        # host networking: steps may read a Hub dataset or gs://, and engines without a bridge network work too.
+        # The Hub settings go into the containers' environment (never into a command line or a parameter).
+        environment = {name: os.environ[name] for name in HUB_ENVIRONMENT if name in os.environ}
+        runner = local.DockerRunner(network_mode="host", environment=environment)
+    else:
+        runner = local.SubprocessRunner(use_venv=False)  # the steps inherit this process's environment
     local.init(runner=runner, pipeline_root=str(root))
     pipeline = build_pipeline("local", cpu_image=arguments.image)
     before = set(root.glob(f"{PIPELINE_NAME}-*"))

@@ -5,7 +5,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_ROOT
+from conftest import HUB_TOKEN, PROJECT_ROOT
 
 from pipelines.run_local import RunLocalArguments, run_local
 
@@ -52,7 +52,7 @@ def test_both_images_install_the_project_from_its_resolved_pins():
 
 
 @pytest.mark.slow
-def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner(tmp_path):
+def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner_and_pushes(tmp_path, monkeypatch, capsys, hub):
     if not docker_engine():
         pytest.skip(
             "no Docker engine: start one with ../shared/tools/docker-sandbox and export DOCKER_HOST (.ci/run does)"
@@ -71,11 +71,18 @@ def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner(tmp_path
     )
     assert help_text.returncode == 0 and "--max_length" in help_text.stdout
 
+    for name in ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN"):  # passed into the containers' environment
+        monkeypatch.setenv(name, hub.env[name])
     summary = run_local(
-        RunLocalArguments(pipeline_root=str(tmp_path / "runs"), docker=True, image=TEST_IMAGE, max_steps=20)
+        RunLocalArguments(
+            pipeline_root=str(tmp_path / "runs"), docker=True, image=TEST_IMAGE, max_steps=20, hub_repo_id="user/boxed"
+        )
     )
     artifacts = summary["artifacts"]
     manifest = Path(artifacts["train shards"], "manifest.json")
     assert manifest.exists() and Path(artifacts["model"], "tf_model.h5").exists()
     assert summary["metrics"]["masked_tokens"] > 0
     assert "data:image/png;base64," in Path(artifacts["run report"]).read_text()
+    assert hub.file("user/boxed", "tf_model.h5") == Path(artifacts["model"], "tf_model.h5").read_bytes()
+    printed = capsys.readouterr()
+    assert HUB_TOKEN not in printed.out + printed.err  # the steps' logs, streamed from the containers
