@@ -384,9 +384,8 @@ def gather_parts(part_folders: list[str], output: str) -> dict[str, Any]:
     """Copies the shards and part manifests of parts written to separate folders (one per pipeline task)
     into ``output`` and merges them there. On ``gs://`` the copies are server-side."""
     storage.check_uri("output", output)
-    for folder in (output, storage.join(output, PARTS_FOLDER)):  # what a killed earlier merge left; only
-        for temp in storage.glob(storage.join(folder, "*" + storage.TEMP_SUFFIX)):  # the merge writes here
-            storage.remove(temp)
+    for folder in (output, storage.join(output, PARTS_FOLDER)):  # what a killed earlier merge left (only
+        storage.remove_temporaries(folder)  # the merge writes into this folder)
     for folder in part_folders:
         for uri in storage.glob(storage.join(folder, PARTS_FOLDER, "*-of-*.json")):
             part = json.loads(storage.read_text(uri))

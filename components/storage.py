@@ -148,8 +148,10 @@ def temp_name(uri: str) -> str:
 
 
 def remove_temporaries(uri: str) -> None:
-    """Deletes the temporary files an interrupted writer of ``uri`` left (``uri`` itself stays)."""
-    for temp in glob(f"{uri}.*{TEMP_SUFFIX}"):
+    """Deletes the temporary files interrupted writers left: those of the file ``uri`` (which itself stays), or
+    of every file in ``uri`` when it is a folder."""
+    pattern = join(uri, "*") if isdir(uri) else f"{uri}.*"
+    for temp in glob(pattern + TEMP_SUFFIX):
         remove(temp)
 
 

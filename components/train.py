@@ -260,9 +260,8 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
         )
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(checkpoint, arguments.checkpoint_dir, max_to_keep=3)
-    identity_uri = storage.join(arguments.checkpoint_dir, CHECKPOINT_IDENTITY_FILE)
-    if not storage.exists(identity_uri):
-        storage.write_text_atomic(identity_uri, json.dumps(plan.checkpoint_identity, indent=2) + "\n")
+    identity_uri = storage.join(arguments.checkpoint_dir, CHECKPOINT_IDENTITY_FILE)  # plan_training checked it
+    storage.write_text_atomic(identity_uri, json.dumps(plan.checkpoint_identity, indent=2) + "\n")
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint)
     start_step = int(optimizer.iterations.numpy())

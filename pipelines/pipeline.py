@@ -154,29 +154,28 @@ def build_pipeline(
             train_part.set_display_name("train shards part")
         train_shards = steps.merge_shards(output_root=output_root, parts=dsl.Collected(train_part.outputs["shards"]))
         train_shards.set_display_name("merge train shards")
+        training = {  # what preflight checks is what training gets
+            "model_config": model_config,
+            "per_replica_batch_size": per_replica_batch_size,
+            "num_epochs": num_epochs,
+            "max_steps": max_steps,
+            "checkpoint_dir": checkpoint_dir,
+            "output_root": output_root,
+            "tokenizer": tokenizer.outputs["tokenizer"],
+            "train_shards": train_shards.outputs["shards"],
+            "eval_shards": validation.outputs["shards"],
+        }
         checked = resources(
             steps.preflight(
-                model_config=model_config,
-                per_replica_batch_size=per_replica_batch_size,
-                num_epochs=num_epochs,
-                max_steps=max_steps,
                 replicas=replicas(tpu_type) if target == "vertex" else 1,
                 hub_repo_id=hub_repo_id,
                 hf_token_secret=hf_token_secret,
-                checkpoint_dir=checkpoint_dir,
-                output_root=output_root,
-                tokenizer=tokenizer.outputs["tokenizer"],
-                train_shards=train_shards.outputs["shards"],
-                eval_shards=validation.outputs["shards"],
+                **training,
             ),
             "preflight",
         ).set_display_name("preflight")
         checked.set_caching_options(False)  # the token and the storage are checked anew on every run
         trained = train_component(
-            model_config=model_config,
-            per_replica_batch_size=per_replica_batch_size,
-            num_epochs=num_epochs,
-            max_steps=max_steps,
             learning_rate=learning_rate,
             warmup_fraction=warmup_fraction,
             weight_decay=weight_decay,
@@ -188,11 +187,7 @@ def build_pipeline(
             checkpoint_every_steps=checkpoint_every_steps,
             log_every_steps=log_every_steps,
             accelerator=accelerator,
-            checkpoint_dir=checkpoint_dir,
-            output_root=output_root,
-            tokenizer=tokenizer.outputs["tokenizer"],
-            train_shards=train_shards.outputs["shards"],
-            eval_shards=validation.outputs["shards"],
+            **training,
         ).set_display_name("train")
         trained.after(checked)
         trained.set_caching_options(False)
