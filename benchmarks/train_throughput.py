@@ -6,6 +6,8 @@
 * Training, samples/s: the train component's step (``steps_per_execution`` steps per call into the
   graph) against the same model, optimizer and data through ``model.compile(optimizer)`` + ``model.fit``
   with defaults.
+* Evaluation, samples/s: ``components.masked_lm.MaskedLMScorer`` (the LM head at the masked positions only,
+  one traced function) against the full-vocabulary logits it replaced, and against training's samples/s.
 * The arithmetic of what a TPU v3-8 would consume for ``roberta-base`` at sequence length 128 and global
   batch 2048 (6 x parameters x tokens FLOPs plus attention, at 40% of the slice's bf16 peak), and the input
   pipeline's headroom over it.
@@ -26,11 +28,13 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 import components  # noqa: F401  (environment for TensorFlow)
+from components.accelerators import TPU_TYPES
 from components.data import Masking, mask_tokens, masked_dataset, shard_files
-from components.modeling import PEAK_TFLOPS_PER_REPLICA, model_config, training_flops_per_token
+from components.masked_lm import MaskedLMScorer, max_predictions
+from components.modeling import count_parameters, model_config, training_flops_per_token
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
-from components.train import _train_function, max_predictions
+from components.train import _train_function
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 
@@ -44,6 +48,7 @@ class BenchmarkArguments:
     input_batches: int = field(default=150, metadata={"help": "Batches timed per input pipeline."})
     train_steps: int = field(default=300, metadata={"help": "Steps timed per training variant."})
     steps_per_execution: int = field(default=50, metadata={"help": "Of the train component's step."})
+    eval_batch_size: int = field(default=64, metadata={"help": "Batch of the evaluation comparison (evaluate's)."})
     output: str = field(default="benchmarks/results/train_throughput.json", metadata={"help": "JSON results."})
 
 
@@ -57,6 +62,38 @@ def plain_dataset(files: list[str], manifest: dict, batch_size: int, masking: Ma
     return dataset.enumerate().map(
         lambda i, batch: mask_tokens(batch, tf.stack([tf.constant(0, tf.int64), i]), masking)
     )
+
+
+def full_logits_pass(model):
+    """The evaluation before the masked-positions head: the model's full-vocabulary logits at every position.
+    Returns a function scoring a dataset that returns the samples it scored."""
+    import tensorflow as tf
+
+    @tf.function(reduce_retracing=True)
+    def sums(batch):
+        outputs = model(batch["input_ids"], attention_mask=batch["attention_mask"], training=False)
+        masked = batch["labels"] >= 0
+        labels = tf.where(masked, batch["labels"], 0)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=tf.cast(outputs.logits, tf.float32)
+        )
+        return tf.reduce_sum(losses * tf.cast(masked, tf.float32)), tf.reduce_sum(tf.cast(masked, tf.float32))
+
+    def score(dataset) -> int:
+        samples = 0
+        for batch in dataset:
+            [float(value) for value in sums(batch)]
+            samples += int(batch["input_ids"].shape[0])
+        return samples
+
+    return score
+
+
+def evaluation_samples_per_second(score, dataset) -> float:
+    score(dataset)  # warm-up: tracing, for the full and the short last batch
+    started = time.perf_counter()
+    samples = score(dataset)
+    return samples / (time.perf_counter() - started)
 
 
 def samples_per_second(dataset, batches: int, batch_size: int) -> float:
@@ -129,14 +166,22 @@ def main() -> None:
     result["train_component_samples_per_s"] = timed * arguments.batch_size / (time.perf_counter() - started)
     result["train_ratio"] = result["train_component_samples_per_s"] / result["train_default_fit_samples_per_s"]
 
+    evaluation = masked_dataset(shards, manifest, arguments.eval_batch_size, masking, training=False)
+    strategy = tf.distribute.get_strategy()
+    scorer = MaskedLMScorer(model, strategy, max_predictions(manifest["max_length"], 0.15))
+    result["eval_full_logits_samples_per_s"] = evaluation_samples_per_second(full_logits_pass(model), evaluation)
+    result["eval_masked_head_samples_per_s"] = evaluation_samples_per_second(
+        lambda dataset: scorer(dataset)["samples"], evaluation
+    )
+    result["eval_ratio"] = result["eval_masked_head_samples_per_s"] / result["eval_full_logits_samples_per_s"]
+    result["eval_over_train"] = result["eval_masked_head_samples_per_s"] / result["train_component_samples_per_s"]
+
     # What a TPU v3-8 would ask of the input pipeline for roberta-base, sequence 128, global batch 2048.
     base = model_config("roberta-base", {**manifest, "vocab_size": 25_000})
-    with tf.device("/cpu:0"):
-        base_model = TFAutoModelForMaskedLM.from_config(base)
-        base_model(base_model.dummy_inputs)
-    parameters = int(base_model.count_params())
+    parameters = count_parameters(base)
     flops_per_sample = training_flops_per_token(base, parameters, 128) * 128
-    slice_peak = 8 * PEAK_TFLOPS_PER_REPLICA["TPU_V3"] * 1e12
+    v3_8 = TPU_TYPES["v3-8"]
+    slice_peak = v3_8.replicas * v3_8.peak_tflops_per_replica * 1e12
     tpu_samples_per_s = 0.4 * slice_peak / flops_per_sample
     result.update(
         roberta_base_parameters=parameters,
@@ -157,6 +202,12 @@ def main() -> None:
     print(
         f"  compile+fit defaults {result['train_default_fit_samples_per_s']:>8,.0f}   train component "
         f"{result['train_component_samples_per_s']:>8,.0f}   ratio {result['train_ratio']:.2f}"
+    )
+    print(f"evaluation {arguments.config}, batch {arguments.eval_batch_size}, samples/s:")
+    print(
+        f"  full logits {result['eval_full_logits_samples_per_s']:>8,.0f}   masked-positions head "
+        f"{result['eval_masked_head_samples_per_s']:>8,.0f}   ratio {result['eval_ratio']:.2f}   "
+        f"over training {result['eval_over_train']:.2f}"
     )
     print(
         f"TPU v3-8, roberta-base ({parameters:,} parameters), seq 128, 40% of {slice_peak / 1e12:.0f} TFLOP/s: "

@@ -37,6 +37,7 @@ log = logging.getLogger("tpu_mlm")
 
 def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # tf.distribute logs each all-reduce it sets up
 
 
 def parse_arguments(arguments_class: type[Arguments], argv: Sequence[str] | None, description: str) -> Arguments:

@@ -9,9 +9,9 @@ most of which the model only has to copy). Writes ``metrics.json`` and a Markdow
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import math
 import sys
 import tempfile
 import time
@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from components import storage
+from components.accelerators import ACCELERATORS, check_accelerator, select_strategy
 from components.cli import run_job
 from components.data import Masking, masked_dataset, naming_corrupt_shards
 from components.errors import InvalidParameter
+from components.masked_lm import MaskedLMScorer, check_probability, max_predictions
 from components.shards import read_manifest, verify_files
 from components.tokenizer import TOKENIZER_FILE, fingerprint
 
@@ -52,6 +54,10 @@ class EvaluateArguments:
         metadata={"help": "Sentences for fill-mask examples, separated by ' | ', each with <mask>."},
     )
     top_k: int = field(default=5, metadata={"help": "Predictions shown per fill-mask sentence."})
+    accelerator: str = field(
+        default="auto", metadata={"help": "auto, tpu, gpu or cpu, as for training.", "choices": ACCELERATORS}
+    )
+    replicas: int = field(default=0, metadata={"help": "Replicas, as for training (0: all devices; CPU: 1)."})
 
     def __post_init__(self) -> None:
         for parameter in ("model", "shards", "output"):
@@ -63,62 +69,11 @@ class EvaluateArguments:
         check_probability(self.mlm_probability)
         if self.top_k < 1:
             raise InvalidParameter("top_k", self.top_k, "must be a positive whole number")
+        check_accelerator(self.accelerator, self.replicas)
 
     @property
     def sentences(self) -> list[str]:
         return [sentence.strip() for sentence in self.fill_mask.split("|") if sentence.strip()]
-
-
-def check_probability(value: float) -> None:
-    if not 0.0 < value < 1.0:
-        raise InvalidParameter("mlm_probability", value, "must be between 0 and 1 (0.15 is usual)")
-
-
-def masked_lm_metrics(model: Any, dataset: Any, strategy: Any = None, max_batches: int | None = None) -> dict:
-    """Mean cross-entropy over masked tokens, perplexity, masked-token accuracy and counts, over
-    ``dataset`` (batches from :func:`components.data.masked_dataset`)."""
-    import tensorflow as tf
-
-    strategy = strategy or tf.distribute.get_strategy()
-
-    def replica_sums(batch: dict[str, Any]) -> tuple[Any, Any, Any]:
-        logits = model(
-            {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, training=False
-        ).logits
-        logits = tf.cast(logits, tf.float32)
-        labels = batch["labels"]
-        masked = labels >= 0
-        safe_labels = tf.where(masked, labels, 0)
-        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=safe_labels, logits=logits)
-        weights = tf.cast(masked, tf.float32)
-        correct = tf.cast(tf.argmax(logits, axis=-1) == safe_labels, tf.float32) * weights
-        return tf.reduce_sum(losses * weights), tf.reduce_sum(weights), tf.reduce_sum(correct)
-
-    @tf.function
-    def step(batch: dict[str, Any]) -> list[Any]:
-        sums = strategy.run(replica_sums, args=(batch,))
-        return [strategy.reduce("SUM", value, axis=None) for value in sums]
-
-    loss_sum = tokens = correct = 0.0
-    batches = samples = 0
-    for batch in dataset:
-        batch_loss, batch_tokens, batch_correct = (float(value) for value in step(batch))
-        loss_sum, tokens, correct = loss_sum + batch_loss, tokens + batch_tokens, correct + batch_correct
-        batches += 1
-        samples += int(batch["input_ids"].shape[0])
-        if max_batches is not None and batches >= max_batches:
-            break
-    if tokens == 0:
-        raise InvalidParameter("shards", "(evaluation set)", "no token was masked; the evaluation set is empty")
-    loss = loss_sum / tokens
-    return {
-        "loss": loss,
-        "perplexity": math.exp(min(loss, 700.0)),
-        "masked_accuracy": correct / tokens,
-        "masked_tokens": int(tokens),
-        "samples": samples,
-        "batches": batches,
-    }
 
 
 def fill_mask_examples(model: Any, tokenizer: Any, sentences: list[str], top_k: int) -> list[dict[str, Any]]:
@@ -143,8 +98,9 @@ def fill_mask_examples(model: Any, tokenizer: Any, sentences: list[str], top_k: 
     return examples
 
 
-def load_model(uri: str, local_dir: Path, parameter: str = "model") -> tuple[Any, Any, str]:
-    """Model, tokenizer and tokenizer fingerprint of a saved model folder (local or gs://)."""
+def load_model(uri: str, local_dir: Path, parameter: str = "model", strategy: Any = None) -> tuple[Any, Any, str]:
+    """Model (in ``strategy``'s scope when given), tokenizer and tokenizer fingerprint of a saved model folder
+    (local or gs://)."""
     from transformers import AutoTokenizer, TFAutoModelForMaskedLM
 
     if not storage.exists(storage.join(uri, "config.json")):
@@ -152,7 +108,8 @@ def load_model(uri: str, local_dir: Path, parameter: str = "model") -> tuple[Any
     storage.download_folder(uri, local_dir)
     if not (local_dir / TOKENIZER_FILE).exists():
         raise InvalidParameter(parameter, uri, f"holds no tokenizer ({TOKENIZER_FILE}) beside the model")
-    model = TFAutoModelForMaskedLM.from_pretrained(local_dir)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = TFAutoModelForMaskedLM.from_pretrained(local_dir)
     tokenizer = AutoTokenizer.from_pretrained(local_dir)
     return model, tokenizer, fingerprint((local_dir / TOKENIZER_FILE).read_bytes())
 
@@ -166,8 +123,9 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
         if sentence.count("<mask>") != 1:
             raise InvalidParameter("fill_mask", sentence, "each sentence needs exactly one <mask>")
     started = time.perf_counter()
+    strategy, _ = select_strategy(arguments.accelerator, replicas=arguments.replicas)
     with tempfile.TemporaryDirectory() as local:
-        model, tokenizer, model_fingerprint = load_model(arguments.model, Path(local))
+        model, tokenizer, model_fingerprint = load_model(arguments.model, Path(local), strategy=strategy)
         if model_fingerprint != manifest["tokenizer_fingerprint"]:
             raise InvalidParameter(
                 "shards",
@@ -179,8 +137,9 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
         dataset = masked_dataset(
             arguments.shards, manifest, arguments.batch_size, masking, training=False, seed=arguments.seed
         )
+        score = MaskedLMScorer(model, strategy, max_predictions(manifest["max_length"], arguments.mlm_probability))
         with naming_corrupt_shards(("shards", arguments.shards, manifest)):
-            metrics = masked_lm_metrics(model, dataset, max_batches=arguments.max_batches)
+            metrics = score(strategy.experimental_distribute_dataset(dataset), arguments.max_batches)
         examples = fill_mask_examples(model, tokenizer, sentences, arguments.top_k) if sentences else []
     metrics.update(
         seconds=round(time.perf_counter() - started, 3),

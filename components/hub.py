@@ -122,3 +122,44 @@ def push_folder(
     )
     log.info("pushed %s to %s (commit %s)", folder, repo_id, commit.oid)
     return commit
+
+
+class BackgroundPush:
+    """Pushes folders to a Hub repository from a background thread while training goes on: at most one push
+    in flight (the next one waits for it, so commits keep their order), each folder deleted once pushed. A
+    push that fails, retries included, is logged and listed by :meth:`close`, and training goes on."""
+
+    def __init__(self, repo_id: str, token: str, retries: int = DEFAULT_RETRIES):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._repo_id, self._token, self._retries = repo_id, token, retries
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hub-push")
+        self._pending: Any = None
+        self._failures: list[str] = []
+
+    def submit(self, folder: Path, message: str) -> None:
+        self._wait()
+        self._pending = self._executor.submit(self._push, folder, message)
+
+    def _push(self, folder: Path, message: str) -> None:
+        import shutil
+
+        try:
+            push_folder(folder, self._repo_id, self._token, message, retries=self._retries)
+        except Exception as error:  # reported, never raised: a lost checkpoint push must not stop training
+            reason = f"{message}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+            log.warning("background push to %s failed (%s); training goes on", self._repo_id, reason)
+            self._failures.append(reason)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+    def close(self) -> list[str]:
+        """Waits for the push in flight; returns the pushes that failed."""
+        self._wait()
+        self._executor.shutdown()
+        return list(self._failures)

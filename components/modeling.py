@@ -1,4 +1,4 @@
-"""Model configurations, the distribution strategy, and the arithmetic of model FLOPs.
+"""Model configurations and their arithmetic: parameters and model FLOPs.
 
 Model configs: presets that need no network (``tiny`` for local runs, ``roberta-base`` and
 ``roberta-large`` with their published sizes), a ``config.json`` (local or ``gs://``), or a Hub model name.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+import math
 from typing import Any
 
 from components import storage
@@ -44,19 +44,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 16,
         "intermediate_size": 4096,
     },
-}
-
-# Peak dense bf16 (fp16 where the chip has no bf16) TFLOP/s of one replica of tf.distribute: a TPU v3 core
-# (a v3-8 has 8), a TPU v4 or v5e chip, a GPU. Published figures of Google and NVIDIA.
-PEAK_TFLOPS_PER_REPLICA = {
-    "TPU_V3": 61.5,
-    "TPU_V4": 275.0,
-    "TPU_V5E": 197.0,
-    "NVIDIA_A100": 312.0,
-    "NVIDIA_H100": 989.0,
-    "NVIDIA_L4": 121.0,
-    "NVIDIA_V100": 125.0,
-    "NVIDIA_T4": 65.0,
 }
 
 
@@ -106,59 +93,29 @@ def model_config(name_or_uri: str, manifest: dict[str, Any]) -> Any:
     return AutoConfig.for_model(model_type, **values)
 
 
-def select_strategy(accelerator: str, tpu: str = "local") -> tuple[Any, str]:
-    """The ``tf.distribute`` strategy for ``accelerator`` (auto, tpu, gpu, cpu) and the kind found.
-
-    ``auto`` tries a TPU, then GPUs, then the CPU, and says in one line what it fell back to. An explicit
-    ``tpu`` or ``gpu`` that is not there is an error, never a silent run on the CPU."""
-    import tensorflow as tf
-
-    if accelerator in ("auto", "tpu"):
-        try:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu)
-            tf.config.experimental_connect_to_cluster(resolver)
-            tf.tpu.experimental.initialize_tpu_system(resolver)
-            return tf.distribute.TPUStrategy(resolver), "tpu"
-        except (ValueError, tf.errors.NotFoundError, tf.errors.UnavailableError) as error:
-            if accelerator == "tpu":
-                raise InvalidParameter(
-                    "accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({str(error).splitlines()[0]})"
-                ) from error
-    gpus = tf.config.list_physical_devices("GPU")
-    if accelerator in ("auto", "gpu"):
-        if gpus:
-            if accelerator == "auto":
-                log.info("accelerator auto: no TPU found; training on %d GPU(s)", len(gpus))
-            return tf.distribute.MirroredStrategy(), "gpu"
-        if accelerator == "gpu":
-            raise InvalidParameter("accelerator", accelerator, "no GPU is visible to TensorFlow")
-        log.info("accelerator auto: no TPU and no GPU found; training on the CPU")
-    return tf.distribute.OneDeviceStrategy("/cpu:0"), "cpu"
-
-
-def peak_tflops_per_replica(kind: str, override: float | None = None) -> float | None:
-    """The accelerator's peak, from ``override``, else from ``TPU_ACCELERATOR_TYPE`` (set on TPU VMs) or the
-    GPU's name; None when unknown (the CPU)."""
-    if override:
-        return override
-    if kind == "tpu":
-        accelerator_type = os.environ.get("TPU_ACCELERATOR_TYPE", "").lower()
-        for prefix, key in (("v3", "TPU_V3"), ("v4", "TPU_V4"), ("v5litepod", "TPU_V5E"), ("v5e", "TPU_V5E")):
-            if accelerator_type.startswith(prefix):
-                return PEAK_TFLOPS_PER_REPLICA[key]
-    if kind == "gpu":
-        import tensorflow as tf
-
-        name = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0]).get(
-            "device_name", ""
-        )
-        for key, peak in PEAK_TFLOPS_PER_REPLICA.items():
-            if key.startswith("NVIDIA_") and key.removeprefix("NVIDIA_") in name.upper():
-                return peak
-    return None
-
-
 def training_flops_per_token(config: Any, num_parameters: int, sequence_length: int) -> float:
     """Model FLOPs of one training token: 6 per parameter (forward and backward matmuls) plus attention's
     12 x layers x hidden x sequence length (the PaLM paper's accounting, used for MFU)."""
     return 6 * num_parameters + 12 * config.num_hidden_layers * config.hidden_size * sequence_length
+
+
+# Model types laid out as BERT: embeddings (word, position, token type), post-LayerNorm encoder layers, and an LM
+# head of dense + LayerNorm + decoder tied to the word embeddings.
+BERT_LAYOUT = ("roberta", "bert", "xlm-roberta", "camembert")
+
+
+def count_parameters(config: Any) -> int:
+    """Trainable parameters of the masked-LM model for ``config``, without building it (preflight runs on a
+    small CPU machine): counted from the layout for BERT-like models, else by building it on the CPU."""
+    if config.model_type in BERT_LAYOUT:
+        h, i, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+        embeddings = (vocab + config.max_position_embeddings + config.type_vocab_size) * h + 2 * h
+        attention = 4 * (h * h + h) + 2 * h
+        feed_forward = (h * i + i) + (i * h + h) + 2 * h
+        head = (h * h + h) + 2 * h + vocab  # the decoder's weights are the word embeddings
+        return embeddings + config.num_hidden_layers * (attention + feed_forward) + head
+    from transformers import TFAutoModelForMaskedLM
+
+    model = TFAutoModelForMaskedLM.from_config(config)
+    model(model.dummy_inputs, training=False)
+    return int(sum(math.prod(variable.shape) for variable in model.trainable_variables))

@@ -1,14 +1,17 @@
 """Check, in minutes on a CPU, what would otherwise fail hours into a TPU run.
 
-Before the train step takes a TPU: tokenizer, shards and model config agree (the train component's own
-checks, with the TPU's replica count for the batch arithmetic), the pipeline's storage is writable, and,
-when a push is asked for, the Hub token is there and may write. Writes ``preflight.json`` with what it
-checked.
+Before the train step takes a TPU: every training setting passes the train step's own checks (preflight
+parses the very same arguments), tokenizer, shards and model config agree, with the TPU's replica count for
+the batch arithmetic; the model, optimizer state and activations fit the TPU's memory per replica (estimated);
+the pipeline's storage is writable; and, when a push is asked for, the Hub token is there and may write.
+Writes ``preflight.json`` with what it checked.
 
-    python -m components.preflight --tokenizer T --train_shards S --eval_shards V --replicas 8 --output OUT
+    python -m components.preflight --tokenizer T --train_shards S --eval_shards V --tpu_type v3-8 --bf16 true \\
+        --output OUT
 """
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -16,34 +19,45 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components import storage
+from components.accelerators import GIB, TPU_TYPES, tpu_type, training_memory
 from components.cli import run_job
 from components.errors import InvalidParameter
-from components.hub import check_repo_id, hub_token
+from components.hub import check_secret_name, hub_token
+from components.masked_lm import max_predictions
+from components.modeling import count_parameters
 from components.train import TrainArguments, plan_training
+
+log = logging.getLogger("tpu_mlm.preflight")
 
 WRITE_ROLES = ("write", "admin", "fineGrained")
 
 
 @dataclass
-class PreflightArguments:
-    tokenizer: str = field(metadata={"help": "Tokenizer folder."})
-    train_shards: str = field(metadata={"help": "Training shard folder."})
-    output: str = field(metadata={"help": "Folder for preflight.json; also the storage checked for writing."})
-    eval_shards: str = field(default="", metadata={"help": "Validation shard folder."})
-    model_config: str = field(default="roberta-base", metadata={"help": "As for components.train."})
-    per_replica_batch_size: int = field(default=256, metadata={"help": "As for components.train."})
-    num_epochs: int = field(default=1, metadata={"help": "As for components.train."})
-    max_steps: int = field(default=0, metadata={"help": "As for components.train."})
-    replicas: int = field(default=1, metadata={"help": "Replicas of the training accelerator (a v3-8 has 8)."})
+class PreflightArguments(TrainArguments):
+    """The train step's arguments (checked as the train step checks them), with what only preflight needs."""
+
+    output: str = field(
+        default="", metadata={"help": "Folder for preflight.json; also the storage checked for writing."}
+    )
+    tpu_type: str = field(
+        default="",
+        metadata={"help": f"The TPU the train step will get, {sorted(TPU_TYPES)}: its replicas and memory."},
+    )
     hub_repo_id: str = field(default="", metadata={"help": "Repository the pipeline will push to, if any."})
     hf_token_secret: str = field(default="", metadata={"help": "Secret Manager secret holding the Hub token."})
-    checkpoint_dir: str = field(default="", metadata={"help": "The training's checkpoint folder, if a fixed one."})
 
     def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise InvalidParameter("replicas", self.replicas, "must be a positive whole number")
-        if self.hub_repo_id:
-            check_repo_id("hub_repo_id", self.hub_repo_id)
+        super().__post_init__()
+        if self.tpu_type:
+            tpu = tpu_type(self.tpu_type)
+            if self.replicas not in (0, tpu.replicas):
+                raise InvalidParameter("replicas", self.replicas, f"a {tpu.name} has {tpu.replicas} replicas")
+        if self.hf_token_secret:
+            check_secret_name(self.hf_token_secret)
+
+    @property
+    def training_replicas(self) -> int:
+        return tpu_type(self.tpu_type).replicas if self.tpu_type else self.replicas or 1
 
 
 def check_hub_write(repo_id: str, token: str) -> str:
@@ -70,26 +84,57 @@ def check_writable(folder: str) -> None:
         raise InvalidParameter("output", folder, f"is not writable: {error}") from error
 
 
+def check_memory(arguments: PreflightArguments, config: Any, max_length: int) -> dict[str, Any]:
+    """The memory estimate of one replica; a run that cannot fit the TPU's memory is refused with a batch
+    that fits, a run near the limit gets a warning."""
+    tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
+    estimate = training_memory(
+        config,
+        count_parameters(config),
+        arguments.per_replica_batch_size,
+        max_length,
+        arguments.bf16,
+        max_predictions(max_length, arguments.mlm_probability),
+        tpu.memory_gib_per_replica if tpu else None,
+    )
+    if estimate.verdict == "does not fit":
+        advice = f"a per-replica batch of {estimate.largest_batch} fits"
+        if not arguments.bf16:
+            advice += ", and --bf16 true halves the activations"
+        raise InvalidParameter(
+            "per_replica_batch_size",
+            arguments.per_replica_batch_size,
+            f"needs about {estimate.total / GIB:.1f} GiB per replica ({estimate.parameters / GIB:.1f} GiB weights "
+            f"and optimizer state, {estimate.activations / GIB:.1f} GiB activations), more than a {tpu.name} "
+            f"replica's {tpu.memory_gib_per_replica:.0f} GiB; {advice}",
+        )
+    if estimate.verdict == "tight":
+        log.warning(
+            "memory is tight: about %s; if the TPU runs out of memory, use a per-replica batch of %d",
+            estimate.describe(),
+            estimate.largest_batch,
+        )
+    log.info("memory estimate: %s", estimate.describe())
+    return {
+        "estimate_gib": round(estimate.total / GIB, 2),
+        "verdict": estimate.verdict,
+        "largest_per_replica_batch": estimate.largest_batch,
+    }
+
+
 def preflight(arguments: PreflightArguments) -> dict[str, Any]:
     started = time.perf_counter()
-    train_arguments = TrainArguments(
-        tokenizer=arguments.tokenizer,
-        train_shards=arguments.train_shards,
-        eval_shards=arguments.eval_shards,
-        output=arguments.output,
-        model_config=arguments.model_config,
-        per_replica_batch_size=arguments.per_replica_batch_size,
-        num_epochs=arguments.num_epochs,
-        max_steps=arguments.max_steps,
-        checkpoint_dir=arguments.checkpoint_dir,
-    )
-    plan = plan_training(train_arguments, arguments.replicas)
+    replicas = arguments.training_replicas
+    plan = plan_training(arguments, replicas)
     report: dict[str, Any] = {
+        "tpu_type": arguments.tpu_type,
+        "replicas": replicas,
         "total_steps": plan.total_steps,
         "global_batch_size": plan.global_batch_size,
         "train_samples": plan.manifest["num_records"],
         "vocab_size": plan.config.vocab_size,
         "max_length": plan.manifest["max_length"],
+        "memory": check_memory(arguments, plan.config, plan.manifest["max_length"]),
     }
     if arguments.hub_repo_id:
         token = hub_token("hub_repo_id", arguments.hub_repo_id, arguments.hf_token_secret)

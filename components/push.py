@@ -20,7 +20,7 @@ from components.cli import run_job
 from components.errors import InvalidParameter
 from components.evaluate import METRICS_FILE, metrics_table
 from components.hub import DEFAULT_RETRIES, check_repo_id, check_secret_name, create_repo, hub_token, push_folder
-from components.train import SUMMARY_FILE
+from components.train import SUMMARY_FILE, loss_summary
 
 
 @dataclass
@@ -114,7 +114,7 @@ def model_card(repo_id: str, summary: dict[str, Any], config: dict[str, Any], me
         f"- {summary['total_steps']:,} steps, {summary['samples']:,} samples, {summary['tokens']:,} tokens on "
         f"{summary['replicas']} {summary['accelerator'].upper()} replica(s)",
         f"- training corpus: `{summary['corpus']['source']}` (shards `{train_arguments['train_shards']}`)",
-        f"- loss {summary['first_loss']:.4f} at the first log step, {summary['last_loss']:.4f} at the last",
+        f"- training loss: {loss_summary(summary)}",
         "",
         "| hyperparameter | value |",
         "|---|---|",

@@ -16,7 +16,7 @@ from typing import Any
 from components import storage
 from components.cli import run_job
 from components.evaluate import METRICS_FILE
-from components.train import SUMMARY_FILE
+from components.train import SUMMARY_FILE, loss_summary
 
 
 @dataclass
@@ -58,7 +58,7 @@ def build_report(summary: dict[str, Any], metrics: dict[str, Any]) -> str:
         ("masked-token accuracy", f"{metrics['masked_accuracy']:.2%}"),
         ("masked tokens evaluated", f"{metrics['masked_tokens']:,}"),
         ("training steps", f"{summary['total_steps']:,} (global batch {summary['global_batch_size']})"),
-        ("training loss, first / last", f"{summary['first_loss']:.4f} / {summary['last_loss']:.4f}"),
+        ("training loss", loss_summary(summary)),
         (
             "throughput (last log)",
             f"{history[-1]['samples_per_second']:,.1f} samples/s, {history[-1]['tokens_per_second']:,.0f} tokens/s"

@@ -31,28 +31,24 @@ from pathlib import Path
 from typing import Any
 
 from components import storage
+from components.accelerators import ACCELERATORS, check_accelerator, peak_tflops_per_replica, select_strategy
 from components.cli import run_job
 from components.data import Masking, masked_dataset, naming_corrupt_shards
 from components.errors import InvalidParameter
-from components.evaluate import check_probability, masked_lm_metrics
-from components.hub import check_repo_id, create_repo, hub_token, push_folder
-from components.modeling import (
-    PRESETS,
-    model_config,
-    peak_tflops_per_replica,
-    select_strategy,
-    training_flops_per_token,
-)
+from components.hub import BackgroundPush, check_repo_id, create_repo, hub_token
+from components.masked_lm import MaskedLMScorer, check_probability, masked_lm_loss, max_predictions
+from components.modeling import PRESETS, model_config, training_flops_per_token
 from components.shards import read_manifest, verify_files
 from components.tokenizer import load_tokenizer
 
 log = logging.getLogger("tpu_mlm.train")
 
 SUMMARY_FILE = "training_summary.json"
+# Written beside the checkpoints at each one: the log points so far, so a resumed run reports the whole training.
+HISTORY_FILE = "training_history.json"
 # Written beside the checkpoints: what they are checkpoints of, so that resuming with another model is refused.
 CHECKPOINT_IDENTITY_FILE = "checkpoint_identity.json"
 NOT_ARCHITECTURE = ("transformers_version", "_name_or_path", "architectures")  # config keys that are bookkeeping
-ACCELERATORS = ("auto", "tpu", "gpu", "cpu")
 XLA_CHOICES = ("auto", "on", "off")
 
 
@@ -78,7 +74,12 @@ class TrainArguments:
     bf16: bool = field(default=False, metadata={"help": "Mixed bfloat16 precision (TPUs, recent GPUs)."})
     steps_per_execution: int = field(default=50, metadata={"help": "Steps run per call into the graph."})
     xla: str = field(
-        default="auto", metadata={"help": "XLA-compile the step: auto (on for TPU), on, off.", "choices": XLA_CHOICES}
+        default="auto",
+        metadata={
+            "help": "XLA-compile the replica step on GPU/CPU: on, off, auto (off). Never nested on a TPU, which "
+            "compiles the whole step anyway.",
+            "choices": XLA_CHOICES,
+        },
     )
     shuffle_buffer: int = field(default=10_000, metadata={"help": "Samples in the shuffle buffer."})
     seed: int = field(default=42, metadata={"help": "Seed of initialization, shuffling and masking."})
@@ -87,6 +88,13 @@ class TrainArguments:
     eval_batches: int = field(default=20, metadata={"help": "Validation batches at each checkpoint."})
     accelerator: str = field(
         default="auto", metadata={"help": "auto, tpu, gpu or cpu; tpu/gpu fail if absent.", "choices": ACCELERATORS}
+    )
+    replicas: int = field(
+        default=0,
+        metadata={
+            "help": "Replicas: 0 for every device of the accelerator. A TPU or the GPUs found must have exactly "
+            "this many; on the CPU, N > 1 splits it into N logical devices (rehearse a v3-8 with 8)."
+        },
     )
     tpu: str = field(default="local", metadata={"help": "TPU name for TPUClusterResolver ('local' on TPU VMs)."})
     peak_tflops: float | None = field(
@@ -133,8 +141,7 @@ class TrainArguments:
         if self.weight_decay < 0:
             raise InvalidParameter("weight_decay", self.weight_decay, "must be 0 or positive")
         check_probability(self.mlm_probability)
-        if self.accelerator not in ACCELERATORS:
-            raise InvalidParameter("accelerator", self.accelerator, f"must be one of {ACCELERATORS}")
+        check_accelerator(self.accelerator, self.replicas)
         if self.xla not in XLA_CHOICES:
             raise InvalidParameter("xla", self.xla, f"must be one of {XLA_CHOICES}")
         if self.hub_repo_id:
@@ -177,8 +184,6 @@ def plan_training(arguments: TrainArguments, num_replicas: int) -> TrainingPlan:
                 f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
             )
     config = model_config(arguments.model_config, manifest)
-    if arguments.hub_repo_id:
-        hub_token("hub_repo_id", arguments.hub_repo_id)
     global_batch = arguments.per_replica_batch_size * num_replicas
     if global_batch > manifest["num_records"]:
         raise InvalidParameter(
@@ -229,26 +234,53 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
 
 def train(arguments: TrainArguments) -> dict[str, Any]:
     """Trains (or resumes) and saves the model; returns the training summary."""
-    import tensorflow as tf
-    from transformers import TFAutoModelForMaskedLM, create_optimizer
-
-    strategy, kind = select_strategy(arguments.accelerator, arguments.tpu)
-    replicas = strategy.num_replicas_in_sync
-    plan = plan_training(arguments, replicas)
-    if arguments.hub_repo_id:
-        create_repo(arguments.hub_repo_id, hub_token("hub_repo_id", arguments.hub_repo_id), arguments.hub_private)
+    strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
+    plan = plan_training(arguments, strategy.num_replicas_in_sync)
     log.info(
         "%s strategy, %d replica(s), global batch %d, %d steps",
         kind,
-        replicas,
+        strategy.num_replicas_in_sync,
         plan.global_batch_size,
         plan.total_steps,
     )
+    token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
+    state = _set_up(arguments, plan, strategy)
+    pusher = None
+    if arguments.hub_repo_id:
+        create_repo(arguments.hub_repo_id, token, arguments.hub_private)
+        pusher = BackgroundPush(arguments.hub_repo_id, token)
+    started = time.perf_counter()
+    try:
+        _training_loop(arguments, plan, strategy, kind, state, pusher)
+    finally:
+        push_failures = pusher.close() if pusher else []
+    summary = _summary(arguments, plan, strategy, kind, state, time.perf_counter() - started)
+    summary["hub_push_failures"] = push_failures
+    _save_model(state.model, plan.tokenizer, arguments.output, summary)
+    return summary
+
+
+@dataclass
+class TrainingState:
+    """The model, the optimizer and where training stands: what a checkpoint restores."""
+
+    model: Any
+    optimizer: Any
+    schedule: Any
+    checkpoint: Any
+    manager: Any
+    start_step: int
+    history: list[dict[str, float]]  # log points so far, those of earlier runs of a resumed training included
+
+
+def _set_up(arguments: TrainArguments, plan: TrainingPlan, strategy: Any) -> TrainingState:
+    """Builds model and optimizer in the strategy's scope and restores the latest checkpoint, if any."""
+    import tensorflow as tf
+    from transformers import TFAutoModelForMaskedLM, create_optimizer
+
     if arguments.bf16:
         tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
     tf.keras.utils.set_random_seed(arguments.seed)
-
-    masking = Masking.from_manifest(plan.manifest, arguments.mlm_probability)
     with strategy.scope():
         model = TFAutoModelForMaskedLM.from_config(plan.config)
         model(model.dummy_inputs, training=False)  # create the variables, so a checkpoint can restore them
@@ -262,50 +294,65 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
     manager = tf.train.CheckpointManager(checkpoint, arguments.checkpoint_dir, max_to_keep=3)
     identity_uri = storage.join(arguments.checkpoint_dir, CHECKPOINT_IDENTITY_FILE)  # plan_training checked it
     storage.write_text_atomic(identity_uri, json.dumps(plan.checkpoint_identity, indent=2) + "\n")
+    history: list[dict[str, float]] = []
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint)
     start_step = int(optimizer.iterations.numpy())
     if start_step:
         log.info("resuming from %s at step %d of %d", manager.latest_checkpoint, start_step, plan.total_steps)
+        history_uri = storage.join(arguments.checkpoint_dir, HISTORY_FILE)
+        if storage.exists(history_uri):
+            history = [p for p in json.loads(storage.read_text(history_uri)) if p["step"] <= start_step]
+    return TrainingState(model, optimizer, schedule, checkpoint, manager, start_step, history)
 
+
+def _training_loop(
+    arguments: TrainArguments,
+    plan: TrainingPlan,
+    strategy: Any,
+    kind: str,
+    state: TrainingState,
+    pusher: BackgroundPush | None,
+) -> None:
+    """Runs the steps left in chunks that end at log and checkpoint boundaries."""
+    import tensorflow as tf
+
+    masking = Masking.from_manifest(plan.manifest, arguments.mlm_probability)
+    predictions = max_predictions(plan.manifest["max_length"], arguments.mlm_probability)
     dataset = masked_dataset(
         arguments.train_shards,
         plan.manifest,
         plan.global_batch_size,
         masking,
         training=True,
-        seed=arguments.seed + start_step,
+        seed=arguments.seed + state.start_step,
         shuffle_buffer=arguments.shuffle_buffer,
     )
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    train_steps = _train_function(state.model, state.optimizer, strategy, _use_xla(arguments.xla, kind), predictions)
+    validation = None
+    if plan.eval_manifest is not None:
+        batches = masked_dataset(
+            arguments.eval_shards,
+            plan.eval_manifest,
+            plan.global_batch_size,
+            masking,
+            training=False,
+            drop_remainder=True,  # TPUs need full batches
+        )
+        validation = (
+            strategy.experimental_distribute_dataset(batches),
+            MaskedLMScorer(state.model, strategy, predictions),
+        )
     shard_sources = (
         ("train_shards", arguments.train_shards, plan.manifest),
         ("eval_shards", arguments.eval_shards, plan.eval_manifest),
     )
-    predictions = max_predictions(plan.manifest["max_length"], arguments.mlm_probability)
-    train_steps = _train_function(model, optimizer, strategy, _use_xla(arguments.xla, kind), predictions)
-    eval_dataset = None
-    if plan.eval_manifest is not None:
-        eval_dataset = strategy.experimental_distribute_dataset(
-            masked_dataset(
-                arguments.eval_shards,
-                plan.eval_manifest,
-                plan.global_batch_size,
-                masking,
-                training=False,
-                drop_remainder=True,
-            )
-        )
-
-    num_parameters = int(sum(math.prod(v.shape) for v in model.trainable_variables))
-    tokens_per_step = plan.global_batch_size * plan.manifest["max_length"]
-    flops_per_step = (
-        training_flops_per_token(plan.config, num_parameters, plan.manifest["max_length"]) * tokens_per_step
-    )
+    max_length = plan.manifest["max_length"]
+    flops_per_step = _model_flops_per_step(plan, state.model)
     peak = peak_tflops_per_replica(kind, arguments.peak_tflops)
     writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
-    history: list[dict[str, float]] = []
-    step, started, chunk_started = start_step, time.perf_counter(), time.perf_counter()
+    step, window_started = state.start_step, time.perf_counter()
     window_steps, window_loss = 0, 0.0
     while step < plan.total_steps:
         boundaries = (
@@ -320,54 +367,80 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
         step += steps
         window_steps, window_loss = window_steps + steps, window_loss + loss * steps
         if step % arguments.log_every_steps == 0 or step == plan.total_steps:
-            seconds = time.perf_counter() - chunk_started
+            seconds = time.perf_counter() - window_started
             point = _log_point(
                 step,
                 window_loss / window_steps,
-                float(schedule(step)),
+                float(state.schedule(step)),
                 window_steps * plan.global_batch_size / seconds,
-                plan.manifest["max_length"],
+                max_length,
                 flops_per_step * window_steps / seconds,
                 peak,
-                replicas,
+                strategy.num_replicas_in_sync,
             )
             point["eta_seconds"] = (plan.total_steps - step) * seconds / window_steps
-            history.append(point)
+            state.history.append(point)
             _write_summaries(writer, point)
             log.info(_format_point(point, plan.total_steps))
-            chunk_started, window_steps, window_loss = time.perf_counter(), 0, 0.0
+            window_started, window_steps, window_loss = time.perf_counter(), 0, 0.0
         if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
-            manager.save(checkpoint_number=step)
-            if arguments.hub_repo_id:
-                with tempfile.TemporaryDirectory() as staging:
-                    _save_pretrained(model, plan.tokenizer, Path(staging))
-                    push_folder(
-                        Path(staging),
-                        arguments.hub_repo_id,
-                        hub_token("hub_repo_id", arguments.hub_repo_id),
-                        f"Training checkpoint at step {step} of {plan.total_steps}",
-                    )
-            if eval_dataset is not None:
-                with naming_corrupt_shards(*shard_sources):
-                    eval_metrics = masked_lm_metrics(model, eval_dataset, strategy, arguments.eval_batches)
-                with writer.as_default(step=step):
-                    tf.summary.scalar("eval/loss", eval_metrics["loss"])
-                    tf.summary.scalar("eval/masked_accuracy", eval_metrics["masked_accuracy"])
-                log.info("step %d: validation loss %.4f", step, eval_metrics["loss"])
+            with naming_corrupt_shards(*shard_sources):
+                _at_checkpoint(arguments, plan, state, step, writer, validation, pusher)
     writer.flush()
 
+
+def _at_checkpoint(
+    arguments: TrainArguments,
+    plan: TrainingPlan,
+    state: TrainingState,
+    step: int,
+    writer: Any,
+    validation: tuple[Any, MaskedLMScorer] | None,
+    pusher: BackgroundPush | None,
+) -> None:
+    """Saves the checkpoint and the history so far, hands a copy of the model to the background Hub push,
+    and validates."""
+    import tensorflow as tf
+
+    # the history first: a kill between the two leaves points past the checkpoint, which a resume drops
+    storage.write_text_atomic(
+        storage.join(arguments.checkpoint_dir, HISTORY_FILE), json.dumps(state.history, indent=1) + "\n"
+    )
+    state.manager.save(checkpoint_number=step)
+    if pusher is not None:
+        staging = Path(tempfile.mkdtemp(prefix="hub-checkpoint-"))
+        _save_pretrained(state.model, plan.tokenizer, staging)  # here: the push runs while training goes on
+        pusher.submit(staging, f"Training checkpoint at step {step} of {plan.total_steps}")
+    if validation is not None:
+        dataset, score = validation
+        metrics = score(dataset, arguments.eval_batches)
+        with writer.as_default(step=step):
+            tf.summary.scalar("eval/loss", metrics["loss"])
+            tf.summary.scalar("eval/masked_accuracy", metrics["masked_accuracy"])
+        log.info(
+            "step %d: validation loss %.4f, masked accuracy %.4f", step, metrics["loss"], metrics["masked_accuracy"]
+        )
+
+
+def _summary(
+    arguments: TrainArguments, plan: TrainingPlan, strategy: Any, kind: str, state: TrainingState, seconds: float
+) -> dict[str, Any]:
+    """What the run did; the loss figures cover the whole training, earlier runs of a resumed one included."""
+    history = state.history
+    this_run = [point for point in history if point["step"] > state.start_step]
+    tokens_per_step = plan.global_batch_size * plan.manifest["max_length"]
     summary = {
         "total_steps": plan.total_steps,
-        "resumed_from_step": start_step,
-        "steps_this_run": plan.total_steps - start_step,
+        "resumed_from_step": state.start_step,
+        "steps_this_run": plan.total_steps - state.start_step,
         "global_batch_size": plan.global_batch_size,
-        "replicas": replicas,
+        "replicas": strategy.num_replicas_in_sync,
         "accelerator": kind,
         "samples": plan.total_steps * plan.global_batch_size,
         "tokens": plan.total_steps * tokens_per_step,
-        "seconds_this_run": round(time.perf_counter() - started, 3),
-        "num_parameters": num_parameters,
-        "model_flops_per_step": flops_per_step,
+        "seconds_this_run": round(seconds, 3),
+        "num_parameters": _num_parameters(state.model),
+        "model_flops_per_step": _model_flops_per_step(plan, state.model),
         "first_loss": history[0]["loss"] if history else None,
         "last_loss": history[-1]["loss"] if history else None,
         "history": history,
@@ -375,44 +448,42 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
         "corpus": plan.manifest["corpus"],
         "arguments": asdict(arguments),
     }
-    if history:
-        summary["samples_per_second"] = history[-1]["samples_per_second"]
-    _save_model(model, plan.tokenizer, arguments.output, summary)
+    if this_run:
+        summary["samples_per_second"] = this_run[-1]["samples_per_second"]
     return summary
 
 
+def loss_summary(summary: dict[str, Any]) -> str:
+    """The training loss at the first and last log point, for reports and model cards; a rerun that found
+    every step done shows the figures of the runs that trained (kept beside the checkpoints)."""
+    if summary["first_loss"] is None:
+        return "none logged (the checkpoints came from a run that kept no log)"
+    history = summary["history"]
+    text = f"{summary['first_loss']:.4f} at step {history[0]['step']:,}, {summary['last_loss']:.4f} at step "
+    text += f"{history[-1]['step']:,}"
+    if not summary["steps_this_run"]:
+        text += f" (this run found all {summary['total_steps']:,} steps done and trained none)"
+    return text
+
+
+def _num_parameters(model: Any) -> int:
+    return int(sum(math.prod(variable.shape) for variable in model.trainable_variables))
+
+
+def _model_flops_per_step(plan: TrainingPlan, model: Any) -> float:
+    max_length = plan.manifest["max_length"]
+    per_token = training_flops_per_token(plan.config, _num_parameters(model), max_length)
+    return per_token * plan.global_batch_size * max_length
+
+
 def _use_xla(choice: str, kind: str) -> bool:
-    return choice == "on" or (choice == "auto" and kind == "tpu")
+    """XLA for the replica step on GPU or CPU when asked; never on a TPU, which compiles the whole step
+    already (a nested jit_compile there is what the Keras maintainers warn against)."""
+    return choice == "on" and kind != "tpu"
 
 
 def _next_multiple(step: int, every: int) -> int:
     return (step // every + 1) * every
-
-
-def max_predictions(max_length: int, probability: float) -> int:
-    """A static bound on the masked tokens of one sample: the mean plus six standard deviations, so that a
-    sample with more (odds below one in a hundred million) practically never occurs."""
-    mean = max_length * probability
-    return min(max_length, math.ceil(mean + 6 * math.sqrt(mean * (1 - probability))) + 1)
-
-
-def masked_lm_loss(model: Any, batch: dict[str, Any], predictions: int, training: bool = True) -> Any:
-    """Mean cross-entropy over the masked tokens, the loss transformers computes from the full logits, with
-    the LM head run only at the (at most ``predictions``) masked positions of each sample. The head's
-    vocabulary-wide projection is the largest matmul of a small model; at 15% masking this skips most of
-    it. Positions are gathered with ``top_k`` so shapes stay static for XLA."""
-    import tensorflow as tf
-
-    encoder = getattr(model, model.base_model_prefix)
-    hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training)[0]
-    labels = batch["labels"]
-    masked = tf.cast(labels >= 0, tf.float32)
-    _, positions = tf.math.top_k(masked, k=predictions)  # the masked positions come first
-    weights = tf.gather(masked, positions, batch_dims=1)
-    targets = tf.gather(tf.maximum(labels, 0), positions, batch_dims=1)
-    logits = model.get_lm_head()(tf.gather(hidden, positions, batch_dims=1), training=training)
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=tf.cast(logits, tf.float32))
-    return tf.reduce_sum(losses * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
 
 
 def _train_function(model: Any, optimizer: Any, strategy: Any, xla: bool, predictions: int) -> Any:
@@ -422,7 +493,6 @@ def _train_function(model: Any, optimizer: Any, strategy: Any, xla: bool, predic
 
     replicas = strategy.num_replicas_in_sync
 
-    @tf.function(jit_compile=xla)
     def replica_step(batch: dict[str, Any]) -> Any:
         with tf.GradientTape() as tape:
             loss = masked_lm_loss(model, batch, predictions)
@@ -430,6 +500,9 @@ def _train_function(model: Any, optimizer: Any, strategy: Any, xla: bool, predic
         gradients = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return loss
+
+    if xla:
+        replica_step = tf.function(replica_step, jit_compile=True)
 
     @tf.function
     def train_steps(iterator: Any, steps: Any) -> Any:

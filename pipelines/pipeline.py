@@ -8,27 +8,21 @@ so no secret value is ever a pipeline parameter. Every hand-over is an artifact 
 target:
 
 * ``local``: every step a plain component, for ``kfp.local``;
-* ``vertex``: the train step runs as a Vertex AI custom job on TPUs (see ``TPU_TYPES``).
+* ``vertex``: the train step runs as a Vertex AI custom job on a TPU (see ``TPU_TYPES``), with the defaults a
+  TPU run wants: ``accelerator=tpu`` (a TPU that does not start fails the step, never a CPU run), ``bf16``, the
+  TPU's replica count checked by preflight and by the train step, and its peak for MFU.
 """
 
 from typing import Any
 
 from kfp import compiler, dsl
 
+from components.accelerators import TPU_TYPES, TpuType
 from components.errors import InvalidParameter
 from pipelines.steps import make_steps
 
 PIPELINE_NAME = "tpu-mlm-pretraining"
 DEFAULT_CPU_IMAGE = "tpu-mlm-cpu:latest"
-# Vertex AI machine specs per TPU choice: (machine type, accelerator type, count, topology).
-TPU_TYPES: dict[str, tuple[str, str, int, str]] = {
-    "v3-8": ("cloud-tpu", "TPU_V3", 8, ""),
-    "v5e-1": ("ct5lp-hightpu-1t", "", 0, "1x1"),
-    "v5e-4": ("ct5lp-hightpu-4t", "", 0, "2x2"),
-    "v5e-8": ("ct5lp-hightpu-8t", "", 0, "2x4"),
-}
-
-
 TARGETS = ("local", "vertex")
 # CPU and memory requests on Vertex AI for the CPU steps (tokenizing uses every core).
 CPU_RESOURCES = {
@@ -41,15 +35,6 @@ CPU_RESOURCES = {
 }
 
 
-def replicas(tpu_type: str) -> int:
-    """Replicas of tf.distribute on the TPU: its cores for v3, its chips (the topology's product) for v5e."""
-    _, _, accelerator_count, topology = TPU_TYPES[tpu_type]
-    if accelerator_count:
-        return accelerator_count
-    rows, columns = topology.split("x")
-    return int(rows) * int(columns)
-
-
 def check_target(target: str, tpu_type: str) -> None:
     if target not in TARGETS:
         raise InvalidParameter("target", target, f"must be one of {TARGETS}")
@@ -57,23 +42,30 @@ def check_target(target: str, tpu_type: str) -> None:
         raise InvalidParameter("tpu_type", tpu_type, f"must be one of {sorted(TPU_TYPES)}")
 
 
-def tpu_training_job(train_component: Any, tpu_type: str) -> Any:
-    """The train component as a Vertex AI custom job on the chosen TPU (restarted if a worker restarts,
-    which with the job's checkpoints makes preemptions cost minutes, not the run)."""
+def tpu_training_job(train_component: Any, tpu: TpuType) -> Any:
+    """The train component as a Vertex AI custom job on the TPU ``tpu``.
+
+    * ``restart_job_on_worker_restart``: when Vertex AI restarts the worker (VM maintenance, a crash), the whole
+      job restarts, and training resumes from its last checkpoint; it does not retry a job that failed.
+    * No ``disk_spec``: a TPU VM brings its own boot disk (Cloud TPU supports balanced persistent disks for
+      v2-v5e), while the helper's default ``pd-ssd`` is not among them.
+    * The job runs as the pipeline run's service account (resolved by Vertex AI at run time), not as Vertex
+      AI's custom-code service agent, so it has the run's access to the bucket and Secret Manager."""
+    from google_cloud_pipeline_components._placeholders import SERVICE_ACCOUNT_PLACEHOLDER
     from google_cloud_pipeline_components.v1.custom_job import create_custom_training_job_from_component
 
-    machine_type, accelerator_type, accelerator_count, topology = TPU_TYPES[tpu_type]
     job = create_custom_training_job_from_component(
         train_component,
         display_name="train",
-        machine_type=machine_type,
-        accelerator_type=accelerator_type,
-        accelerator_count=accelerator_count or 1,
+        machine_type=tpu.machine_type,
+        accelerator_type=tpu.accelerator_type,
+        accelerator_count=tpu.accelerator_count or 1,
+        boot_disk_type="",
         restart_job_on_worker_restart=True,
+        service_account=SERVICE_ACCOUNT_PLACEHOLDER,
     )
-    worker_pool = job.component_spec.inputs["worker_pool_specs"].default[0]
-    if topology:  # TPU v5e: machine type + topology, no accelerator fields (the helper cannot say it)
-        worker_pool["machine_spec"] = {"machine_type": machine_type, "tpu_topology": topology}
+    # TPU v5e takes machine type + topology, no accelerator fields, which the helper cannot say
+    job.component_spec.inputs["worker_pool_specs"].default[0]["machine_spec"] = tpu.machine_spec
     return job
 
 
@@ -81,8 +73,10 @@ def build_pipeline(
     target: str = "local", cpu_image: str = DEFAULT_CPU_IMAGE, tpu_image: str = "", tpu_type: str = "v3-8"
 ) -> Any:
     check_target(target, tpu_type)
+    vertex = target == "vertex"
+    tpu = TPU_TYPES[tpu_type]
     steps = make_steps(cpu_image, tpu_image or cpu_image)
-    train_component = tpu_training_job(steps.train, tpu_type) if target == "vertex" else steps.train
+    train_component = tpu_training_job(steps.train, tpu) if vertex else steps.train
 
     def resources(task: Any, step: str) -> Any:
         if target == "vertex":
@@ -110,13 +104,14 @@ def build_pipeline(
         warmup_fraction: float = 0.05,
         weight_decay: float = 1e-3,
         mlm_probability: float = 0.15,
-        bf16: bool = False,
+        bf16: bool = vertex,
         steps_per_execution: int = 50,
         shuffle_buffer: int = 10_000,
         seed: int = 42,
         checkpoint_every_steps: int = 1_000,
         log_every_steps: int = 100,
-        accelerator: str = "auto",
+        accelerator: str = "tpu" if vertex else "auto",
+        replicas: int = tpu.replicas if vertex else 0,
         eval_batch_size: int = 64,
         hub_repo_id: str = "",
         hub_private: bool = False,
@@ -159,6 +154,18 @@ def build_pipeline(
             "per_replica_batch_size": per_replica_batch_size,
             "num_epochs": num_epochs,
             "max_steps": max_steps,
+            "learning_rate": learning_rate,
+            "warmup_fraction": warmup_fraction,
+            "weight_decay": weight_decay,
+            "mlm_probability": mlm_probability,
+            "bf16": bf16,
+            "steps_per_execution": steps_per_execution,
+            "shuffle_buffer": shuffle_buffer,
+            "seed": seed,
+            "checkpoint_every_steps": checkpoint_every_steps,
+            "log_every_steps": log_every_steps,
+            "accelerator": accelerator,
+            "replicas": replicas,
             "checkpoint_dir": checkpoint_dir,
             "output_root": output_root,
             "tokenizer": tokenizer.outputs["tokenizer"],
@@ -167,7 +174,7 @@ def build_pipeline(
         }
         checked = resources(
             steps.preflight(
-                replicas=replicas(tpu_type) if target == "vertex" else 1,
+                tpu_type=tpu.name if vertex else "",
                 hub_repo_id=hub_repo_id,
                 hf_token_secret=hf_token_secret,
                 **training,
@@ -175,20 +182,9 @@ def build_pipeline(
             "preflight",
         ).set_display_name("preflight")
         checked.set_caching_options(False)  # the token and the storage are checked anew on every run
-        trained = train_component(
-            learning_rate=learning_rate,
-            warmup_fraction=warmup_fraction,
-            weight_decay=weight_decay,
-            mlm_probability=mlm_probability,
-            bf16=bf16,
-            steps_per_execution=steps_per_execution,
-            shuffle_buffer=shuffle_buffer,
-            seed=seed,
-            checkpoint_every_steps=checkpoint_every_steps,
-            log_every_steps=log_every_steps,
-            accelerator=accelerator,
-            **training,
-        ).set_display_name("train")
+        # the TPU's peak for MFU, known here whatever the TPU VM's environment says
+        trained = train_component(peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0, **training)
+        trained.set_display_name("train")
         trained.after(checked)
         trained.set_caching_options(False)
         evaluation = resources(

@@ -55,7 +55,11 @@ class RunLocalArguments:
     holdout_fraction: float = field(default=0.05, metadata={"help": "Held out for validation without one."})
     vocab_size: int = field(default=5_000, metadata={"help": "Tokenizer vocabulary."})
     model_config: str = field(default="tiny", metadata={"help": "Model preset or config.json."})
-    per_replica_batch_size: int = field(default=16, metadata={"help": "Samples per step."})
+    per_replica_batch_size: int = field(default=16, metadata={"help": "Samples per replica and step."})
+    replicas: int = field(
+        default=0,
+        metadata={"help": "Split the CPU into N replicas for training, as a TPU would (8 rehearses a v3-8's batch)."},
+    )
     num_epochs: int = field(default=3, metadata={"help": "Passes over the training shards."})
     max_steps: int = field(default=0, metadata={"help": "Steps; overrides num_epochs when > 0."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (higher for tiny models)."})
@@ -103,6 +107,7 @@ def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
         vocab_size=arguments.vocab_size,
         model_config=arguments.model_config,
         per_replica_batch_size=arguments.per_replica_batch_size,
+        replicas=arguments.replicas,
         num_epochs=arguments.num_epochs,
         max_steps=arguments.max_steps,
         learning_rate=arguments.learning_rate,

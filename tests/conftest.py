@@ -35,6 +35,26 @@ def embedded_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def embedded_shards(tmp_path_factory: pytest.TempPathFactory, embedded_tokenizer: str) -> dict:
+    """Train shards and held-out validation shards of the embedded corpus: about 1,000 and 50 samples."""
+    from components.shards import ShardArguments, write_shards
+
+    root = tmp_path_factory.mktemp("embedded-shards")
+    for split, holdout in (("train", "exclude"), ("validation", "only")):
+        write_shards(
+            ShardArguments(
+                output=str(root / split),
+                tokenizer=embedded_tokenizer,
+                corpus="embedded",
+                split=split,
+                holdout_fraction=0.05,
+                holdout=holdout,
+            )
+        )
+    return {"train": str(root / "train"), "validation": str(root / "validation"), "tokenizer": embedded_tokenizer}
+
+
+@pytest.fixture(scope="session")
 def wikitext_tokenizer(tmp_path_factory: pytest.TempPathFactory, wikitext: Path) -> str:
     from components.tokenizer import TokenizerArguments, train_tokenizer
 

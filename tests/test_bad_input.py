@@ -134,6 +134,19 @@ CASES = {
         "256 --output {out}",
         "--per-replica-batch-size=256: x 8 replica(s) = global batch 2048, more than the … training samples",
     ),
+    "a batch that cannot fit the memory of a v3-8's cores": Case(
+        "preflight",
+        "--tokenizer {tokenizer} --train_shards {shards} --tpu_type v3-8 --model_config roberta-large "
+        "--per_replica_batch_size 96 --output {out}",
+        "--per-replica-batch-size=96: needs about 23.8 GiB per replica (4.6 GiB weights and optimizer state, 19.3 GiB "
+        "activations), more than a v3-8 replica's 16 GiB; a per-replica batch of 40 fits, and --bf16 true halves the "
+        "activations",
+    ),
+    "a replica count that is not the TPU's": Case(
+        "preflight",
+        "--tokenizer {tokenizer} --train_shards {shards} --tpu_type v5e-4 --replicas 8 --output {out}",
+        "--replicas=8: a v5e-4 has 4 replicas",
+    ),
     # wrong parameter types
     "a word where a number goes": Case(
         "train",

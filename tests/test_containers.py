@@ -1,5 +1,7 @@
+import json
 import os
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -12,6 +14,7 @@ from pipelines.run_local import RunLocalArguments, run_local
 CPU_DOCKERFILE = PROJECT_ROOT / "containers" / "cpu.Dockerfile"
 TPU_DOCKERFILE = PROJECT_ROOT / "containers" / "tpu.Dockerfile"
 TEST_IMAGE = "tpu-mlm-cpu:test"
+TPU_TEST_IMAGE = "tpu-mlm-tpu:test"
 
 
 def pinned(name: str) -> str:
@@ -25,20 +28,25 @@ def docker_engine() -> bool:
     return subprocess.run(["docker", "version"], capture_output=True).returncode == 0
 
 
-def test_tpu_image_uses_tensorflow_tpu_of_the_same_minor_version_and_the_pjrt_environment():
+def test_tpu_image_pins_tensorflow_tpu_and_libtpu_and_sets_only_what_tensorflow_reads():
     text = TPU_DOCKERFILE.read_text()
-    tpu_version = re.search(r"ARG TENSORFLOW_TPU_VERSION=(\S+)", text)[1]
-    assert tpu_version.rsplit(".", 1)[0] == pinned("tensorflow").rsplit(".", 1)[0]
-    assert '"tensorflow-tpu==${TENSORFLOW_TPU_VERSION}"' in text
+    constraints = (PROJECT_ROOT / "constraints.txt").read_text()
+    tpu_version = re.search(r"^tensorflow-tpu==(\S+)", constraints, re.M)[1]
+    assert tpu_version.rsplit(".", 1)[0] == pinned("tensorflow").rsplit(".", 1)[0]  # the same minor as the CPU image
+    assert re.search(r"^libtpu==0\.0\.\d+", constraints, re.M)  # pinned: pip would take the newest otherwise
     # tensorflow itself must not be installed beside tensorflow-tpu: it is filtered out of the pins
     assert "grep -vE '^(tensorflow|" in text and "pip install --no-deps -r /tmp/runtime.txt" in text
+    assert "^(tensorflow-tpu|libtpu|" in CPU_DOCKERFILE.read_text()  # and the CPU image gets neither
     for variable in (
-        "PJRT_DEVICE=TPU",
+        "FORCE_TF_AVAILABLE=1",
         "NEXT_PLUGGABLE_DEVICE_USE_C_API=true",
-        "TF_PLUGGABLE_DEVICE_LIBRARY_PATH=",
+        "TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/lib/libtpu.so",
         "TF_USE_LEGACY_KERAS=1",
     ):
         assert variable in text
+    assert "PJRT_DEVICE" not in text  # PyTorch/XLA's variable; TensorFlow does not read it
+    assert 'mv "$site/libtpu/libtpu.so" /lib/libtpu.so' in text  # where Vertex AI wants it
+    assert "assert transformers.is_tf_available()" in text and "create_optimizer(" in text
     assert 'CMD ["tpu-mlm", "train", "--help"]' in text
 
 
@@ -86,3 +94,45 @@ def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner_and_push
     assert hub.file("user/boxed", "tf_model.h5") == Path(artifacts["model"], "tf_model.h5").read_bytes()
     printed = capsys.readouterr()
     assert HUB_TOKEN not in printed.out + printed.err  # the steps' logs, streamed from the containers
+
+
+@pytest.mark.slow
+def test_the_tpu_image_builds_trains_on_two_cpu_replicas_and_refuses_a_missing_tpu_in_one_line(
+    tmp_path, embedded_shards
+):
+    if not docker_engine():
+        pytest.skip(
+            "no Docker engine: start one with ../shared/tools/docker-sandbox and export DOCKER_HOST (.ci/run does)"
+        )
+    build = subprocess.run(
+        ["docker", "build", "--network", "host", "-f", str(TPU_DOCKERFILE), "-t", TPU_TEST_IMAGE, "."],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    data = tmp_path / "data"
+    for name in ("tokenizer", "train", "validation"):
+        shutil.copytree(embedded_shards[name], data / name)
+
+    def train(*arguments: str) -> subprocess.CompletedProcess:
+        command = ["docker", "run", "--rm", "--network", "none", "-v", f"{data}:/data", TPU_TEST_IMAGE, "tpu-mlm"]
+        command += ["train", "--tokenizer", "/data/tokenizer", "--train_shards", "/data/train", "--model_config"]
+        return subprocess.run([*command, "tiny", *arguments], capture_output=True, text=True, timeout=600)
+
+    trained = train(
+        *("--eval_shards", "/data/validation", "--accelerator", "cpu", "--replicas", "2"),
+        *("--per_replica_batch_size", "8", "--max_steps", "2", "--checkpoint_every_steps", "2"),
+        *("--output", "/data/model"),
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    summary = json.loads((data / "model" / "training_summary.json").read_text())
+    assert summary["replicas"] == 2 and summary["total_steps"] == 2 and (data / "model" / "tf_model.h5").exists()
+    assert "validation loss" in trained.stderr
+
+    refused = train("--accelerator", "tpu", "--output", "/data/tpu-model")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert (
+        refused.stderr.strip().splitlines()[-1].startswith("error: --accelerator='tpu': no TPU found at --tpu='local'")
+    )
+    assert not (data / "tpu-model").exists()

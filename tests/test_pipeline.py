@@ -1,5 +1,4 @@
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -7,10 +6,11 @@ import yaml
 from conftest import run_module
 from transformers import pipeline
 
+from components.accelerators import TPU_TYPES
 from components.errors import InvalidParameter
 from components.shards import ShardArguments, gather_parts, write_shards
 from components.storage import relocate
-from pipelines.pipeline import TPU_TYPES, build_pipeline, compile_pipeline, replicas
+from pipelines.pipeline import build_pipeline, compile_pipeline
 from pipelines.run_local import RunLocalArguments, run_local
 
 CPU_IMAGE = "us-docker.pkg.dev/proj/tpu-mlm/cpu:0.1.0"
@@ -26,22 +26,50 @@ def dag_tasks(spec: dict) -> dict:
     return spec["root"]["dag"]["tasks"]
 
 
-@pytest.mark.parametrize("tpu_type", sorted(TPU_TYPES))
-def test_vertex_target_runs_training_as_a_tpu_custom_job(tmp_path, tpu_type):
+# What Vertex AI's machine specs say of each TPU (Vertex AI "Configure compute resources for custom training"),
+# and its tf.distribute replicas: a v3 core each, a v5e chip each.
+EXPECTED_MACHINES = {
+    "v3-8": ({"machine_type": "cloud-tpu", "accelerator_type": "TPU_V3", "accelerator_count": 8}, 8),
+    "v5e-1": ({"machine_type": "ct5lp-hightpu-1t", "tpu_topology": "1x1"}, 1),
+    "v5e-4": ({"machine_type": "ct5lp-hightpu-4t", "tpu_topology": "2x2"}, 4),
+    "v5e-8": ({"machine_type": "ct5lp-hightpu-8t", "tpu_topology": "2x4"}, 8),
+}
+
+
+def test_every_tpu_type_has_its_expected_machine():
+    assert sorted(TPU_TYPES) == sorted(EXPECTED_MACHINES)
+
+
+@pytest.mark.parametrize("tpu_type", sorted(EXPECTED_MACHINES))
+def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_path, tpu_type):
     spec = compiled(tmp_path, target="vertex", cpu_image=CPU_IMAGE, tpu_image=TPU_IMAGE, tpu_type=tpu_type)
-    machine_type, accelerator_type, accelerator_count, topology = TPU_TYPES[tpu_type]
+    machine, replicas = EXPECTED_MACHINES[tpu_type]
     train = spec["components"]["comp-train-step"]
-    worker_pool = train["inputDefinitions"]["parameters"]["worker_pool_specs"]["defaultValue"][0]
-    machine = worker_pool["machine_spec"]
-    assert machine["machine_type"] == machine_type
-    if topology:
-        assert machine == {"machine_type": machine_type, "tpu_topology": topology}
-    else:
-        assert (machine["accelerator_type"], machine["accelerator_count"]) == (accelerator_type, accelerator_count)
+    job_inputs = train["inputDefinitions"]["parameters"]
+    worker_pool = job_inputs["worker_pool_specs"]["defaultValue"][0]
+    assert worker_pool["machine_spec"] == machine
+    assert "disk_spec" not in worker_pool  # a TPU VM brings its own boot disk; pd-ssd is not a TPU VM disk type
     assert worker_pool["container_spec"]["image_uri"] == TPU_IMAGE
     assert "from components.train import TrainArguments, train" in worker_pool["container_spec"]["command"][-1]
-    restart = train["inputDefinitions"]["parameters"]["restart_job_on_worker_restart"]["defaultValue"]
-    assert restart is True
+    assert job_inputs["restart_job_on_worker_restart"]["defaultValue"] is True
+    assert job_inputs["service_account"]["defaultValue"] == "{{$.pipeline_service_account}}"
+
+    # the TPU defaults: a TPU or a failed step (never a CPU run), bf16, the TPU's replicas and peak
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters["accelerator"]["defaultValue"] == "tpu"
+    assert parameters["bf16"]["defaultValue"] is True
+    assert parameters["replicas"]["defaultValue"] == replicas
+    train_inputs = dag_tasks(spec)["train-step"]["inputs"]["parameters"]
+    assert train_inputs["peak_tflops"]["runtimeValue"]["constant"] == TPU_TYPES[tpu_type].peak_tflops_per_replica
+    for name in ("accelerator", "bf16", "replicas", "learning_rate", "mlm_probability", "steps_per_execution"):
+        assert train_inputs[name] == {"componentInputParameter": name}
+    # no nested XLA on the TPU: the train step is not told to jit-compile (xla stays at its default, auto)
+    assert "xla" not in train_inputs and "jit_compile" not in worker_pool["container_spec"]["command"][-1]
+    # preflight checks every training setting the train step gets, for this TPU
+    preflight_inputs = dag_tasks(spec)["preflight-step"]["inputs"]["parameters"]
+    assert preflight_inputs["tpu_type"]["runtimeValue"]["constant"] == tpu_type
+    trained = {name for name in train_inputs if name not in ("peak_tflops",)}
+    assert trained - {"tokenizer", "train_shards", "eval_shards"} <= set(preflight_inputs)
 
     executors = spec["deploymentSpec"]["executors"]
     assert "google-cloud-pipeline-components" in executors["exec-train-step"]["container"]["image"]
@@ -50,9 +78,13 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job(tmp_path, tpu_type):
     limited = [e for e in cpu_steps if "resources" in e["container"]]
     cpu_limits = sorted(e["container"]["resources"]["resourceCpuLimit"] for e in limited)
     assert cpu_limits == ["2", "2", "2", "8", "8", "8", "8"]  # preflight, push, report; tokenizer, shards x2, evaluate
-    preflight = spec["root"]["dag"]["tasks"]["preflight-step"]["inputs"]["parameters"]["replicas"]
-    expected_replicas = accelerator_count or math.prod(int(n) for n in topology.split("x"))
-    assert preflight["runtimeValue"]["constant"] == replicas(tpu_type) == expected_replicas
+
+
+def test_local_target_keeps_auto_accelerator_and_full_precision(tmp_path):
+    parameters = compiled(tmp_path, target="local")["root"]["inputDefinitions"]["parameters"]
+    assert parameters["accelerator"]["defaultValue"] == "auto"
+    assert parameters["bf16"]["defaultValue"] is False
+    assert parameters["replicas"]["defaultValue"] == 0
 
 
 def test_dag_edges_fan_out_and_parameters(tmp_path):

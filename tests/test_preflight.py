@@ -1,14 +1,21 @@
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tensorflow as tf
 from conftest import PROJECT_ROOT
+from transformers import TFAutoModelForMaskedLM
 
+from components.accelerators import TPU_TYPES, training_memory
 from components.errors import InvalidParameter
+from components.modeling import count_parameters, model_config
 from components.preflight import PreflightArguments, preflight
 from components.shards import read_manifest
+from components.train import TrainArguments
 
 
 def arguments(shards: dict, output: Path, **overrides) -> PreflightArguments:
@@ -92,3 +99,66 @@ def test_preflight_checks_the_hub_token_can_write(tmp_path, wikitext_shards, hub
     invalid = run_preflight(hub, wikitext_shards, tmp_path / "bad", {**hub.env, "HF_TOKEN": "hf_revoked"})
     assert invalid.returncode == 2 and "the Hub refused the token" in invalid.stderr
     assert not (tmp_path / "ro" / "preflight.json").exists() and not (tmp_path / "bad" / "preflight.json").exists()
+
+
+ROBERTA_BASE_25K_PARAMETERS = 105_268_648  # roberta-base with a 25,000-piece vocabulary, as built by transformers
+
+
+def roberta_config(preset: str, vocab_size: int = 25_000):
+    manifest = {"vocab_size": vocab_size, "max_length": 128, "special_tokens": {"pad": 1, "bos": 0, "eos": 2}}
+    return model_config(preset, manifest)
+
+
+def test_parameters_are_counted_without_building_the_model():
+    assert count_parameters(roberta_config("roberta-base")) == ROBERTA_BASE_25K_PARAMETERS
+    tiny = roberta_config("tiny", vocab_size=3000)
+    model = TFAutoModelForMaskedLM.from_config(tiny)
+    model(model.dummy_inputs)
+    assert count_parameters(tiny) == sum(int(tf.size(v)) for v in model.trainable_variables)
+
+
+def test_memory_estimate_of_roberta_base_on_a_v3_core():
+    config, v3 = roberta_config("roberta-base"), TPU_TYPES["v3-8"]
+
+    def estimate(batch: int, bf16: bool):
+        return training_memory(config, ROBERTA_BASE_25K_PARAMETERS, batch, 128, bf16, 45, v3.memory_gib_per_replica)
+
+    fp32, bf16 = estimate(256, bf16=False), estimate(256, bf16=True)
+    assert fp32.parameters == bf16.parameters == 16 * ROBERTA_BASE_25K_PARAMETERS  # fp32 weights, grads, m and v
+    # 34 bytes per token, hidden unit and layer in bf16 (Korthikanti et al. eq. 2), twice that in fp32
+    assert bf16.activations == 256 * (12 * 34 * 128 * 768 + 45 * 25_000 * 8 + 128 * 768 * 2)
+    assert fp32.verdict == "does not fit"  # what the pipeline's default of bf16=false would have asked of a v3
+    assert bf16.verdict in ("fits", "tight")  # the reference recipe's setting, which is known to train
+    largest = fp32.largest_batch
+    assert largest % 8 == 0 and estimate(largest, bf16=False).verdict == "fits"
+    assert estimate(largest + 8, bf16=False).verdict != "fits"
+
+
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("learning_rate", 0.0, "--learning-rate=0.0: must be a positive number"),
+        ("warmup_fraction", 1.0, "--warmup-fraction=1.0: must be at least 0 and below 1"),
+        ("weight_decay", -0.1, "--weight-decay=-0.1: must be 0 or positive"),
+        ("mlm_probability", 0.0, "--mlm-probability=0.0: must be between 0 and 1"),
+        ("steps_per_execution", 0, "--steps-per-execution=0: must be a positive whole number"),
+        ("shuffle_buffer", 0, "--shuffle-buffer=0: must be a positive whole number"),
+        ("checkpoint_every_steps", 0, "--checkpoint-every-steps=0: must be a positive whole number"),
+        ("log_every_steps", 0, "--log-every-steps=0: must be a positive whole number"),
+        ("eval_batches", 0, "--eval-batches=0: must be a positive whole number"),
+        ("num_epochs", 0, "--num-epochs=0: must be a positive whole number"),
+        ("max_steps", -1, "--max-steps=-1: must be 0"),
+        ("accelerator", "xpu", "--accelerator='xpu': must be one of"),
+        ("xla", "maybe", "--xla='maybe': must be one of"),
+        ("replicas", -1, "--replicas=-1: must be 0"),
+        ("tpu_type", "v4-8", "--tpu-type='v4-8': must be one of"),
+        ("hf_token_secret", "my-secret", "--hf-token-secret='my-secret': must be a Secret Manager name"),
+    ],
+)
+def test_preflight_refuses_every_bad_training_setting_the_train_step_refuses(tmp_path, setting, value, message):
+    values = {"tokenizer": "tok", "train_shards": "shards", "output": str(tmp_path / "out"), setting: value}
+    with pytest.raises(InvalidParameter, match=re.escape(message)):
+        PreflightArguments(**values)
+    if setting in {f.name for f in dataclasses.fields(TrainArguments)}:  # and the train step says the same
+        with pytest.raises(InvalidParameter, match=re.escape(message)):
+            TrainArguments(**values)

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,11 @@ from conftest import PROJECT_ROOT, run_module
 from transformers import AutoTokenizer, TFAutoModelForMaskedLM, pipeline
 
 from components import storage
+from components.accelerators import select_strategy
 from components.errors import InvalidParameter
 from components.evaluate import EvaluateArguments, evaluate
-from components.modeling import PRESETS, model_config, select_strategy, training_flops_per_token
+from components.modeling import PRESETS, model_config, training_flops_per_token
+from components.report import ReportArguments, write_report
 from components.shards import ShardArguments, read_manifest, write_shards
 from components.train import SUMMARY_FILE, TrainArguments, train
 
@@ -145,8 +148,10 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
     assert summary["total_steps"] == 60 and summary["steps_this_run"] == 40
     assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-60")
     assert tf.io.gfile.exists(f"{output}/tf_model.h5")
-    for point in summary["history"]:  # the learning-rate schedule went on where it was, not from the start
-        assert point["step"] > 20
+    # the history spans both runs (the first's points kept beside the checkpoints), and the learning-rate
+    # schedule went on where it was, not from the start
+    assert [point["step"] for point in summary["history"]] == sorted(uninterrupted_history)
+    for point in summary["history"]:
         assert point["learning_rate"] == pytest.approx(uninterrupted_history[point["step"]])
 
 
@@ -160,6 +165,55 @@ def test_strategy_selection(caplog):
         select_strategy("tpu")
     with pytest.raises(InvalidParameter, match=r"--accelerator='gpu': no GPU is visible"):
         select_strategy("gpu")
+    # off a TPU VM (no TPU device files), neither auto nor cpu loads the TPU runtime, which would wait minutes
+    assert "this machine has no TPU device" in caplog.text and os.environ["TPU_LOAD_LIBRARY"] == "0"
+
+
+def test_xla_is_never_nested_inside_the_tpu_step():
+    from components.train import _use_xla
+
+    assert [_use_xla(choice, "tpu") for choice in ("auto", "on", "off")] == [False, False, False]
+    assert [_use_xla(choice, "cpu") for choice in ("auto", "on", "off")] == [False, True, False]
+
+
+@pytest.mark.slow
+def test_a_failed_background_checkpoint_push_is_reported_and_training_goes_on(tmp_path, wikitext_shards, hub):
+    hub.fail_next["commit"] = [403, 403]  # a refusal: no retry, each checkpoint's push fails at once
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.train",
+            "--tokenizer",
+            wikitext_shards["tokenizer"],
+            "--train_shards",
+            wikitext_shards["train"],
+            "--model_config",
+            "tiny",
+            "--per_replica_batch_size",
+            "16",
+            "--accelerator",
+            "cpu",
+            "--max_steps",
+            "10",
+            "--checkpoint_every_steps",
+            "5",
+            "--hub_repo_id",
+            "user/flaky",
+            "--output",
+            str(tmp_path / "m"),
+        ],
+        cwd=PROJECT_ROOT,
+        env=hub.env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "m" / SUMMARY_FILE).read_text())
+    assert summary["total_steps"] == 10 and len(summary["hub_push_failures"]) == 2
+    assert summary["hub_push_failures"][0].startswith("Training checkpoint at step 5 of 10: ")
+    assert result.stderr.count("background push to user/flaky failed") == 2
+    assert hub.repos["user/flaky"].commits == [] and not list(Path(tempfile.gettempdir()).glob("hub-checkpoint-*"))
 
 
 def test_presets_take_vocabulary_and_special_ids_from_the_shards(wikitext_shards):
@@ -291,7 +345,7 @@ def test_evaluation_is_reproducible_and_writes_a_report(tmp_path, wikitext_shard
 
 def test_the_masked_positions_loss_equals_the_full_logits_loss(wikitext_shards):
     from components.data import Masking, masked_dataset
-    from components.train import masked_lm_loss, max_predictions
+    from components.masked_lm import masked_lm_loss, max_predictions
 
     manifest = read_manifest(wikitext_shards["validation"])
     model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
@@ -436,7 +490,7 @@ def test_a_corrupted_shard_of_the_right_size_is_named_by_training_and_evaluation
 
 
 def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuses_another_model(
-    tmp_path, wikitext_shards
+    tmp_path, wikitext_shards, hub
 ):
     from kfp.dsl import Artifact, Dataset, Model
 
@@ -460,6 +514,8 @@ def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuse
         checkpoint_every_steps=3,
         log_every_steps=3,
         accelerator="cpu",
+        replicas=0,
+        peak_tflops=0.0,
         checkpoint_dir=checkpoints,
         output_root="",
         tokenizer=Artifact(uri=wikitext_shards["tokenizer"]),
@@ -471,6 +527,44 @@ def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuse
     first, second = (json.loads((tmp_path / run / "model" / SUMMARY_FILE).read_text()) for run in ("first", "second"))
     assert first["resumed_from_step"] == 0 and first["steps_this_run"] == 6
     assert second["resumed_from_step"] == 6 and second["steps_this_run"] == 0  # nothing trained twice
+    # the rerun reports the training that the first run did: report and push show it
+    assert second["history"] == first["history"] and second["first_loss"] == first["first_loss"]
+    evaluation = str(tmp_path / "evaluation")
+    evaluate(
+        EvaluateArguments(
+            model=str(tmp_path / "second" / "model"),
+            shards=wikitext_shards["validation"],
+            output=evaluation,
+            max_batches=1,
+            fill_mask="",
+        )
+    )
+    write_report(
+        ReportArguments(
+            model=str(tmp_path / "second" / "model"), evaluation=evaluation, output=str(tmp_path / "report.html")
+        )
+    )
+    figures = f"{first['first_loss']:.4f} at step 3, {first['last_loss']:.4f} at step 6 (this run found all 6 steps"
+    assert figures in (tmp_path / "report.html").read_text()
+    pushed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.push",
+            "--model",
+            str(tmp_path / "second" / "model"),
+            "--evaluation",
+            evaluation,
+            "--repo_id",
+            "user/rerun",
+        ],
+        cwd=PROJECT_ROOT,
+        env=hub.env,
+        capture_output=True,
+        text=True,
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    assert figures in hub.file("user/rerun", "README.md").decode()
     assert json.loads((tmp_path / "checkpoints" / "checkpoint_identity.json").read_text())["model_config"]
 
     other = tmp_path / "other-config.json"

@@ -1,0 +1,260 @@
+"""What the training runs on: the TPU types of Vertex AI, their peaks and memory, the ``tf.distribute``
+strategy for an accelerator, and whether a model and batch fit one replica's memory.
+
+Hardware figures are Google's and NVIDIA's published ones (pages named beside each table). The memory
+estimate is an estimate: it is meant to catch a run that cannot fit before a TPU is paid for, not to
+replace XLA's own accounting, which only a real TPU gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from components.errors import InvalidParameter
+
+log = logging.getLogger("tpu_mlm.accelerators")
+
+GIB = 1024**3
+ACCELERATORS = ("auto", "tpu", "gpu", "cpu")
+# How the TPU image points TensorFlow at libtpu (see containers/tpu.Dockerfile).
+TPU_RUNTIME_VARIABLES = ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "NEXT_PLUGGABLE_DEVICE_USE_C_API", "TPU_LIBRARY_PATH")
+NO_TPU_DEVICE = "this machine has no TPU device: no /dev/accel* (TPU v2-v4) and no /dev/vfio/N (TPU v5e and later)"
+
+
+@dataclass(frozen=True)
+class TpuType:
+    """A TPU the train step can run on as a Vertex AI custom job. A replica of ``tf.distribute`` is a
+    TensorCore on v3 (two per chip) and a chip on v5e (one TensorCore each)."""
+
+    name: str
+    machine_type: str
+    accelerator_type: str  # "" where Vertex AI takes a topology instead (v5e)
+    accelerator_count: int
+    topology: str
+    replicas: int
+    peak_tflops_per_replica: float  # dense bf16
+    memory_gib_per_replica: float  # HBM
+
+    @property
+    def machine_spec(self) -> dict[str, Any]:
+        """The custom job's ``machine_spec`` for this TPU."""
+        if self.topology:
+            return {"machine_type": self.machine_type, "tpu_topology": self.topology}
+        return {
+            "machine_type": self.machine_type,
+            "accelerator_type": self.accelerator_type,
+            "accelerator_count": self.accelerator_count,
+        }
+
+
+# v3: 123 bf16 TFLOP/s and 32 GiB HBM per chip of two TensorCores (cloud.google.com/tpu/docs/v3);
+# v5e: 197 bf16 TFLOP/s and 16 GiB HBM per chip (cloud.google.com/tpu/docs/v5e). Vertex AI has no TensorFlow
+# training on v6e and later; v5p is left out until this pipeline's v5p machine spec is tried.
+TPU_TYPES: dict[str, TpuType] = {
+    tpu.name: tpu
+    for tpu in (
+        TpuType("v3-8", "cloud-tpu", "TPU_V3", 8, "", 8, 61.5, 16.0),
+        TpuType("v5e-1", "ct5lp-hightpu-1t", "", 0, "1x1", 1, 197.0, 16.0),
+        TpuType("v5e-4", "ct5lp-hightpu-4t", "", 0, "2x2", 4, 197.0, 16.0),
+        TpuType("v5e-8", "ct5lp-hightpu-8t", "", 0, "2x4", 8, 197.0, 16.0),
+    )
+}
+# Peak dense bf16 (fp16 where the chip has no bf16) TFLOP/s of one GPU, from NVIDIA's data sheets.
+GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "L4": 121.0, "V100": 125.0, "T4": 65.0}
+# TPU_ACCELERATOR_TYPE (set on TPU VMs) prefix -> peak of one replica; used only when no peak was passed in.
+_TPU_ENV_PEAKS = {"v3": 61.5, "v5litepod": 197.0, "v5e": 197.0}
+
+
+def tpu_type(name: str) -> TpuType:
+    if name not in TPU_TYPES:
+        raise InvalidParameter("tpu_type", name, f"must be one of {sorted(TPU_TYPES)}")
+    return TPU_TYPES[name]
+
+
+def check_accelerator(accelerator: str, replicas: int) -> None:
+    if accelerator not in ACCELERATORS:
+        raise InvalidParameter("accelerator", accelerator, f"must be one of {ACCELERATORS}")
+    if replicas < 0:
+        raise InvalidParameter("replicas", replicas, "must be 0 (every device of the accelerator) or positive")
+
+
+def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> tuple[Any, str]:
+    """The ``tf.distribute`` strategy for ``accelerator`` (auto, tpu, gpu, cpu) and the kind found.
+
+    ``auto`` tries a TPU, then GPUs, then the CPU, and says in one line what it fell back to. An explicit
+    ``tpu`` or ``gpu`` that is not there is an error, never a silent run on the CPU. ``replicas`` (0: all
+    devices) is checked against a TPU's or the GPUs' count; on the CPU, more than one splits it into as many
+    logical devices under ``MirroredStrategy``: the distributed values, datasets, reductions and checkpoints a
+    TPU run has, to rehearse a TPU's global batch on a laptop."""
+    try_tpu = accelerator in ("auto", "tpu")
+    if try_tpu and tpu == "local" and not tpu_device_files():
+        if accelerator == "tpu":
+            raise InvalidParameter("accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({NO_TPU_DEVICE})")
+        log.info("accelerator auto: %s", NO_TPU_DEVICE)
+        try_tpu = False
+    if not try_tpu:
+        skip_tpu_runtime()
+    import tensorflow as tf
+
+    if replicas > 1 and accelerator in ("auto", "cpu"):
+        _split_cpu(replicas)  # before anything else makes TensorFlow create its devices
+    if try_tpu:
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            return _checked(tf.distribute.TPUStrategy(resolver), "tpu", replicas)
+        except (ValueError, tf.errors.NotFoundError, tf.errors.UnavailableError) as error:
+            if accelerator == "tpu":
+                raise InvalidParameter(
+                    "accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({str(error).splitlines()[0]})"
+                ) from error
+    gpus = tf.config.list_physical_devices("GPU")
+    if accelerator in ("auto", "gpu"):
+        if gpus:
+            if accelerator == "auto":
+                log.info("accelerator auto: no TPU found; training on %d GPU(s)", len(gpus))
+            devices = [f"/gpu:{index}" for index in range(replicas or len(gpus))]
+            return _checked(tf.distribute.MirroredStrategy(devices[: len(gpus)]), "gpu", replicas)
+        if accelerator == "gpu":
+            raise InvalidParameter("accelerator", accelerator, "no GPU is visible to TensorFlow")
+        log.info("accelerator auto: no TPU and no GPU found; training on the CPU")
+    if replicas > 1:
+        devices = [device.name for device in tf.config.list_logical_devices("CPU")[:replicas]]
+        log.info("%d CPU replicas (logical devices) under MirroredStrategy", replicas)
+        return tf.distribute.MirroredStrategy(devices), "cpu"
+    return tf.distribute.OneDeviceStrategy("/cpu:0"), "cpu"
+
+
+def tpu_device_files() -> list[str]:
+    """The device files through which libtpu reaches the TPU chips of a TPU VM; none elsewhere."""
+    return sorted(glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*"))
+
+
+def skip_tpu_runtime() -> None:
+    """Keeps TensorFlow from loading libtpu in this process, for a CPU or GPU run in the TPU image: off a TPU
+    VM, libtpu asks the metadata server for the TPU's topology, 30 times per value, for minutes. Takes effect
+    only before TensorFlow is imported."""
+    for name in TPU_RUNTIME_VARIABLES:
+        os.environ.pop(name, None)
+    os.environ["TPU_LOAD_LIBRARY"] = "0"
+
+
+def _split_cpu(replicas: int) -> None:
+    import tensorflow as tf
+
+    (cpu,) = tf.config.list_physical_devices("CPU")
+    # RuntimeError: this process created its devices already; they serve if there are enough of them
+    with contextlib.suppress(RuntimeError):
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    found = len(tf.config.list_logical_devices("CPU"))
+    if found < replicas:
+        raise InvalidParameter(
+            "replicas",
+            replicas,
+            f"TensorFlow in this process already created {found} CPU device(s); start a new process to split the "
+            "CPU into more",
+        )
+
+
+def _checked(strategy: Any, kind: str, replicas: int) -> tuple[Any, str]:
+    if replicas and strategy.num_replicas_in_sync != replicas:
+        raise InvalidParameter(
+            "replicas", replicas, f"the {kind.upper()} found has {strategy.num_replicas_in_sync} replica(s)"
+        )
+    return strategy, kind
+
+
+def peak_tflops_per_replica(kind: str, override: float | None = None) -> float | None:
+    """The accelerator's peak: ``override`` (the pipeline passes the TPU type's at compile time), else from
+    ``TPU_ACCELERATOR_TYPE`` on a TPU VM or the GPU's name; None when unknown (the CPU)."""
+    if override:
+        return override
+    if kind == "tpu":
+        accelerator_type = os.environ.get("TPU_ACCELERATOR_TYPE", "").lower()
+        for prefix, peak in _TPU_ENV_PEAKS.items():
+            if accelerator_type.startswith(prefix):
+                return peak
+    if kind == "gpu":
+        import tensorflow as tf
+
+        name = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0]).get(
+            "device_name", ""
+        )
+        for model, peak in GPU_PEAK_TFLOPS.items():
+            if model in name.upper():
+                return peak
+    return None
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Memory of one training replica, in bytes, and how it compares with the accelerator's."""
+
+    parameters: int  # fp32 weights, gradients and Adam's two moments
+    activations: int
+    per_sample: int  # activations of one sample, for the batch that fits
+    available: int | None
+
+    FITS = 0.8  # above this share of the memory a run is tight: XLA needs room for buffers and fusions
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.activations
+
+    @property
+    def verdict(self) -> str:
+        if self.available is None:
+            return "unknown"
+        if self.total <= self.FITS * self.available:
+            return "fits"
+        return "tight" if self.total <= self.available else "does not fit"
+
+    @property
+    def largest_batch(self) -> int | None:
+        """The largest per-replica batch that fits, a multiple of 8 (the TPU's matrix tiles) when it can be."""
+        if self.available is None:
+            return None
+        batch = max(0, math.floor((self.FITS * self.available - self.parameters) / self.per_sample))
+        return batch - batch % 8 if batch >= 8 else batch
+
+    def describe(self) -> str:
+        line = f"{self.total / GIB:.1f} GiB per replica ({self.parameters / GIB:.1f} GiB weights, gradients and "
+        line += f"optimizer state, {self.activations / GIB:.1f} GiB activations)"
+        if self.available is not None:
+            line += f" of {self.available / GIB:.0f} GiB: {self.verdict}"
+        return line
+
+
+def training_memory(
+    config: Any,
+    num_parameters: int,
+    per_replica_batch_size: int,
+    max_length: int,
+    bf16: bool,
+    predictions: int,
+    available_gib: float | None = None,
+) -> MemoryEstimate:
+    """Memory of one replica training an encoder: 16 bytes a parameter (fp32 weights and gradients, Adam's m
+    and v; mixed precision keeps fp32 variables), the activations kept for the backward pass, ``34*s*h`` bytes
+    a sample and layer at 2-byte precision (twice that in fp32), and the LM head's fp32 logits and their
+    gradient at the masked positions. The activation term is eq. 2 of Korthikanti et al. 2022 ("Reducing
+    Activation Recomputation in Large Transformer Models"), which leaves out the attention scores; counting
+    them too (their eq. 1) would refuse the reference recipe's 256 samples per v3 core in bf16, a setting
+    that is known to train."""
+    s, h = max_length, config.hidden_size
+    scale = 1 if bf16 else 2
+    head = predictions * config.vocab_size * 4 * 2 + s * h * 2 * scale
+    per_sample = config.num_hidden_layers * 34 * s * h * scale + head
+    return MemoryEstimate(
+        parameters=16 * num_parameters,
+        activations=per_sample * per_replica_batch_size,
+        per_sample=per_sample,
+        available=None if available_gib is None else int(available_gib * GIB),
+    )

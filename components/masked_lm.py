@@ -1,0 +1,104 @@
+"""The masked-LM objective and its metrics, computed the same way in training, validation and evaluation.
+
+The LM head runs only at the masked positions of each sample (at most ``max_predictions`` of them): its
+vocabulary-wide projection is the largest matmul of a small model, and at 15% masking this skips most of it.
+Positions are gathered with ``top_k`` so shapes stay static for XLA. Every function works on one replica's
+batch inside ``strategy.run``, so the same code serves one CPU and the 8 replicas of a TPU.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from components.errors import InvalidParameter
+
+
+def check_probability(value: float) -> None:
+    if not 0.0 < value < 1.0:
+        raise InvalidParameter("mlm_probability", value, "must be between 0 and 1 (0.15 is usual)")
+
+
+def max_predictions(max_length: int, probability: float) -> int:
+    """A static bound on the masked tokens of one sample: the mean plus six standard deviations, so that a
+    sample with more (odds below one in a hundred million) practically never occurs."""
+    mean = max_length * probability
+    return min(max_length, math.ceil(mean + 6 * math.sqrt(mean * (1 - probability))) + 1)
+
+
+def masked_logits(model: Any, batch: dict[str, Any], predictions: int, training: bool) -> tuple[Any, Any, Any]:
+    """(fp32 logits, target ids, weights) at the first ``predictions`` masked positions of each sample; the
+    weight is 0 where a sample has fewer masked tokens than that."""
+    import tensorflow as tf
+
+    encoder = getattr(model, model.base_model_prefix)
+    hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training)[0]
+    labels = batch["labels"]
+    masked = tf.cast(labels >= 0, tf.float32)
+    _, positions = tf.math.top_k(masked, k=predictions)  # the masked positions come first
+    weights = tf.gather(masked, positions, batch_dims=1)
+    targets = tf.gather(tf.maximum(labels, 0), positions, batch_dims=1)
+    logits = model.get_lm_head()(tf.gather(hidden, positions, batch_dims=1), training=training)
+    return tf.cast(logits, tf.float32), targets, weights
+
+
+def masked_lm_loss(model: Any, batch: dict[str, Any], predictions: int, training: bool = True) -> Any:
+    """Mean cross-entropy over the masked tokens: the loss transformers computes from the full logits."""
+    import tensorflow as tf
+
+    logits, targets, weights = masked_logits(model, batch, predictions, training)
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+    return tf.reduce_sum(losses * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+
+
+class MaskedLMScorer:
+    """Loss, perplexity and masked-token accuracy over batches of a (distributed) dataset.
+
+    The graph function is traced once and reused at every call, so validating at each checkpoint does not
+    compile again (on a TPU, a recompile costs minutes). Each replica returns sums, which are added across
+    replicas, so any replica count gives the same figures up to float rounding."""
+
+    def __init__(self, model: Any, strategy: Any, predictions: int):
+        import tensorflow as tf
+
+        def replica_sums(batch: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+            samples = tf.shape(batch["input_ids"])[0]
+
+            def scored() -> tuple[Any, Any, Any]:
+                logits, targets, weights = masked_logits(model, batch, predictions, training=False)
+                losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+                correct = tf.cast(tf.argmax(logits, axis=-1, output_type=targets.dtype) == targets, tf.float32)
+                return tf.reduce_sum(losses * weights), tf.reduce_sum(weights), tf.reduce_sum(correct * weights)
+
+            # a replica's share of a short last batch can be empty, which the encoder's reshapes do not take
+            sums = tf.cond(samples > 0, scored, lambda: (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0)))
+            return (*sums, tf.cast(samples, tf.float32))
+
+        @tf.function(reduce_retracing=True)
+        def step(batch: dict[str, Any]) -> list[Any]:
+            sums = strategy.run(replica_sums, args=(batch,))
+            return [strategy.reduce("SUM", value, axis=None) for value in sums]
+
+        self._step = step
+
+    def __call__(self, dataset: Any, max_batches: int | None = None) -> dict[str, Any]:
+        loss_sum = tokens = correct = samples = 0.0
+        batches = 0
+        for batch in dataset:
+            batch_loss, batch_tokens, batch_correct, batch_samples = (float(value) for value in self._step(batch))
+            loss_sum, tokens, correct = loss_sum + batch_loss, tokens + batch_tokens, correct + batch_correct
+            samples += batch_samples
+            batches += 1
+            if max_batches is not None and batches >= max_batches:
+                break
+        if tokens == 0:
+            raise InvalidParameter("shards", "(evaluation set)", "no token was masked; the evaluation set is empty")
+        loss = loss_sum / tokens
+        return {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)),
+            "masked_accuracy": correct / tokens,
+            "masked_tokens": int(tokens),
+            "samples": int(samples),
+            "batches": batches,
+        }

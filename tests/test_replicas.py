@@ -1,0 +1,151 @@
+"""Many replicas on the CPU: the distributed code path a TPU takes (``PerReplica`` values, distributed datasets,
+cross-replica sums, checkpoints under a strategy), rehearsed with ``--accelerator cpu --replicas N``.
+
+TensorFlow splits the CPU only before it creates its devices, so each run is a process of its own, as on a
+TPU VM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+from conftest import PROJECT_ROOT, run_module
+from transformers import TFAutoModelForMaskedLM
+
+from components.data import Masking, masked_dataset
+from components.masked_lm import MaskedLMScorer, max_predictions
+from components.modeling import model_config
+from components.shards import read_manifest
+from components.train import HISTORY_FILE, SUMMARY_FILE
+
+
+def train_command(shards: dict, output, *extra: str) -> list[str]:
+    return [
+        "components.train",
+        "--tokenizer",
+        shards["tokenizer"],
+        "--train_shards",
+        shards["train"],
+        "--eval_shards",
+        shards["validation"],
+        "--model_config",
+        "tiny",
+        "--accelerator",
+        "cpu",
+        "--output",
+        str(output),
+        *extra,
+    ]
+
+
+def test_two_cpu_replicas_train_validate_at_each_checkpoint_and_save(tmp_path, embedded_shards):
+    command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "8")
+    command += ["--max_steps", "12", "--checkpoint_every_steps", "6", "--log_every_steps", "6", "--eval_batches", "2"]
+    result = run_module(*command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "model" / SUMMARY_FILE).read_text())
+    assert summary["replicas"] == 2 and summary["global_batch_size"] == 16
+    assert [point["step"] for point in summary["history"]] == [6, 12]
+    assert "2 CPU replicas (logical devices) under MirroredStrategy" in result.stderr
+    assert result.stderr.count("validation loss") == 2  # the distributed validation ran at both checkpoints
+    assert tf.train.latest_checkpoint(str(tmp_path / "model" / "checkpoints")).endswith("ckpt-12")
+
+
+def reference_metrics(model, dataset) -> dict:
+    """Today's figures computed the way they were before the masked-positions head: full logits everywhere."""
+    loss_sum = tokens = correct = 0.0
+    for batch in dataset:
+        logits = model(batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits
+        masked = batch["labels"] >= 0
+        labels = tf.where(masked, batch["labels"], 0)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        weights = tf.cast(masked, tf.float32)
+        loss_sum += float(tf.reduce_sum(losses * weights))
+        tokens += float(tf.reduce_sum(weights))
+        correct += float(tf.reduce_sum(tf.cast(tf.argmax(logits, -1) == labels, tf.float32) * weights))
+    return {"loss": loss_sum / tokens, "masked_accuracy": correct / tokens, "masked_tokens": int(tokens)}
+
+
+def test_masked_positions_metrics_equal_the_full_logits_metrics_on_the_same_masks(embedded_shards):
+    manifest = read_manifest(embedded_shards["validation"])
+    tf.keras.utils.set_random_seed(3)
+    model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
+    dataset = masked_dataset(
+        embedded_shards["validation"], manifest, 20, Masking.from_manifest(manifest), training=False
+    )
+    score = MaskedLMScorer(model, tf.distribute.get_strategy(), max_predictions(manifest["max_length"], 0.15))
+    metrics = score(dataset)
+    expected = reference_metrics(model, dataset)
+    assert metrics["masked_tokens"] == expected["masked_tokens"] > 0
+    assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert metrics["masked_accuracy"] == pytest.approx(expected["masked_accuracy"], abs=1e-9)
+    assert metrics["samples"] == manifest["num_records"] and metrics["batches"] == -(-manifest["num_records"] // 20)
+    assert score(dataset) == metrics  # the same function again, the same figures
+
+
+@pytest.mark.slow
+def test_evaluation_at_eight_replicas_equals_one_replica(tmp_path, embedded_shards):
+    model = tmp_path / "model"
+    trained = run_module(*train_command(embedded_shards, model, "--per_replica_batch_size", "8", "--max_steps", "5"))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    samples = read_manifest(embedded_shards["validation"])["num_records"]
+    batch = samples - 3  # the last batch holds 3 samples: five of the eight replicas get none of it
+    results = {}
+    for replicas in (1, 8):
+        output = tmp_path / f"evaluation-{replicas}"
+        evaluated = run_module(
+            "components.evaluate",
+            *("--model", str(model), "--shards", embedded_shards["validation"], "--output", str(output)),
+            *("--accelerator", "cpu", "--replicas", str(replicas), "--batch_size", str(batch), "--fill_mask", ""),
+        )
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        results[replicas] = json.loads((output / "metrics.json").read_text())
+    one, eight = results[1], results[8]
+    assert eight["samples"] == one["samples"] == samples and eight["batches"] == one["batches"] == 2
+    assert eight["masked_tokens"] == one["masked_tokens"]
+    assert eight["masked_accuracy"] == one["masked_accuracy"]
+    assert eight["loss"] == pytest.approx(one["loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_eight_replicas_train_validate_and_resume_after_a_kill_to_the_planned_step(tmp_path, embedded_shards):
+    output = tmp_path / "model"
+    command = train_command(embedded_shards, output, "--replicas", "8", "--per_replica_batch_size", "4")
+    command += ["--max_steps", "12", "--checkpoint_every_steps", "4", "--log_every_steps", "4", "--eval_batches", "1"]
+    save = "tensorflow.python.checkpoint.checkpoint_management:CheckpointManager.save"
+    killed = subprocess.run(  # SIGKILL right after the first checkpoint (and its validation had not run yet)
+        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), "--function", save, "--after", "--", *command],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-4")
+
+    resumed = run_module(*command)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((output / SUMMARY_FILE).read_text())
+    assert summary["replicas"] == 8 and summary["global_batch_size"] == 32
+    assert summary["resumed_from_step"] == 4 and summary["steps_this_run"] == 8
+    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-12")
+    assert resumed.stderr.count("validation loss") == 2  # at steps 8 and 12, on 8 replicas
+    assert [point["step"] for point in json.loads((output / "checkpoints" / HISTORY_FILE).read_text())] == [4, 8, 12]
+
+
+@pytest.mark.slow
+def test_the_whole_pipeline_runs_locally_with_eight_training_replicas(tmp_path, capsys):
+    from pipelines.run_local import RunLocalArguments, run_local
+
+    summary = run_local(
+        RunLocalArguments(
+            pipeline_root=str(tmp_path / "runs"), replicas=8, per_replica_batch_size=4, max_steps=8, vocab_size=2000
+        )
+    )
+    training = json.loads(Path(summary["artifacts"]["model"], SUMMARY_FILE).read_text())
+    assert training["replicas"] == 8 and training["global_batch_size"] == 32 and training["total_steps"] == 8
+    assert summary["metrics"]["masked_tokens"] > 0
