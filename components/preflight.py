@@ -75,13 +75,13 @@ def check_hub_write(repo_id: str, token: str) -> str:
     return identity.get("name", "")
 
 
-def check_writable(folder: str) -> None:
+def check_writable(parameter: str, folder: str) -> None:
     probe = storage.join(folder, ".write-probe")
     try:
         storage.write_text_atomic(probe, "ok")
         storage.remove(probe)
     except Exception as error:  # every storage backend raises its own type
-        raise InvalidParameter("output", folder, f"is not writable: {error}") from error
+        raise InvalidParameter(parameter, folder, f"is not writable: {error}") from error
 
 
 def check_memory(arguments: PreflightArguments, config: Any, max_length: int) -> dict[str, Any]:
@@ -104,19 +104,21 @@ def check_memory(arguments: PreflightArguments, config: Any, max_length: int) ->
         raise InvalidParameter(
             "per_replica_batch_size",
             arguments.per_replica_batch_size,
-            f"needs about {estimate.total / GIB:.1f} GiB per replica ({estimate.parameters / GIB:.1f} GiB weights "
-            f"and optimizer state, {estimate.activations / GIB:.1f} GiB activations), more than a {tpu.name} "
-            f"replica's {tpu.memory_gib_per_replica:.0f} GiB; {advice}",
+            f"needs at least {estimate.low / GIB:.1f} GiB per replica ({estimate.parameters / GIB:.1f} GiB weights "
+            f"and optimizer state, the rest activations), more than a {tpu.name} replica's "
+            f"{tpu.memory_gib_per_replica:.0f} GiB; {advice}",
         )
     if estimate.verdict == "tight":
         log.warning(
-            "memory is tight: about %s; if the TPU runs out of memory, use a per-replica batch of %d",
+            "memory may be short: %s; if the TPU runs out of memory, use a per-replica batch of %d",
             estimate.describe(),
             estimate.largest_batch,
         )
-    log.info("memory estimate: %s", estimate.describe())
+    else:
+        log.info("memory estimate: %s", estimate.describe())
     return {
-        "estimate_gib": round(estimate.total / GIB, 2),
+        "low_gib": round(estimate.low / GIB, 2),
+        "high_gib": round(estimate.high / GIB, 2),
         "verdict": estimate.verdict,
         "largest_per_replica_batch": estimate.largest_batch,
     }
@@ -139,7 +141,10 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
     if arguments.hub_repo_id:
         token = hub_token("hub_repo_id", arguments.hub_repo_id, arguments.hf_token_secret)
         report["hub_user"] = check_hub_write(arguments.hub_repo_id, token)
-    check_writable(arguments.output)  # last: the only check that writes
+    # last: the only checks that write (a fixed checkpoint folder is first written once the TPU has started)
+    if arguments.checkpoint_dir != storage.join(arguments.output, "checkpoints"):
+        check_writable("checkpoint_dir", arguments.checkpoint_dir)
+    check_writable("output", arguments.output)
     report["seconds"] = round(time.perf_counter() - started, 3)
     storage.write_text_atomic(storage.join(arguments.output, "preflight.json"), json.dumps(report, indent=2) + "\n")
     return report

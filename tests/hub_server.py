@@ -1,6 +1,8 @@
 """A local stand-in for the Hugging Face Hub's HTTP API, enough for ``huggingface_hub``'s real client:
 create_repo, upload_folder (regular and LFS files, one commit), repo_info, hf_hub_download and
-snapshot_download, whoami. Point the client at it with ``HF_ENDPOINT`` (and ``HF_HUB_DISABLE_XET=1``).
+snapshot_download, whoami; and, for dataset repositories added with ``add_dataset``, what ``datasets``
+needs to resolve and stream one (repository info, tree listing, paths-info, file downloads with byte
+ranges). Point the clients at it with ``HF_ENDPOINT`` (and ``HF_HUB_DISABLE_XET=1``).
 
 ``fail_next`` makes chosen endpoints answer with an error status, to test retries and failed commits.
 """
@@ -14,7 +16,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 LFS_THRESHOLD = 1 << 20
 
@@ -40,6 +42,8 @@ class HubStandIn:
         self.blobs: dict[str, bytes] = {}  # oid -> content (git sha1 for regular files, sha256 for LFS)
         self.fail_next: dict[str, list[int]] = {}  # endpoint name -> statuses to answer, in order
         self.requests: list[tuple[str, str]] = []
+        self.datasets: dict[str, Repo] = {}
+        self.bytes_sent: dict[str, int] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -54,6 +58,21 @@ class HubStandIn:
 
     def file(self, repo_id: str, path: str) -> bytes:
         return self.blobs[self.repos[repo_id].files[path]]
+
+    def add_dataset(self, repo_id: str, files: dict[str, bytes], private: bool = False) -> None:
+        """A dataset repository holding ``files`` in one commit, stored as the Hub stores them (LFS for
+        parquet files)."""
+        stored = {}
+        for path, data in files.items():
+            oid = hashlib.sha256(data).hexdigest() if path.endswith(".parquet") else git_blob_oid(data)
+            self.blobs[oid] = data
+            stored[path] = oid
+        commit = hashlib.sha1(json.dumps(sorted(stored.items())).encode()).hexdigest()
+        self.datasets[repo_id] = Repo(private=private, commits=[{"oid": commit, "message": "add", "files": stored}])
+
+    def read_bytes(self, repo_id: str) -> int:
+        """Bytes of ``repo_id``'s files sent so far (what its readers downloaded)."""
+        return self.bytes_sent.get(repo_id, 0)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         hub = self
@@ -88,9 +107,9 @@ class HubStandIn:
                     return True
                 return False
 
-            def _repo(self, repo_id: str, write: bool = False) -> Repo | None:
+            def _repo(self, repo_id: str, write: bool = False, kind: str = "models") -> Repo | None:
                 role = self._role()
-                repo = hub.repos.get(repo_id)
+                repo = (hub.datasets if kind == "datasets" else hub.repos).get(repo_id)
                 if repo is None or (repo.private and role is None):
                     self._send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
                     return None
@@ -117,6 +136,28 @@ class HubStandIn:
                             "auth": {"accessToken": {"displayName": "test", "role": role}},
                         },
                     )
+                if match := re.fullmatch(r"/api/datasets/([^/]+/[^/]+)(?:/revision/[^/]+)?", path):
+                    repo = self._repo(match[1], kind="datasets")
+                    if repo is None:
+                        return None
+                    return self._send(
+                        200,
+                        {
+                            "id": match[1],
+                            "sha": repo.commits[-1]["oid"],
+                            "private": repo.private,
+                            "lastModified": "2026-11-30T00:00:00.000Z",
+                            "siblings": [{"rfilename": name} for name in sorted(repo.files)],
+                        },
+                    )
+                if match := re.fullmatch(r"/api/datasets/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?", path):
+                    repo = self._repo(match[1], kind="datasets")
+                    if repo is None:
+                        return None
+                    recursive = parse_qs(urlparse(self.path).query).get("recursive", ["false"])[0] in ("true", "1")
+                    return self._send(200, self._tree(repo, (match[3] or "").strip("/"), recursive))
+                if match := re.fullmatch(r"/datasets/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
+                    return self._download(match[1], match[3], "datasets")
                 if match := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path):
                     repo = self._repo(match[1])
                     if repo is None:
@@ -132,17 +173,56 @@ class HubStandIn:
                         },
                     )
                 if match := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
-                    repo = self._repo(match[1])
-                    if repo is None:
-                        return None
-                    oid = repo.files.get(match[3])
-                    if oid is None:
-                        return self._send(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
-                    headers = {"X-Repo-Commit": repo.commits[-1]["oid"], "ETag": f'"{oid}"'}
-                    if len(oid) == 64:  # LFS
-                        headers |= {"X-Linked-Etag": f'"{oid}"', "X-Linked-Size": str(len(hub.blobs[oid]))}
-                    return self._send(200, headers=headers, raw=hub.blobs[oid])
+                    return self._download(match[1], match[3], "models")
                 return self._send(404, {"error": f"no route {path}"})
+
+            def _download(self, repo_id: str, file: str, kind: str) -> None:
+                repo = self._repo(repo_id, kind=kind)
+                if repo is None:
+                    return None
+                oid = repo.files.get(file)
+                if oid is None:
+                    return self._send(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
+                data = hub.blobs[oid]
+                headers = {"X-Repo-Commit": repo.commits[-1]["oid"], "ETag": f'"{oid}"', "Accept-Ranges": "bytes"}
+                if len(oid) == 64:  # LFS
+                    headers |= {"X-Linked-Etag": f'"{oid}"', "X-Linked-Size": str(len(data))}
+                status = 200
+                if (ranged := re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")) and data:
+                    start = int(ranged[1])
+                    end = min(int(ranged[2]) if ranged[2] else len(data) - 1, len(data) - 1)
+                    headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+                    data, status = data[start : end + 1], 206
+                if self.command == "GET":
+                    hub.bytes_sent[repo_id] = hub.bytes_sent.get(repo_id, 0) + len(data)
+                return self._send(status, headers=headers, raw=data)
+
+            def _tree(self, repo: Repo, folder: str, recursive: bool) -> list[dict]:
+                """The entries under ``folder`` as the Hub lists them: files, and the folders on the way."""
+                entries: dict[str, dict] = {}
+                prefix = f"{folder}/" if folder else ""
+                for name, oid in sorted(repo.files.items()):
+                    if not name.startswith(prefix):
+                        continue
+                    parts = name[len(prefix) :].split("/")
+                    for depth in range(1, len(parts)):
+                        if depth > 1 and not recursive:
+                            break
+                        directory = prefix + "/".join(parts[:depth])
+                        entries.setdefault(
+                            directory, {"type": "directory", "oid": "0" * 40, "size": 0, "path": directory}
+                        )
+                    if len(parts) == 1 or recursive:
+                        entries[name] = self._file_entry(name, oid)
+                return list(entries.values())
+
+            def _file_entry(self, name: str, oid: str) -> dict:
+                size = len(hub.blobs[oid])
+                entry = {"type": "file", "oid": oid if len(oid) == 40 else git_blob_oid(hub.blobs[oid]), "size": size}
+                entry["path"] = name
+                if len(oid) == 64:
+                    entry["lfs"] = {"oid": oid, "size": size, "pointerSize": 134}
+                return entry
 
             def do_PUT(self) -> None:
                 path = unquote(urlparse(self.path).path)
@@ -163,6 +243,23 @@ class HubStandIn:
                 if path == "/api/validate-yaml":  # model cards' metadata
                     self._body()
                     return self._send(200, {"errors": [], "warnings": []})
+                if match := re.fullmatch(r"/api/datasets/([^/]+/[^/]+)/paths-info/[^/]+", path):
+                    body = self._body().decode()
+                    repo = self._repo(match[1], kind="datasets")
+                    if repo is None:
+                        return None
+                    if "json" in (self.headers.get("Content-Type") or ""):
+                        asked = json.loads(body).get("paths", [])
+                    else:
+                        asked = parse_qs(body).get("paths", [])
+                    found = []
+                    for wanted in asked:
+                        wanted = wanted.strip("/")
+                        if wanted in repo.files:
+                            found.append(self._file_entry(wanted, repo.files[wanted]))
+                        elif any(name.startswith(wanted + "/") for name in repo.files):
+                            found.append({"type": "directory", "oid": "0" * 40, "size": 0, "path": wanted})
+                    return self._send(200, found)
                 if path == "/api/repos/create":
                     if self._injected("create"):
                         return None

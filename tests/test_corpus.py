@@ -1,10 +1,11 @@
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.corpus import Corpus, CorpusSpec, embedded_lines, is_held_out, select_texts
+from components.corpus import LINE_STEP, Corpus, CorpusSpec, embedded_lines, holdout_texts, is_held_out
 from components.errors import InvalidParameter
 
 
@@ -101,17 +102,81 @@ def test_limit_must_be_positive():
         CorpusSpec("embedded", limit=0)
 
 
-def test_parts_partition_the_texts_and_holdout_never_overlaps():
+def test_holdout_is_chosen_by_content_and_never_overlaps():
     texts = texts_of("embedded")
-    parts = [list(select_texts(iter(texts), 3, part)) for part in range(3)]
-    assert sorted(t for part in parts for t in part) == sorted(texts)
-    assert parts[1] == texts[1::3]
-    kept = list(select_texts(iter(texts), holdout_fraction=0.1, holdout="exclude"))
-    held = list(select_texts(iter(texts), holdout_fraction=0.1, holdout="only"))
+    kept = list(holdout_texts(iter(texts), holdout_fraction=0.1, holdout="exclude"))
+    held = list(holdout_texts(iter(texts), holdout_fraction=0.1, holdout="only"))
     assert not set(kept) & set(held)
     assert len(kept) + len(held) == len(texts)
     assert 0.07 < len(held) / len(texts) < 0.13
     assert held == [t for t in texts if is_held_out(t, 0.1)]
+
+
+def write_layouts(folder, lines: list[str]) -> dict[str, str]:
+    """The same texts as one text file, as 7 text files, as JSON lines, and as parquet with row groups."""
+    folder.mkdir(exist_ok=True)
+    (folder / "one.txt").write_text("\n".join(lines) + "\n")
+    for index in range(7):
+        chunk = lines[index * len(lines) // 7 : (index + 1) * len(lines) // 7]
+        (folder / f"many-{index}.txt").write_text("\n".join(chunk) + "\n")
+    (folder / "rows.jsonl").write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
+    pq.write_table(pa.table({"text": lines}), folder / "rows.parquet", row_group_size=len(lines) // 10)
+    return {
+        "one text file": str(folder / "one.txt"),
+        "seven text files": str(folder / "many-*.txt"),
+        "one JSON-lines file": str(folder / "rows.jsonl"),
+        "parquet row groups": str(folder / "rows.parquet"),
+    }
+
+
+@pytest.mark.parametrize("num_parts", [2, 3, 5])
+def test_parts_read_disjoint_shares_that_together_are_the_corpus_in_order(tmp_path, num_parts):
+    lines = [f"text {i} " + "word " * (i * 7919 % 23) for i in range(3000)]  # lines of varied length
+    for layout, source in write_layouts(tmp_path, lines).items():
+        whole = Corpus(CorpusSpec(source))
+        assert list(whole) == lines, layout
+        parts = [Corpus(CorpusSpec(source), num_parts, part) for part in range(num_parts)]
+        shares = [list(part) for part in parts]
+        assert [text for share in shares for text in share] == lines, layout
+        assert all(shares), f"{layout}: a part read nothing"
+        read = sum(part.bytes_read for part in parts)
+        if "parquet" not in layout:  # every byte once, plus at most one line at each part's edges
+            assert whole.bytes_read <= read <= whole.bytes_read + num_parts * (LINE_STEP + max(map(len, lines))), layout
+            assert max(part.bytes_read for part in parts) < 1.5 * whole.bytes_read / num_parts, layout
+
+
+def test_a_part_reads_its_byte_range_of_a_big_file_not_the_whole_file(tmp_path):
+    lines = [f"line {i:07d} " + "x" * 90 for i in range(60_000)]  # 6 MB: several read blocks per part
+    (tmp_path / "big.txt").write_text("\n".join(lines) + "\n")
+    size = (tmp_path / "big.txt").stat().st_size
+    parts = [Corpus(CorpusSpec(str(tmp_path / "big.txt")), 4, part) for part in range(4)]
+    shares = [list(part) for part in parts]
+    assert [text for share in shares for text in share] == lines
+    for part in parts:
+        assert size / 4 - 1 <= part.bytes_read <= size / 4 + LINE_STEP + 100  # its quarter, the line at its end
+        assert part.fraction_done == 1.0
+
+
+def test_a_sample_is_spread_over_the_whole_corpus_and_about_its_size(tmp_path):
+    lines = [f"document {i:06d} " + "y" * 200 for i in range(50_000)]  # 10.5 MB in three files
+    for index in range(3):
+        (tmp_path / f"part-{index}.txt").write_text("\n".join(lines[index::3]) + "\n")
+    corpus = Corpus(CorpusSpec(str(tmp_path / "*.txt")), sample_bytes=2_000_000)
+    texts = list(corpus)
+    assert texts and set(texts) <= set(lines) and len(set(texts)) == len(texts)
+    assert 1_900_000 <= corpus.bytes_read <= 2_300_000
+    assert {text.split()[1][:1] for text in texts} == {"0", "1", "2", "3", "4"}  # from every stretch of ids
+    assert {Path(piece.uri).name for piece in corpus.slices} == {"part-0.txt", "part-1.txt", "part-2.txt"}
+    assert list(Corpus(CorpusSpec(str(tmp_path / "*.txt")), sample_bytes=2_000_000)) == texts  # the same each run
+    everything = Corpus(CorpusSpec(str(tmp_path / "*.txt")), sample_bytes=100_000_000)  # larger than the corpus
+    assert len(list(everything)) == len(lines)
+
+
+def test_embedded_corpus_parts_are_contiguous_runs_of_its_lines():
+    texts = texts_of("embedded")
+    shares = [list(Corpus(CorpusSpec("embedded"), 3, part)) for part in range(3)]
+    assert [text for share in shares for text in share] == texts
+    assert all(len(share) > len(texts) / 4 for share in shares)
 
 
 def test_lines_across_read_blocks_multibyte_text_and_crlf_are_read_whole(tmp_path):

@@ -48,10 +48,14 @@ def test_preflight_uses_the_tpu_replica_count_for_the_batch_arithmetic(tmp_path,
     assert not (tmp_path / "eight").exists()
 
 
-def test_preflight_refuses_unwritable_storage(tmp_path, wikitext_shards):
+def test_preflight_refuses_unwritable_storage_and_checkpoint_folder(tmp_path, wikitext_shards):
     (tmp_path / "a-file").write_text("not a folder")
     with pytest.raises(InvalidParameter, match=r"--output=.*a-file/out': is not writable"):
         preflight(arguments(wikitext_shards, tmp_path / "a-file" / "out"))
+    # a fixed checkpoint folder is first written once the TPU has started: preflight probes it before
+    with pytest.raises(InvalidParameter, match=r"--checkpoint-dir=.*a-file/checkpoints': is not writable"):
+        preflight(arguments(wikitext_shards, tmp_path / "out", checkpoint_dir=str(tmp_path / "a-file" / "checkpoints")))
+    assert not (tmp_path / "out" / "preflight.json").exists()
 
 
 def run_preflight(hub, shards, output, env):
@@ -125,10 +129,13 @@ def test_memory_estimate_of_roberta_base_on_a_v3_core():
 
     fp32, bf16 = estimate(256, bf16=False), estimate(256, bf16=True)
     assert fp32.parameters == bf16.parameters == 16 * ROBERTA_BASE_25K_PARAMETERS  # fp32 weights, grads, m and v
-    # 34 bytes per token, hidden unit and layer in bf16 (Korthikanti et al. eq. 2), twice that in fp32
-    assert bf16.activations == 256 * (12 * 34 * 128 * 768 + 45 * 25_000 * 8 + 128 * 768 * 2)
-    assert fp32.verdict == "does not fit"  # what the pipeline's default of bf16=false would have asked of a v3
-    assert bf16.verdict in ("fits", "tight")  # the reference recipe's setting, which is known to train
+    # 34 bytes per token, hidden unit and layer in bf16 (Korthikanti et al. eq. 2), the head's fp32 logits and
+    # their gradient at 45 masked positions; eq. 1 adds the attention scores, 5 x heads x length per token
+    assert bf16.per_sample_low == 12 * 34 * 128 * 768 + 45 * 25_000 * 8 + 128 * 768 * 2
+    assert bf16.per_sample_high - bf16.per_sample_low == 12 * 5 * 12 * 128 * 128
+    assert fp32.per_sample_high - fp32.per_sample_low == 2 * (bf16.per_sample_high - bf16.per_sample_low)
+    assert fp32.verdict == "does not fit"  # what the pipeline's old default of bf16=false asked of a v3 core
+    assert bf16.verdict == "tight"  # the reference recipe's setting: a warning, not a refusal
     largest = fp32.largest_batch
     assert largest % 8 == 0 and estimate(largest, bf16=False).verdict == "fits"
     assert estimate(largest + 8, bf16=False).verdict != "fits"
