@@ -89,11 +89,15 @@ def full_logits_pass(model):
     return score
 
 
-def evaluation_samples_per_second(score, dataset) -> float:
+def evaluation_samples_per_second(score, dataset, passes: int = 3) -> float:
+    """The best of ``passes`` timed passes (this shared machine's speed varies from pass to pass)."""
     score(dataset)  # warm-up: tracing, for the full and the short last batch
-    started = time.perf_counter()
-    samples = score(dataset)
-    return samples / (time.perf_counter() - started)
+    best = 0.0
+    for _ in range(passes):
+        started = time.perf_counter()
+        samples = score(dataset)
+        best = max(best, samples / (time.perf_counter() - started))
+    return best
 
 
 def samples_per_second(dataset, batches: int, batch_size: int) -> float:

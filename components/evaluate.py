@@ -139,7 +139,7 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
         )
         score = MaskedLMScorer(model, strategy, max_predictions(manifest["max_length"], arguments.mlm_probability))
         with naming_corrupt_shards(("shards", arguments.shards, manifest)):
-            metrics = score(strategy.experimental_distribute_dataset(dataset), arguments.max_batches)
+            metrics = score(dataset, arguments.max_batches)
         examples = fill_mask_examples(model, tokenizer, sentences, arguments.top_k) if sentences else []
     metrics.update(
         seconds=round(time.perf_counter() - started, 3),

@@ -340,10 +340,7 @@ def _training_loop(
             training=False,
             drop_remainder=True,  # TPUs need full batches
         )
-        validation = (
-            strategy.experimental_distribute_dataset(batches),
-            MaskedLMScorer(state.model, strategy, predictions),
-        )
+        validation = (batches, MaskedLMScorer(state.model, strategy, predictions))
     shard_sources = (
         ("train_shards", arguments.train_shards, plan.manifest),
         ("eval_shards", arguments.eval_shards, plan.eval_manifest),

@@ -85,6 +85,8 @@ def test_masked_positions_metrics_equal_the_full_logits_metrics_on_the_same_mask
     assert metrics["masked_accuracy"] == pytest.approx(expected["masked_accuracy"], abs=1e-9)
     assert metrics["samples"] == manifest["num_records"] and metrics["batches"] == -(-manifest["num_records"] // 20)
     assert score(dataset) == metrics  # the same function again, the same figures
+    assert score(dataset, max_batches=1)["batches"] == 1
+    assert score.traces == 1  # one graph for every pass: no compile per checkpoint
 
 
 @pytest.mark.slow
