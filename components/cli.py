@@ -24,6 +24,7 @@ JOBS = {
     "tokenizer": ("components.tokenizer", "Train a Unigram tokenizer on a corpus."),
     "shards": ("components.shards", "Tokenize a corpus into fixed-length TFRecord shards."),
     "merge-shards": ("components.merge_shards", "Merge the part manifests of a sharded run into manifest.json."),
+    "estimate": ("components.estimate", "Time, cost and memory fit of a TPU run, before paying for it."),
     "preflight": ("components.preflight", "Check data, config, storage and Hub access before a TPU run."),
     "train": ("components.train", "Pre-train a masked language model on shards (TPU, GPU or CPU)."),
     "evaluate": ("components.evaluate", "Loss, perplexity, masked accuracy and fill-mask examples."),

@@ -1,4 +1,4 @@
-"""One way to name a text corpus, accepted by every step.
+"""One way to name a text corpus, accepted by every step, and which share of it a step reads.
 
 ``--corpus`` takes one of:
 
@@ -9,6 +9,22 @@
   ``.parquet`` (with a text column).
 
 Reading streams in bounded memory. Blank texts are skipped everywhere: they carry no text to learn from.
+
+**Parts.** ``Corpus(spec, num_parts=N, part=K)`` reads only part K's share, and the N parts together read
+each byte once, in the corpus's order (part 0's texts, then part 1's, ...):
+
+* files: the files laid end to end are cut into N equal byte ranges. With at least N files, each file goes
+  whole to the part holding its middle byte (whole files, balanced by size, in order). With fewer, text and
+  JSON-lines files are read by byte range: a part starts at the first line that starts inside its range and
+  ends with the line that crosses its end; parquet files by row group (the part holding its middle byte);
+* ``hf:`` datasets: the dataset's own file shards (``IterableDataset.shard``), split further into parquet
+  row groups (``reshard``) when there are fewer files than parts, else every N-th example (logged: each
+  part then streams the whole dataset);
+* ``embedded``: contiguous runs of lines.
+
+**Samples.** ``Corpus(spec, sample_bytes=B)`` reads about B bytes spread over the whole corpus, the same in
+every run: windows of the files evenly spaced from start to end (lines cut as for parts), or the head of
+each of a Hub dataset's shards. The tokenizer trains on a sample so that its memory stays bounded.
 """
 
 from __future__ import annotations
@@ -16,17 +32,25 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from components import storage
 from components.errors import InvalidParameter
+from components.hub import secret_token
+
+log = logging.getLogger("tpu_mlm.corpus")
 
 EMBEDDED = "embedded"
 HUB_PREFIX = "hf:"
 FILE_FORMATS = {".txt": "text", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 _CHUNK_BYTES = 1 << 20
+LINE_STEP = 4096  # past the end of its range, a reader finishes its last line in reads of this size
+_SAMPLE_WINDOWS = 1024  # a sample is read as at most this many windows ...
+_MIN_WINDOW = 1 << 16  # ... of at least this many bytes
 
 
 @dataclass(frozen=True)
@@ -36,6 +60,7 @@ class CorpusSpec:
     source: str
     text_column: str = "text"
     limit: int | None = None
+    hf_token_secret: str = ""  # Secret Manager secret with a Hub token, for private hf: datasets; else HF_TOKEN
 
     def __post_init__(self) -> None:
         if not self.source or not self.source.strip():
@@ -55,19 +80,35 @@ EXPECTED_FORMS = (
 )
 
 
+@dataclass(frozen=True)
+class FileSlice:
+    """What a reader takes of one file: for text formats the lines that start in ``[start, end)``, for
+    parquet the row groups whose middle byte lies there (byte offsets spread over the row groups by size)."""
+
+    uri: str
+    file_format: str
+    size: int
+    start: int
+    end: int
+
+
 class Corpus:
     """An opened corpus: validated up front, then iterated as many times as needed.
 
-    ``fraction_done`` follows the current iteration (bytes for files, rows where the total is known),
-    for progress lines; it is ``None`` when the size is unknown.
+    ``fraction_done`` follows the current iteration over this reader's share (bytes for files, rows where
+    the total is known), for progress lines; ``None`` when the size is unknown. ``bytes_read`` counts the
+    bytes the last iteration read from the files (for ``hf:`` and ``embedded``, the text's UTF-8 bytes).
     """
 
-    def __init__(self, spec: CorpusSpec):
+    def __init__(self, spec: CorpusSpec, num_parts: int = 1, part: int = 0, sample_bytes: int | None = None):
         self.spec = spec
+        self.num_parts, self.part, self.sample_bytes = num_parts, part, sample_bytes
         self.fraction_done: float | None = None
+        self.bytes_read = 0
         source = spec.source.strip()
         if source == EMBEDDED:
             self.kind = "embedded"
+            self.total_bytes = sum(len(line.encode("utf-8")) + 1 for line in embedded_lines())
         elif source.startswith(HUB_PREFIX):
             self.kind = "hub"
             self._hub_args = _parse_hub_name(source)
@@ -75,58 +116,188 @@ class Corpus:
             self.kind = "files"
             self.files = _resolve_files(source)
             self.total_bytes = sum(size for _, _, size in self.files)
+        if self.kind == "files":
+            self.slices = self._plan_slices()
         self._check_first_text()
 
     def _check_first_text(self) -> None:
-        """Reads the first text, so that a missing column or an empty corpus fails before any work."""
-        if next(iter(self), None) is None:
+        """Reads the corpus's first text, so that a missing column or an empty corpus fails before any work,
+        whatever share this reader has."""
+        texts = self._raw_texts(whole=True)
+        try:
+            first = next((text for text in texts if text.strip()), None)
+        finally:
+            texts.close()  # a Hub dataset's stream holds connections and reader threads
+        if first is None:
             raise InvalidParameter("corpus", self.spec.source, "holds no text (every row is empty)")
 
+    @property
+    def sampled(self) -> bool:
+        """Whether this reader reads a sample rather than all of its share."""
+        if self.kind == "hub":  # its size is not known before reading
+            return bool(self.sample_bytes)
+        return bool(self.sample_bytes) and self.sample_bytes < self.total_bytes
+
+    def describe_share(self) -> str:
+        planned = sum(piece.end - piece.start for piece in self.slices)
+        what = f"a sample of {self.sample_bytes:,} bytes" if self.sample_bytes else f"part {self.part}"
+        return (
+            f"{what}: {planned:,} of the corpus's {self.total_bytes:,} bytes, "
+            f"in {len(self.slices)} piece(s) of {len({piece.uri for piece in self.slices})} file(s)"
+        )
+
     def __iter__(self) -> Iterator[str]:
+        self.bytes_read = 0
         texts = (text for text in self._raw_texts() if text.strip())
         if self.spec.limit is not None:
             texts = itertools.islice(texts, self.spec.limit)
         return texts
 
-    def _raw_texts(self) -> Iterator[str]:
+    def _raw_texts(self, whole: bool = False) -> Iterator[str]:
+        """This reader's share of the texts, or with ``whole`` all of them."""
         if self.kind == "embedded":
-            return self._embedded_texts()
+            return self._embedded_texts(whole)
         if self.kind == "hub":
-            return self._hub_texts()
-        return self._file_texts()
+            return self._hub_texts(whole)
+        return self._file_texts(self._whole_files() if whole else self.slices)
 
-    def _embedded_texts(self) -> Iterator[str]:
+    def _whole_files(self) -> list[FileSlice]:
+        return [FileSlice(uri, fmt, size, 0, size) for uri, fmt, size in self.files]
+
+    # -- which share -----------------------------------------------------------------------------------------
+
+    def _plan_slices(self) -> list[FileSlice]:
+        total = self.total_bytes
+        if self.sampled:
+            windows = max(1, min(_SAMPLE_WINDOWS, self.sample_bytes // _MIN_WINDOW))
+            width = self.sample_bytes / windows
+            ranges = [(int(i * total / windows), int(i * total / windows + width)) for i in range(windows)]
+            return _file_slices(self.files, ranges)
+        if self.num_parts == 1:
+            return self._whole_files()
+        bounds = [int(k * total / self.num_parts) for k in range(self.num_parts + 1)]
+        if len(self.files) >= self.num_parts:  # whole files, each to the part that holds its middle byte
+            slices, offset = [], 0
+            for uri, fmt, size in self.files:
+                if _part_of(offset + size / 2, total, self.num_parts) == self.part:
+                    slices.append(FileSlice(uri, fmt, size, 0, size))
+                offset += size
+            return slices
+        return _file_slices(self.files, [(bounds[self.part], bounds[self.part + 1])])
+
+    # -- readers -----------------------------------------------------------------------------------------------
+
+    def _embedded_texts(self, whole: bool) -> Iterator[str]:
         lines = embedded_lines()
-        for index, line in enumerate(lines):
-            self.fraction_done = index / len(lines)
-            yield line
+        count = len(lines)
+        if whole:
+            chosen = list(range(count))
+        elif self.sampled:
+            share = self.sample_bytes / self.total_bytes
+            chosen = [i for i in range(count) if math.floor((i + 1) * share) > math.floor(i * share)]
+        else:
+            chosen = list(range(count * self.part // self.num_parts, count * (self.part + 1) // self.num_parts))
+        for done, index in enumerate(chosen):
+            self.fraction_done = done / max(len(chosen), 1)
+            self.bytes_read += len(lines[index].encode("utf-8")) + 1
+            yield lines[index]
         self.fraction_done = 1.0
 
-    def _hub_texts(self) -> Iterator[str]:
+    def _hub_texts(self, whole: bool) -> Iterator[str]:
+        dataset = self._hub_dataset()
+        split_info = (dataset.info.splits or {}).get(self._hub_args[2])
+        total = split_info.num_examples if split_info else None
+        if whole or (self.num_parts == 1 and not self.sample_bytes):
+            rows: Any = iter(dataset)
+        elif self.sample_bytes:
+            rows, total = self._hub_sample(dataset.reshard()), None
+        else:
+            rows, total = self._hub_part(dataset), None
+        try:
+            for index, row in enumerate(rows):
+                text = row[self.spec.text_column] or ""
+                if total:
+                    self.fraction_done = index / total
+                self.bytes_read += len(text.encode("utf-8"))
+                yield text
+        finally:
+            rows.close()
+
+    def _hub_dataset(self) -> Any:
         import datasets
 
         name, config, split = self._hub_args
+        token = secret_token(self.spec.hf_token_secret) if self.spec.hf_token_secret else None  # else HF_TOKEN
         try:
-            dataset = datasets.load_dataset(name, config, split=split, streaming=True)
+            dataset = datasets.load_dataset(name, config, split=split, streaming=True, token=token)
         except Exception as error:  # the datasets library raises many types for a name it cannot load
-            raise InvalidParameter("corpus", self.spec.source, f"cannot load the Hub dataset: {error}") from error
-        split_info = (dataset.info.splits or {}).get(split)
-        total = split_info.num_examples if split_info else None
-        for index, row in enumerate(dataset):
-            if self.spec.text_column not in row:
-                raise _missing_column(self.spec, list(row), self.spec.source)
-            if total:
-                self.fraction_done = index / total
-            yield row[self.spec.text_column]
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise InvalidParameter("corpus", self.spec.source, f"cannot load the Hub dataset: {reason}") from error
+        if dataset.features is not None and self.spec.text_column not in dataset.features:
+            raise _missing_column(self.spec, list(dataset.features), self.spec.source)
+        return dataset
 
-    def _file_texts(self) -> Iterator[str]:
-        done_bytes = 0
-        for uri, file_format, file_size in self.files:
-            reader = _parquet_texts if file_format == "parquet" else _line_texts
-            for text, file_fraction in reader(uri, file_format, self.spec):
-                self.fraction_done = (done_bytes + file_fraction * file_size) / max(self.total_bytes, 1)
+    def _hub_part(self, dataset: Any) -> Iterator[dict[str, Any]]:
+        """This part's share of the dataset's file shards, or of its parquet row groups when there are fewer
+        files than parts; else every N-th example."""
+        if dataset.num_shards < self.num_parts:
+            dataset = dataset.reshard()
+        if dataset.num_shards >= self.num_parts:
+            log.info(
+                "part %d of %d reads its share of %d dataset shards", self.part, self.num_parts, dataset.num_shards
+            )
+            yield from dataset.shard(self.num_parts, self.part)
+            return
+        log.warning(
+            "the dataset has %d shard(s), fewer than the %d parts: each part streams the whole dataset and keeps "
+            "every %d-th example",
+            dataset.num_shards,
+            self.num_parts,
+            self.num_parts,
+        )
+        yield from itertools.islice(dataset, self.part, None, self.num_parts)
+
+    def _hub_sample(self, dataset: Any) -> Iterator[dict[str, Any]]:
+        """The head of every shard (row group) of the dataset, an equal share of ``sample_bytes`` each."""
+        shards = dataset.num_shards
+        budget = self.sample_bytes / shards
+        for index in range(shards):
+            used = 0
+            for row in dataset.shard(shards, index):
+                yield row
+                used += len(str(row.get(self.spec.text_column) or "").encode("utf-8"))
+                if used >= budget:
+                    break
+
+    def _file_texts(self, slices: list[FileSlice]) -> Iterator[str]:
+        planned = max(sum(piece.end - piece.start for piece in slices), 1)
+        done = 0
+        for piece in slices:
+            reader = _parquet_texts if piece.file_format == "parquet" else _line_texts
+            for text, piece_done in reader(piece, self.spec, self._count_read):
+                self.fraction_done = min((done + piece_done) / planned, 1.0)
                 yield text
-            done_bytes += file_size
+            done += piece.end - piece.start
+        self.fraction_done = 1.0
+
+    def _count_read(self, count: int) -> None:
+        self.bytes_read += count
+
+
+def _part_of(offset: float, total: int, num_parts: int) -> int:
+    return min(num_parts - 1, int(offset * num_parts / max(total, 1)))
+
+
+def _file_slices(files: list[tuple[str, str, int]], ranges: list[tuple[int, int]]) -> list[FileSlice]:
+    """The pieces of ``files`` (laid end to end) that fall in the global byte ``ranges``."""
+    slices, offset = [], 0
+    for uri, fmt, size in files:
+        for low, high in ranges:
+            start, end = max(low - offset, 0), min(high - offset, size)
+            if start < end:
+                slices.append(FileSlice(uri, fmt, size, start, end))
+        offset += size
+    return slices
 
 
 def embedded_lines() -> list[str]:
@@ -167,34 +338,51 @@ def _missing_column(spec: CorpusSpec, columns: list[str], where: str) -> Invalid
     return InvalidParameter("text_column", spec.text_column, f"{where} has no such column; it has {columns}")
 
 
-def _line_texts(uri: str, file_format: str, spec: CorpusSpec) -> Iterator[tuple[str, float]]:
-    """Lines of a text or JSON-lines file with the fraction of the file read, decoded a 1 MiB block at a time."""
-    file_size = max(storage.size(uri), 1)
+def _line_texts(piece: FileSlice, spec: CorpusSpec, count_read: Any) -> Iterator[tuple[str, int]]:
+    """(text, bytes of the piece done) for the lines of a text or JSON-lines piece, decoded a 1 MiB block at a
+    time; ``count_read`` is told each block's bytes read from storage."""
     done = 0
-    for block, block_bytes in _line_blocks(uri):
-        done += block_bytes
-        fraction = min(done / file_size, 1.0)
+    for block, block_bytes in _line_blocks(piece.uri, piece.start, piece.end, count_read):
+        done = min(done + block_bytes, piece.end - piece.start)
         for line in block:
-            if file_format == "jsonl":
-                line = _jsonl_text(line, spec, uri)
-            yield line, fraction
+            yield (_jsonl_text(line, spec, piece.uri) if piece.file_format == "jsonl" else line), done
 
 
-def _line_blocks(uri: str) -> Iterator[tuple[list[str], int]]:
-    """The file's lines, a block of whole lines at a time (splitting on "\\n", which never falls inside a
-    UTF-8 character), with the number of bytes each block took."""
+def _line_blocks(uri: str, start: int, end: int, count_read: Any) -> Iterator[tuple[list[str], int]]:
+    """The lines of the file that start in ``[start, end)``, a block of whole lines at a time (splitting on
+    "\\n", which never falls inside a UTF-8 character), with the bytes of the range each block covers. A line
+    that starts before ``start`` belongs to the range before; the line that crosses ``end`` is read whole."""
     with storage.open_file(uri, "rb") as f:
-        tail = b""
-        while chunk := f.read(_CHUNK_BYTES):
-            buffer = tail + chunk
+        position = max(start - 1, 0)  # file offset of buffer[0]
+        if position:
+            f.seek(position)
+        buffer, skipping = b"", start > 0
+        while skipping or position < end:
+            reached = position + len(buffer)  # file offset of the next read
+            chunk = f.read(min(_CHUNK_BYTES, end - reached) if reached < end else LINE_STEP)
+            count_read(len(chunk))
+            buffer += chunk
+            if skipping:  # drop the end of the line that started before this range
+                cut = buffer.find(b"\n")
+                if cut < 0:
+                    position, buffer = position + len(buffer), b""
+                    if not chunk:
+                        return
+                    continue
+                position, buffer, skipping = position + cut + 1, buffer[cut + 1 :], False
+            if position >= end:
+                return
+            if position + len(buffer) > end or not chunk:
+                stop = buffer.find(b"\n", end - 1 - position)  # the newline ending the line that crosses `end`
+                if stop >= 0 or not chunk:
+                    if buffer:
+                        yield _decode_lines(buffer if stop < 0 else buffer[:stop]), end - position
+                    return
+                continue  # that line goes on past this read
             cut = buffer.rfind(b"\n")
-            if cut < 0:
-                tail = buffer
-                continue
-            block, tail = buffer[:cut], buffer[cut + 1 :]
-            yield _decode_lines(block), cut + 1
-        if tail:
-            yield _decode_lines(tail), len(tail)
+            if cut >= 0:
+                yield _decode_lines(buffer[:cut]), cut + 1
+                position, buffer = position + cut + 1, buffer[cut + 1 :]
 
 
 def _decode_lines(block: bytes) -> list[str]:
@@ -214,36 +402,40 @@ def _jsonl_text(line: str, spec: CorpusSpec, uri: str) -> str:
     return row[spec.text_column] or ""
 
 
-def _parquet_texts(uri: str, _format: str, spec: CorpusSpec) -> Iterator[tuple[str, float]]:
+def _parquet_texts(piece: FileSlice, spec: CorpusSpec, count_read: Any) -> Iterator[tuple[str, int]]:
+    """The texts of the row groups of a parquet piece; a row group counts as read when it is."""
     import pyarrow.parquet as pq
 
-    with storage.open_random_access(uri) as f:
+    with storage.open_random_access(piece.uri) as f:
         parquet = pq.ParquetFile(f)
         if spec.text_column not in parquet.schema_arrow.names:
-            raise _missing_column(spec, parquet.schema_arrow.names, uri)
-        total = max(parquet.metadata.num_rows, 1)
-        done = 0
-        for batch in parquet.iter_batches(batch_size=1024, columns=[spec.text_column]):
-            for text in batch.column(0).to_pylist():
-                done += 1
-                yield text or "", done / total
+            raise _missing_column(spec, parquet.schema_arrow.names, piece.uri)
+        metadata = parquet.metadata
+        sizes = [metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups)]
+        scale = piece.size / max(sum(sizes), 1)
+        offset, done = 0, 0
+        for index, group_size in enumerate(sizes):
+            middle = (offset + group_size / 2) * scale
+            offset += group_size
+            if not piece.start <= middle < piece.end:
+                continue
+            table = parquet.read_row_group(index, columns=[spec.text_column])
+            count_read(int(group_size * scale))
+            done = min(done + int(group_size * scale), piece.end - piece.start)
+            for text in table.column(0).to_pylist():
+                yield text or "", done
 
 
-def select_texts(
-    texts: Iterator[str], num_parts: int = 1, part: int = 0, holdout_fraction: float = 0.0, holdout: str = "exclude"
-) -> Iterator[str]:
-    """The texts of one part (text ``i`` belongs to part ``i mod num_parts``), without or with only the
-    held-out ones. Held-out texts are chosen by a hash of their content, so the choice is the same in every
-    run and every part, and the held-out and kept sets never share a text."""
-    if num_parts == 1 and holdout_fraction == 0:
+def holdout_texts(texts: Iterator[str], holdout_fraction: float = 0.0, holdout: str = "exclude") -> Iterator[str]:
+    """The texts without, or with only, the held-out ones. Held-out texts are chosen by a hash of their
+    content, so the choice is the same in every run and every part, and the held-out and kept sets never
+    share a text."""
+    if holdout_fraction == 0:
         yield from texts
         return
-    for index, text in enumerate(texts):
-        if index % num_parts != part:
-            continue
-        if holdout_fraction > 0 and is_held_out(text, holdout_fraction) != (holdout == "only"):
-            continue
-        yield text
+    for text in texts:
+        if is_held_out(text, holdout_fraction) == (holdout == "only"):
+            yield text
 
 
 def is_held_out(text: str, fraction: float) -> bool:

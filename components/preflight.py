@@ -22,6 +22,7 @@ from components import storage
 from components.accelerators import GIB, TPU_TYPES, tpu_type, training_memory
 from components.cli import run_job
 from components.errors import InvalidParameter
+from components.estimate import EstimateArguments, estimate_run, estimate_table
 from components.hub import check_secret_name, hub_token
 from components.masked_lm import max_predictions
 from components.modeling import count_parameters
@@ -138,6 +139,22 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         "max_length": plan.manifest["max_length"],
         "memory": check_memory(arguments, plan.config, plan.manifest["max_length"]),
     }
+    if arguments.tpu_type:
+        estimate = estimate_run(
+            EstimateArguments(
+                train_shards=arguments.train_shards,
+                model_config=arguments.model_config,
+                tpu_type=arguments.tpu_type,
+                per_replica_batch_size=arguments.per_replica_batch_size,
+                num_epochs=arguments.num_epochs,
+                max_steps=arguments.max_steps,
+                bf16=arguments.bf16,
+                mlm_probability=arguments.mlm_probability,
+                price_per_hour=arguments.price_per_hour,
+            )
+        )
+        log.info("estimate of the training on the %s:\n%s", arguments.tpu_type, estimate_table(estimate))
+        report["estimate"] = {key: estimate[key] for key in ("steps", "tokens", "model_flops", "hours", "cost")}
     if arguments.hub_repo_id:
         token = hub_token("hub_repo_id", arguments.hub_repo_id, arguments.hf_token_secret)
         report["hub_user"] = check_hub_write(arguments.hub_repo_id, token)

@@ -66,6 +66,12 @@ def build_report(summary: dict[str, Any], metrics: dict[str, Any]) -> str:
             else "n/a",
         ),
         ("accelerator", f"{summary['replicas']} x {summary['accelerator']}"),
+        (
+            "cost of this run's training",
+            f"${summary['cost_this_run']:,.2f} at ${summary['arguments']['price_per_hour']:,.2f} an hour"
+            if "cost_this_run" in summary
+            else "no price given",
+        ),
         ("parameters", f"{summary['num_parameters']:,}"),
     ]
     if history and "mfu" in history[-1]:

@@ -7,10 +7,12 @@ Rust tokenizer's threads) while the previous batch is written.
 
 Shards are named ``<split>-<part>-<index>-<records>.tfrecord`` (the reference recipe's readers take the
 record count from the name), written under a temporary name and renamed only when complete. Large corpora
-fan out over machines with ``--num_parts N --part K``: part K takes every N-th text and writes its own
-shards and ``parts/K-of-N.json``; ``python -m components.merge_shards`` then writes ``manifest.json``. A run
-with one part merges by itself. ``manifest.json`` is always written last: a folder without it is not done.
-Rerunning after a crash redoes the unfinished part and yields one complete set.
+fan out over machines with ``--num_parts N --part K``: part K reads only its share of the corpus (whole files,
+byte ranges of big files, parquet row groups or a Hub dataset's file shards; see ``components.corpus``), so
+the N parts together read it once, and writes its own shards and ``parts/K-of-N.json``;
+``python -m components.merge_shards`` then writes ``manifest.json``. A run with one part merges by itself.
+``manifest.json`` is always written last: a folder without it is not done. Rerunning after a crash redoes
+the unfinished part and yields one complete set.
 
     python -m components.shards --corpus embedded --tokenizer /tmp/tokenizer --output /tmp/shards/train
 """
@@ -32,7 +34,7 @@ import numpy as np
 
 from components import storage
 from components.cli import run_job
-from components.corpus import Corpus, CorpusSpec, select_texts
+from components.corpus import Corpus, CorpusSpec, holdout_texts
 from components.errors import InvalidParameter
 from components.progress import Progress
 from components.tfrecords import serialize_examples
@@ -78,7 +80,13 @@ class ShardArguments:
         },
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
-    limit: int | None = field(default=None, metadata={"help": "Read at most this many texts of the corpus."})
+    limit: int | None = field(
+        default=None, metadata={"help": "Read at most this many texts (of this part's share, with --num_parts)."}
+    )
+    hf_token_secret: str = field(
+        default="",
+        metadata={"help": "Secret Manager secret with a Hub token for a private hf: dataset; else HF_TOKEN."},
+    )
     batch_size: int = field(default=1_000, metadata={"help": "Texts tokenized per batch."})
     overwrite: bool = field(default=False, metadata={"help": "Replace a complete shard set made with other settings."})
 
@@ -104,7 +112,7 @@ class ShardArguments:
 
     @property
     def corpus_spec(self) -> CorpusSpec:
-        return CorpusSpec(self.corpus, text_column=self.text_column, limit=self.limit)
+        return CorpusSpec(self.corpus, self.text_column, self.limit, self.hf_token_secret)
 
 
 def _require_positive(parameter: str, value: int) -> None:
@@ -135,7 +143,9 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
 
     Returns the manifest (the part's, or the merged one). Input is checked before anything is written."""
     tokenizer, tokenizer_fingerprint = _load_checked_tokenizer(arguments)
-    corpus = Corpus(arguments.corpus_spec)
+    corpus = Corpus(arguments.corpus_spec, arguments.num_parts, arguments.part)
+    if corpus.kind == "files":
+        log.info("%s", corpus.describe_share())
     settings = _settings(arguments, tokenizer, tokenizer_fingerprint)
     part_uri = part_manifest_uri(arguments.output, arguments.part, arguments.num_parts)
 
@@ -148,9 +158,7 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
     _remove_leftovers(arguments, part_uri)
 
     started = time.perf_counter()
-    texts = select_texts(
-        iter(corpus), arguments.num_parts, arguments.part, arguments.holdout_fraction, arguments.holdout
-    )
+    texts = holdout_texts(iter(corpus), arguments.holdout_fraction, arguments.holdout)
     writer = ShardWriter(arguments.output, arguments.split, arguments.part, arguments.records_per_shard)
     progress = Progress(f"shards {arguments.split} part {arguments.part}", lambda: corpus.fraction_done)
     packer = SamplePacker(arguments.max_length)
@@ -175,13 +183,15 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
         "files": writer.files,
         "num_records": writer.total_records,
         "texts": text_count,
+        "bytes_read": corpus.bytes_read,
         "tokens_written": writer.total_records * arguments.max_length,
         "tokens_dropped": packer.tokens_seen - writer.total_records * arguments.max_length,
     }
     storage.write_text_atomic(part_uri, _dumps(part_manifest))
     log.info(
-        "part %d: %d texts, %d samples in %d files, %d tokens dropped, %.1f s (%.0f tokens/s)",
+        "part %d: %s bytes read, %d texts, %d samples in %d files, %d tokens dropped, %.1f s (%.0f tokens/s)",
         arguments.part,
+        f"{corpus.bytes_read:,}",
         text_count,
         writer.total_records,
         len(writer.files),
@@ -369,6 +379,7 @@ def merge_manifests(output: str) -> dict[str, Any]:
         files=files,
         num_records=sum(part["num_records"] for part in parts),
         texts=sum(part["texts"] for part in parts),
+        bytes_read=sum(part.get("bytes_read", 0) for part in parts),
         tokens_written=sum(part["tokens_written"] for part in parts),
         tokens_dropped=sum(part["tokens_dropped"] for part in parts),
     )
@@ -395,7 +406,7 @@ def gather_parts(part_folders: list[str], output: str) -> dict[str, Any]:
     return merge_manifests(output)
 
 
-PART_KEYS = ("part", "files", "num_records", "texts", "tokens_written", "tokens_dropped")
+PART_KEYS = ("part", "files", "num_records", "texts", "bytes_read", "tokens_written", "tokens_dropped")
 
 
 def read_manifest(uri: str, parameter: str = "shards") -> dict[str, Any]:

@@ -34,6 +34,7 @@ SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 SUMMARY_FILE = "tokenizer_summary.json"
 TOKENIZER_FILE = "tokenizer.json"
 MAX_VOCAB_SIZE = 1_000_000
+DEFAULT_SAMPLE_BYTES = 2_000_000_000  # see the README's measurement of the trainer's memory
 
 
 @dataclass
@@ -50,9 +51,23 @@ class TokenizerArguments:
     text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
     limit: int | None = field(default=None, metadata={"help": "Read at most this many texts."})
     lowercase: bool = field(default=False, metadata={"help": "Lowercase all text before training."})
+    sample_bytes: int = field(
+        default=DEFAULT_SAMPLE_BYTES,
+        metadata={
+            "help": "Train on about this many bytes of text, spread evenly over the whole corpus and the same in "
+            "every run (0: all of it). The Unigram trainer holds its input in memory: see the README for the "
+            "memory this takes."
+        },
+    )
+    hf_token_secret: str = field(
+        default="",
+        metadata={"help": "Secret Manager secret with a Hub token for a private hf: dataset; else HF_TOKEN."},
+    )
 
     def __post_init__(self) -> None:
         storage.check_uri("output", self.output)
+        if self.sample_bytes < 0:
+            raise InvalidParameter("sample_bytes", self.sample_bytes, "must be 0 (the whole corpus) or positive")
         if not len(SPECIAL_TOKENS) < self.vocab_size <= MAX_VOCAB_SIZE:
             raise InvalidParameter(
                 "vocab_size",
@@ -63,7 +78,7 @@ class TokenizerArguments:
 
     @property
     def corpus_spec(self) -> CorpusSpec:
-        return CorpusSpec(self.corpus, text_column=self.text_column, limit=self.limit)
+        return CorpusSpec(self.corpus, self.text_column, self.limit, self.hf_token_secret)
 
 
 def build_tokenizer(lowercase: bool = False) -> Any:
@@ -85,7 +100,7 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
     from tokenizers import processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    corpus = Corpus(arguments.corpus_spec)
+    corpus = Corpus(arguments.corpus_spec, sample_bytes=arguments.sample_bytes or None)
     started = time.perf_counter()
     counts = {"texts": 0, "bytes": 0}
     progress = Progress("tokenizer training read", lambda: corpus.fraction_done)
@@ -133,13 +148,22 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
             "special_tokens": {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS},
             "texts_read": counts["texts"],
             "bytes_read": counts["bytes"],
+            "corpus_bytes_read": corpus.bytes_read,
+            "sampled": corpus.sampled,
             "seconds": round(time.perf_counter() - started, 3),
             "fingerprint": fingerprint(Path(staging, TOKENIZER_FILE).read_bytes()),
             "arguments": asdict(arguments),
         }
         Path(staging, SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         storage.upload_folder(Path(staging), arguments.output, last=[SUMMARY_FILE])
-    log.info("saved a tokenizer of %d pieces to %s", vocab_size, arguments.output)
+    log.info(
+        "trained on %d texts, %s bytes of text (%s), saved a tokenizer of %d pieces to %s",
+        counts["texts"],
+        f"{counts['bytes']:,}",
+        "a sample spread over the corpus" if corpus.sampled else "the whole corpus",
+        vocab_size,
+        arguments.output,
+    )
     return summary
 
 

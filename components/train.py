@@ -100,6 +100,10 @@ class TrainArguments:
     peak_tflops: float | None = field(
         default=None, metadata={"help": "Peak TFLOP/s of one replica, for MFU where it is not known."}
     )
+    price_per_hour: float = field(
+        default=0.0,
+        metadata={"help": "Price of the accelerator per hour: the log lines show the cost so far and projected."},
+    )
     hub_repo_id: str = field(
         default="", metadata={"help": "Push each checkpoint to this Hub repository (HF_TOKEN); off when empty."}
     )
@@ -350,6 +354,7 @@ def _training_loop(
     peak = peak_tflops_per_replica(kind, arguments.peak_tflops)
     writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
     step, window_started = state.start_step, time.perf_counter()
+    run_started = window_started
     window_steps, window_loss = 0, 0.0
     while step < plan.total_steps:
         boundaries = (
@@ -376,6 +381,10 @@ def _training_loop(
                 strategy.num_replicas_in_sync,
             )
             point["eta_seconds"] = (plan.total_steps - step) * seconds / window_steps
+            if arguments.price_per_hour:
+                elapsed = time.perf_counter() - run_started
+                point["cost_so_far"] = arguments.price_per_hour * elapsed / 3600
+                point["projected_cost"] = arguments.price_per_hour * (elapsed + point["eta_seconds"]) / 3600
             state.history.append(point)
             _write_summaries(writer, point)
             log.info(_format_point(point, plan.total_steps))
@@ -447,6 +456,8 @@ def _summary(
     }
     if this_run:
         summary["samples_per_second"] = this_run[-1]["samples_per_second"]
+    if arguments.price_per_hour:
+        summary["cost_this_run"] = round(arguments.price_per_hour * seconds / 3600, 4)
     return summary
 
 
@@ -552,7 +563,10 @@ def _format_point(point: dict[str, float], total_steps: int) -> str:
     if "mfu" in point:
         line += f", MFU {point['mfu']:.1%}"
     eta = int(point["eta_seconds"])
-    return line + f", ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+    line += f", ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+    if "cost_so_far" in point:
+        line += f", ${point['cost_so_far']:,.2f} so far of about ${point['projected_cost']:,.2f}"
+    return line
 
 
 def _save_model(model: Any, tokenizer: Any, output: str, summary: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from kfp import compiler, dsl
 
 from components.accelerators import TPU_TYPES, TpuType
 from components.errors import InvalidParameter
+from components.tokenizer import DEFAULT_SAMPLE_BYTES
 from pipelines.steps import make_steps
 
 PIPELINE_NAME = "tpu-mlm-pretraining"
@@ -93,6 +94,7 @@ def build_pipeline(
         limit: int = 0,
         vocab_size: int = 25_000,
         lowercase: bool = False,
+        tokenizer_sample_bytes: int = DEFAULT_SAMPLE_BYTES,
         max_length: int = 128,
         records_per_shard: int = 10_000,
         num_parts: int = 1,
@@ -113,6 +115,7 @@ def build_pipeline(
         accelerator: str = "tpu" if vertex else "auto",
         replicas: int = tpu.replicas if vertex else 0,
         eval_batch_size: int = 64,
+        tpu_price_per_hour: float = 0.0,
         hub_repo_id: str = "",
         hub_private: bool = False,
         hf_token_secret: str = "",
@@ -126,6 +129,8 @@ def build_pipeline(
                 text_column=text_column,
                 limit=limit,
                 lowercase=lowercase,
+                sample_bytes=tokenizer_sample_bytes,
+                hf_token_secret=hf_token_secret,
                 output_root=output_root,
             ),
             "tokenizer",
@@ -138,6 +143,7 @@ def build_pipeline(
             "limit": limit,
             "max_length": max_length,
             "records_per_shard": records_per_shard,
+            "hf_token_secret": hf_token_secret,
             "output_root": output_root,
             "tokenizer": tokenizer.outputs["tokenizer"],
         }
@@ -166,6 +172,7 @@ def build_pipeline(
             "log_every_steps": log_every_steps,
             "accelerator": accelerator,
             "replicas": replicas,
+            "price_per_hour": tpu_price_per_hour,
             "checkpoint_dir": checkpoint_dir,
             "output_root": output_root,
             "tokenizer": tokenizer.outputs["tokenizer"],

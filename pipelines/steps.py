@@ -21,6 +21,8 @@ def tokenizer_step(
     text_column: str,
     limit: int,
     lowercase: bool,
+    sample_bytes: int,
+    hf_token_secret: str,
     output_root: str,
     tokenizer: Output[Artifact],
 ):
@@ -37,9 +39,11 @@ def tokenizer_step(
             text_column=text_column,
             limit=limit or None,
             lowercase=lowercase,
+            sample_bytes=sample_bytes,
+            hf_token_secret=hf_token_secret,
         )
     )
-    tokenizer.metadata.update({key: summary[key] for key in ("vocab_size", "fingerprint", "texts_read")})
+    tokenizer.metadata.update({key: summary[key] for key in ("vocab_size", "fingerprint", "texts_read", "bytes_read")})
 
 
 def part_indices(num_parts: int) -> list:
@@ -61,6 +65,7 @@ def shards_step(
     records_per_shard: int,
     num_parts: int,
     part: int,
+    hf_token_secret: str,
     output_root: str,
     tokenizer: Input[Artifact],
     shards: Output[Dataset],
@@ -85,9 +90,12 @@ def shards_step(
             holdout=holdout,
             text_column=text_column,
             limit=limit or None,
+            hf_token_secret=hf_token_secret,
         )
     )
-    shards.metadata.update({"split": split, "part": part, "num_records": manifest["num_records"]})
+    shards.metadata.update(
+        {"split": split, "part": part, "num_records": manifest["num_records"], "bytes_read": manifest["bytes_read"]}
+    )
 
 
 def merge_shards_step(output_root: str, parts: Input[list[Dataset]], shards: Output[Dataset]):
@@ -120,6 +128,7 @@ def preflight_step(
     log_every_steps: int,
     accelerator: str,
     replicas: int,
+    price_per_hour: float,
     checkpoint_dir: str,
     output_root: str,
     tokenizer: Input[Artifact],
@@ -157,6 +166,7 @@ def preflight_step(
             log_every_steps=log_every_steps,
             accelerator=accelerator,
             replicas=replicas,
+            price_per_hour=price_per_hour,
             checkpoint_dir=checkpoint_dir,
         )
     )
@@ -179,6 +189,7 @@ def train_step(
     log_every_steps: int,
     accelerator: str,
     replicas: int,
+    price_per_hour: float,
     peak_tflops: float,
     checkpoint_dir: str,
     output_root: str,
@@ -214,6 +225,7 @@ def train_step(
             log_every_steps=log_every_steps,
             accelerator=accelerator,
             replicas=replicas,
+            price_per_hour=price_per_hour,
             peak_tflops=peak_tflops or None,
             checkpoint_dir=checkpoint_dir or model.uri + "/checkpoints",
             tensorboard_dir=model.uri + "/logs",

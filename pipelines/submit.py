@@ -39,7 +39,12 @@ class SubmitArguments:
     labels: str = field(default="", metadata={"help": "Run labels, key=value,key=value."})
     display_name: str = field(default="tpu-mlm-pretraining", metadata={"help": "Name of the run."})
     enable_caching: bool = field(default=True, metadata={"help": "Reuse the results of unchanged steps."})
-    dry_run: bool = field(default=False, metadata={"help": "Print the job instead of submitting it."})
+    dry_run: bool = field(
+        default=False, metadata={"help": "Print the job, and an estimate of the TPU run, instead of submitting it."}
+    )
+    corpus_bytes: int = field(
+        default=0, metadata={"help": "The corpus's size, for the dry run's estimate of an hf: corpus (dataset card)."}
+    )
 
 
 def check_parameters(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -104,6 +109,41 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     )
 
 
+def dry_run_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str:
+    """The estimate of the run's training from its parameters (the template's defaults, then the values
+    given), printed as a table; the reason instead where the corpus's size is not known here."""
+    from components.estimate import EstimateArguments, estimate_run, estimate_table
+
+    spec = job.to_dict()["pipelineSpec"]
+    defaults = {
+        name: parameter.get("defaultValue")
+        for name, parameter in spec["root"]["inputDefinitions"]["parameters"].items()
+    }
+    values = {**defaults, **json.loads(arguments.parameters)}
+    preflight = spec["root"]["dag"]["tasks"]["preflight-step"]["inputs"]["parameters"]
+    tpu = preflight["tpu_type"]["runtimeValue"]["constant"]
+    try:
+        result = estimate_run(
+            EstimateArguments(
+                corpus=values["corpus"],
+                corpus_bytes=arguments.corpus_bytes,
+                model_config=values["model_config"],
+                tpu_type=tpu,
+                per_replica_batch_size=int(values["per_replica_batch_size"]),
+                num_epochs=int(values["num_epochs"]),
+                max_steps=int(values["max_steps"]),
+                bf16=bool(values["bf16"]),
+                max_length=int(values["max_length"]),
+                vocab_size=int(values["vocab_size"]),
+                price_per_hour=float(values["tpu_price_per_hour"]),
+            )
+        )
+    except InvalidParameter as error:
+        return f"no estimate: {error}"
+    print(f"Estimate of the training on a {tpu} (before the data exists):\n{estimate_table(result)}", file=sys.stderr)
+    return result
+
+
 def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any]:
     if arguments.dry_run:
         from google.auth.credentials import AnonymousCredentials
@@ -113,7 +153,7 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
         tasks = sorted(request["pipelineSpec"]["root"]["dag"]["tasks"])
         request["pipelineSpec"] = f"{arguments.template} ({len(tasks)} tasks: {', '.join(tasks)})"
         request["serviceAccount"] = arguments.service_account
-        return {"dry_run": True, "would_submit": request}
+        return {"dry_run": True, "would_submit": request, "estimate": dry_run_estimate(arguments, job)}
     job = build_job(arguments, credentials)
     job.submit(service_account=arguments.service_account or None)
     return {"job": job.resource_name, "console": job._dashboard_uri()}

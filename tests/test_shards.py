@@ -7,11 +7,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 from conftest import PROJECT_ROOT, run_module
 from transformers import AutoTokenizer
 
+from components.corpus import LINE_STEP, embedded_lines
 from components.errors import InvalidParameter
 from components.shards import MANIFEST, ShardArguments, merge_manifests, read_manifest, write_shards
 
@@ -89,35 +92,61 @@ def test_blank_lines_add_no_tokens(tmp_path, embedded_tokenizer):
     assert np.array_equal(read_records(str(tmp_path / "dense"), 16), read_records(str(tmp_path / "sparse"), 16))
 
 
-def test_parts_together_equal_the_unsplit_run(tmp_path, wikitext, wikitext_tokenizer):
-    corpus = str(wikitext / "valid.txt")
-    whole = write_shards(ShardArguments(output=str(tmp_path / "whole"), tokenizer=wikitext_tokenizer, corpus=corpus))
-    parts_dir = str(tmp_path / "parts")
-    for part in (2, 0, 1):
-        write_shards(
-            ShardArguments(output=parts_dir, tokenizer=wikitext_tokenizer, corpus=corpus, num_parts=3, part=part)
-        )
-        assert not Path(parts_dir, MANIFEST).exists()
-    merged = merge_manifests(parts_dir)
+def part_token_streams(folder: str, max_length: int) -> list[tuple[np.ndarray, int]]:
+    """(tokens written, tokens dropped) of each part of a shard set, in part order."""
+    streams = []
+    for uri in sorted(Path(folder, "parts").glob("*-of-*.json")):
+        part = json.loads(uri.read_text())
+        files = [str(Path(folder, f["name"])) for f in part["files"]]
+        spec = {"input_ids": tf.io.FixedLenFeature([max_length], tf.int64)}
+        tokens = [tf.io.parse_single_example(r, spec)["input_ids"].numpy() for r in tf.data.TFRecordDataset(files)]
+        streams.append((np.concatenate(tokens) if tokens else np.zeros(0, np.int64), part["tokens_dropped"]))
+    return streams
 
-    texts = nonblank_lines(wikitext / "valid.txt")
-    total_tokens = len(tokenized_stream(wikitext_tokenizer, texts))
-    assert whole["texts"] == merged["texts"] == len(texts)
-    assert whole["tokens_written"] + whole["tokens_dropped"] == total_tokens
-    assert merged["tokens_written"] + merged["tokens_dropped"] == total_tokens
-    assert merged["tokens_dropped"] < 3 * 128
-    assert merged["num_records"] == sum(
-        1 for _ in tf.data.TFRecordDataset([str(Path(parts_dir, f["name"])) for f in merged["files"]])
-    )
-    # every part holds exactly its texts' tokens, in order
-    part_samples = read_records(str(Path(parts_dir)), 128)
-    streams = [tokenized_stream(wikitext_tokenizer, texts[part::3]) for part in range(3)]
-    expected = np.concatenate([stream[: len(stream) // 128 * 128] for stream in streams])
-    assert np.array_equal(part_samples.reshape(-1), expected)
-    # the multiset of tokens is the unsplit run's, up to the leftovers
-    whole_counts = np.bincount(read_records(str(tmp_path / "whole"), 128).reshape(-1), minlength=5000)
-    part_counts = np.bincount(part_samples.reshape(-1), minlength=5000)
-    assert np.abs(whole_counts - part_counts).sum() <= whole["tokens_dropped"] + merged["tokens_dropped"]
+
+def assert_parts_write_the_token_stream_of_one_part(whole: str, parted: str, max_length: int) -> None:
+    """The parts, one after the other, hold exactly the token stream the unsplit run holds: each part's
+    tokens are the next stretch of it, after the previous part's dropped leftover."""
+    (single, single_dropped), *_ = part_token_streams(whole, max_length)
+    offset = 0
+    for tokens, dropped in part_token_streams(parted, max_length):
+        expected = single[offset : offset + len(tokens)]  # the last part may run into the unsplit run's leftover
+        assert np.array_equal(tokens[: len(expected)], expected)
+        assert len(expected) == len(tokens) or offset + len(tokens) <= len(single) + single_dropped
+        offset += len(tokens) + dropped
+    assert offset == len(single) + single_dropped  # every token once
+
+
+def corpus_layouts(root: Path, lines: list[str]) -> dict[str, str]:
+    root.mkdir()
+    (root / "one.txt").write_text("\n".join(lines) + "\n")
+    for index in range(16):
+        chunk = lines[index * len(lines) // 16 : (index + 1) * len(lines) // 16]
+        (root / f"many-{index:02d}.txt").write_text("\n".join(chunk) + "\n")
+    pq.write_table(pa.table({"text": lines}), root / "rows.parquet", row_group_size=len(lines) // 12)
+    return {
+        "one file": str(root / "one.txt"),
+        "16 files": str(root / "many-*.txt"),
+        "parquet": str(root / "rows.parquet"),
+    }
+
+
+@pytest.mark.parametrize("layout", ["one file", "16 files", "parquet"])
+def test_parts_read_their_share_and_together_write_the_token_stream_of_one_part(tmp_path, embedded_tokenizer, layout):
+    lines = [line for line in embedded_lines() if line.strip()]
+    corpus = corpus_layouts(tmp_path / "corpus", lines)[layout]
+    whole = write_shards(ShardArguments(output=str(tmp_path / "whole"), tokenizer=embedded_tokenizer, corpus=corpus))
+    parted = str(tmp_path / "parts")
+    manifests = [
+        write_shards(ShardArguments(output=parted, tokenizer=embedded_tokenizer, corpus=corpus, num_parts=3, part=k))
+        for k in (2, 0, 1)
+    ]
+    merged = merge_manifests(parted)
+    assert merged["texts"] == whole["texts"] == len(lines)
+    assert_parts_write_the_token_stream_of_one_part(str(tmp_path / "whole"), parted, 128)
+    if layout != "parquet":  # each part read about a third of the bytes, and together the corpus once
+        assert all(m["bytes_read"] < 0.45 * whole["bytes_read"] for m in manifests)
+        assert whole["bytes_read"] <= merged["bytes_read"] <= whole["bytes_read"] + 3 * (LINE_STEP + 2000)
 
 
 def test_merge_refuses_missing_or_mismatched_parts(tmp_path, embedded_tokenizer):

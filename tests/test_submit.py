@@ -93,6 +93,20 @@ def test_dry_run_prints_the_job_and_sends_nothing(template, monkeypatch):
     assert json.loads(cli.stdout)["would_submit"]["displayName"] == "tpu-mlm-pretraining"
 
 
+def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
+    result = submit(arguments(template, dry_run=True))  # an hf: corpus: its size is not known here
+    assert result["estimate"].startswith("no estimate: --corpus-bytes=0: the size of hf:wikitext")
+    parameters = {"corpus": "hf:wikitext:wikitext-103-raw-v1", "tpu_price_per_hour": 4.8, "per_replica_batch_size": 64}
+    result = submit(arguments(template, dry_run=True, corpus_bytes=546_500_949, parameters=json.dumps(parameters)))
+    estimate = result["estimate"]
+    # the template's TPU (a v5e-4: 4 replicas) and defaults (one epoch, bf16), with the values given
+    assert estimate["tpu_type"] == "v5e-4" and estimate["global_batch_size"] == 256
+    assert estimate["data"]["samples"] == int(546_500_949 * 0.312 // 128)
+    assert estimate["steps"] == estimate["data"]["samples"] // 256
+    assert estimate["cost"] == 4.8 * estimate["hours"]
+    assert "Estimate of the training on a v5e-4" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -1,0 +1,108 @@
+import json
+
+import pytest
+from conftest import run_module
+
+from components.errors import InvalidParameter
+from components.estimate import EstimateArguments, estimate_run, estimate_table
+from components.shards import read_manifest
+from components.train import SUMMARY_FILE, TrainArguments, train
+
+
+def test_roberta_base_counts_as_the_readme_says():
+    result = estimate_run(EstimateArguments(model_config="roberta-base", max_steps=1, vocab_size=25_000))
+    # 105,268,648 parameters with a 25,000-piece vocabulary; 6 FLOPs per parameter and token (forward and
+    # backward matmuls) plus attention's 12 x layers x hidden x length, at length 128
+    assert result["parameters"] == 105_268_648
+    assert result["model_flops_per_token"] == 6 * 105_268_648 + 12 * 12 * 768 * 128 == 645_767_664
+
+
+def test_an_epoch_of_the_shards_on_a_v3_8(embedded_shards):
+    samples = read_manifest(embedded_shards["train"])["num_records"]
+    arguments = EstimateArguments(
+        train_shards=embedded_shards["train"], model_config="tiny", per_replica_batch_size=8, price_per_hour=8.0
+    )
+    result = estimate_run(arguments)
+    assert result["global_batch_size"] == 64 and result["steps"] == samples // 64
+    assert result["tokens"] == result["steps"] * 64 * 128
+    peak = 8 * 61.5e12  # a v3-8: 8 cores of 61.5 bf16 TFLOP/s
+    assert result["hours"] == pytest.approx(result["model_flops"] / (0.4 * peak) / 3600)
+    assert result["cost"] == pytest.approx(8.0 * result["hours"])
+    assert result["memory"]["verdict"] == "fits"
+    table = estimate_table(result)
+    assert "manifest.json" in table and "40% MFU (assumed, not measured)" in table and "$" in table
+
+
+def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_byte(tmp_path, embedded_tokenizer):
+    from components.corpus import embedded_lines
+
+    (tmp_path / "corpus.txt").write_text("\n".join(embedded_lines()) + "\n")
+    size = (tmp_path / "corpus.txt").stat().st_size
+    result = estimate_run(
+        EstimateArguments(
+            corpus=str(tmp_path / "corpus.txt"),
+            tokenizer=embedded_tokenizer,
+            model_config="tiny",
+            per_replica_batch_size=8,
+        )
+    )
+    data = result["data"]
+    assert data["corpus_bytes"] == size and 0.15 < data["tokens_per_byte"] < 0.5
+    assert data["samples"] == int(size * data["tokens_per_byte"] // 128)
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({}, "--train-shards='': name the training shards, or a --corpus, or give --max_steps"),
+        ({"max_steps": 10, "mfu": 1.5}, "--mfu=1.5: must be above 0 and at most 1"),
+        ({"max_steps": 10, "tpu_type": "v9-8"}, "--tpu-type='v9-8': must be one of"),
+        ({"max_steps": 10, "price_per_hour": -1.0}, "--price-per-hour=-1.0: must be 0 (unknown) or positive"),
+        ({"corpus": "hf:wikitext:wikitext-103-raw-v1"}, "--corpus-bytes=0: the size of hf:wikitext"),
+    ],
+)
+def test_bad_estimate_input_is_named(values, message):
+    with pytest.raises(InvalidParameter, match=message.replace("(", r"\(").replace(")", r"\)")):
+        estimate_run(EstimateArguments(**values))
+
+
+def test_the_cli_prints_a_table_for_people_and_json_for_scripts(embedded_shards):
+    common = ["--train_shards", embedded_shards["train"], "--model_config", "tiny", "--per_replica_batch_size", "8"]
+    people = run_module("components.estimate", *common)
+    assert people.returncode == 0, people.stderr
+    assert "model FLOPs per token" in people.stderr and json.loads(people.stdout)["steps"] > 0
+    scripts = run_module("components.estimate", *common, "--json", "true")
+    assert "model FLOPs per token" not in scripts.stderr and json.loads(scripts.stdout)["steps"] > 0
+
+
+@pytest.mark.slow
+def test_the_estimate_from_a_short_cpu_run_predicts_its_training_time_within_a_quarter(tmp_path, embedded_shards):
+    summary = train(
+        TrainArguments(
+            tokenizer=embedded_shards["tokenizer"],
+            train_shards=embedded_shards["train"],
+            output=str(tmp_path / "model"),
+            model_config="tiny",
+            per_replica_batch_size=16,
+            accelerator="cpu",
+            max_steps=400,
+            log_every_steps=100,
+            checkpoint_every_steps=400,
+            price_per_hour=3.6,
+        )
+    )
+    assert summary["cost_this_run"] == pytest.approx(3.6 * summary["seconds_this_run"] / 3600, rel=1e-3)
+    # the same settings on one replica (v5e-1 has one), at the throughput the run measured
+    result = estimate_run(
+        EstimateArguments(
+            train_shards=embedded_shards["train"],
+            model_config="tiny",
+            tpu_type="v5e-1",
+            per_replica_batch_size=16,
+            max_steps=400,
+            from_run=str(tmp_path / "model"),
+        )
+    )
+    predicted = result["from_run"]["hours"] * 3600
+    assert predicted == pytest.approx(summary["seconds_this_run"], rel=0.25)
+    assert json.loads((tmp_path / "model" / SUMMARY_FILE).read_text())["history"][-1]["projected_cost"] > 0
