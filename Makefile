@@ -2,8 +2,9 @@
 # make run       the whole pipeline under kfp.local on the embedded corpus (tiny model, a few minutes)
 # make prepare   only the data steps: tokenizer, train and validation shards into outputs/
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
-# make test      ruff, then the whole test suite (slow tests included)
-# make bench     the sharding and training throughput benchmarks on WikiText-2 (../shared/data)
+# make test      ruff, then the whole test suite (slow tests included): what CI runs
+# make test-fast ruff, then the tests not marked slow (no Docker, no whole pipelines), while working
+# make bench     the sharding, training and parts-reading benchmarks on WikiText-2 (../shared/data)
 # make images    build and tag the CPU and TPU images (make cpu-image: the CPU one alone)
 PYTHON ?= python3.11
 VENV := .venv
@@ -15,7 +16,7 @@ VOCAB_SIZE ?= 5000
 CPU_IMAGE ?= tpu-mlm-cpu:latest
 TPU_IMAGE ?= tpu-mlm-tpu:latest
 
-.PHONY: install run prepare compile test lint bench images cpu-image tpu-image clean
+.PHONY: install run prepare compile test test-fast lint bench images cpu-image tpu-image clean
 
 install: $(VENV)/.installed
 
@@ -52,9 +53,13 @@ lint: install
 test: lint
 	$(BIN)/python -m pytest
 
+test-fast: lint
+	$(BIN)/python -m pytest -m "not slow"
+
 bench: install
 	$(BIN)/python benchmarks/shard_throughput.py
 	$(BIN)/python benchmarks/train_throughput.py
+	$(BIN)/python benchmarks/parts_read.py
 
 clean:
 	rm -rf $(OUT) $(RUNS) .pytest_cache .ruff_cache

@@ -396,7 +396,12 @@ def _decode_lines(block: bytes) -> list[str]:
 def _jsonl_text(line: str, spec: CorpusSpec, uri: str) -> str:
     if not line.strip():
         return ""
-    row = json.loads(line)
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise InvalidParameter(
+            "corpus", uri, f"is not JSON lines (one object per line; {error}); .json files are read as JSON lines"
+        ) from None
     if not isinstance(row, dict) or spec.text_column not in row:
         raise _missing_column(spec, list(row) if isinstance(row, dict) else [], uri)
     return row[spec.text_column] or ""

@@ -53,6 +53,9 @@ class EstimateArguments:
         default="", metadata={"help": "With --corpus: tokens per byte measured with it on a sample of the corpus."}
     )
     max_length: int = field(default=128, metadata={"help": "Tokens per sample (without shards)."})
+    holdout_fraction: float = field(
+        default=0.0, metadata={"help": "Without shards: the share of the corpus held out for validation."}
+    )
     vocab_size: int = field(default=25_000, metadata={"help": "Vocabulary (without shards or tokenizer)."})
     mfu: float = field(default=DEFAULT_MFU, metadata={"help": "Model FLOPs utilization assumed for the hours."})
     from_run: str = field(
@@ -70,6 +73,8 @@ class EstimateArguments:
                 raise InvalidParameter(parameter, getattr(self, parameter), "must be a positive whole number")
         if not 0 < self.mfu <= 1:
             raise InvalidParameter("mfu", self.mfu, "must be above 0 and at most 1 (0.4 is 40%)")
+        if not 0 <= self.holdout_fraction < 1:
+            raise InvalidParameter("holdout_fraction", self.holdout_fraction, "must be at least 0 and below 1")
         if self.price_per_hour < 0:
             raise InvalidParameter("price_per_hour", self.price_per_hour, "must be 0 (unknown) or positive")
         if self.max_steps < 0:
@@ -121,10 +126,11 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
         size.update(vocab_size=len(tokenizer))
     return {
         **size,
-        "samples": int(corpus_bytes * tokens_per_byte // arguments.max_length),
+        "samples": int(corpus_bytes * (1 - arguments.holdout_fraction) * tokens_per_byte // arguments.max_length),
         "corpus_bytes": corpus_bytes,
         "tokens_per_byte": round(tokens_per_byte, 4),
-        "source": f"{corpus_bytes:,} bytes x {tokens_per_byte:.3f} tokens per byte, {how}",
+        "source": f"{corpus_bytes:,} bytes x {tokens_per_byte:.3f} tokens per byte, {how}"
+        + (f", {arguments.holdout_fraction:.0%} held out" if arguments.holdout_fraction else ""),
     }
 
 

@@ -27,6 +27,10 @@ class CompileArguments:
     def __post_init__(self) -> None:
         if self.target == "vertex" and not self.tpu_image:
             raise InvalidParameter("tpu_image", self.tpu_image, "the vertex target needs the TPU image's URI")
+        if self.target == "vertex" and self.cpu_image == DEFAULT_CPU_IMAGE:
+            raise InvalidParameter(
+                "cpu_image", self.cpu_image, "is a local image name; the vertex target needs its URI in a registry"
+            )
 
 
 def compile_command(arguments: CompileArguments) -> dict[str, Any]:

@@ -134,11 +134,13 @@ def dry_run_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | s
                 max_steps=int(values["max_steps"]),
                 bf16=bool(values["bf16"]),
                 max_length=int(values["max_length"]),
+                holdout_fraction=0.0 if values["validation_corpus"] else float(values["holdout_fraction"]),
                 vocab_size=int(values["vocab_size"]),
                 price_per_hour=float(values["tpu_price_per_hour"]),
             )
         )
     except InvalidParameter as error:
+        print(f"warning: no estimate of the training: {error}", file=sys.stderr)
         return f"no estimate: {error}"
     print(f"Estimate of the training on a {tpu} (before the data exists):\n{estimate_table(result)}", file=sys.stderr)
     return result

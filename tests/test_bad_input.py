@@ -134,7 +134,7 @@ CASES = {
         "256 --output {out}",
         "--per-replica-batch-size=256: x 8 replica(s) = global batch 2048, more than the … training samples",
     ),
-    "a batch that cannot fit the memory of a v3-8's cores": Case(
+    "a batch of roberta-large that cannot fit the memory of a v3-8's cores": Case(
         "preflight",
         "--tokenizer {tokenizer} --train_shards {shards} --tpu_type v3-8 --model_config roberta-large "
         "--per_replica_batch_size 96 --output {out}",
@@ -197,6 +197,17 @@ CASES = {
         "--tpu_type v4-32 --tpu_image tpu:1 --output {out}",
         "argument --tpu_type/--tpu-type: invalid choice: 'v4-32' (choose from 'v3-8', 'v5e-1', 'v5e-4', 'v5e-8')",
     ),
+    "a Vertex pipeline with the local CPU image": Case(
+        "compile",
+        "--target vertex --tpu_image registry/tpu:1 --output {out}",
+        "--cpu-image='tpu-mlm-cpu:latest': is a local image name; the vertex target needs its URI in a registry",
+    ),
+    "a JSON file that is not JSON lines": Case(
+        "tokenizer",
+        "--corpus {data}/array.json --output {out}",
+        "--corpus='…/array.json': is not JSON lines (one object per line; Expecting value: line 1 column 2 (char 1)); "
+        ".json files are read as JSON lines",
+    ),
     "a Vertex pipeline without a TPU image": Case(
         "compile",
         "--target vertex --output {out}",
@@ -239,6 +250,7 @@ def inputs(tmp_path_factory, embedded_tokenizer) -> dict[str, str]:
     (data / "empty.txt").write_text("\n\n  \n")
     (data / "tiny.txt").write_text("a few words\n")
     (data / "rows.jsonl").write_text('{"text": "hello"}\n')
+    (data / "array.json").write_text('[\n{"text": "hello"}\n]\n')
     shards = str(root / "shards")
     write_shards(ShardArguments(output=shards, tokenizer=embedded_tokenizer, records_per_shard=2000))
     truncated = root / "truncated"

@@ -101,7 +101,7 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
     estimate = result["estimate"]
     # the template's TPU (a v5e-4: 4 replicas) and defaults (one epoch, bf16), with the values given
     assert estimate["tpu_type"] == "v5e-4" and estimate["global_batch_size"] == 256
-    assert estimate["data"]["samples"] == int(546_500_949 * 0.312 // 128)
+    assert estimate["data"]["samples"] == int(546_500_949 * 0.95 * 0.312 // 128)  # the default 5% held out
     assert estimate["steps"] == estimate["data"]["samples"] // 256
     assert estimate["cost"] == 4.8 * estimate["hours"]
     assert "Estimate of the training on a v5e-4" in capsys.readouterr().err

@@ -515,6 +515,7 @@ def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuse
         log_every_steps=3,
         accelerator="cpu",
         replicas=0,
+        price_per_hour=0.0,
         peak_tflops=0.0,
         checkpoint_dir=checkpoints,
         output_root="",
