@@ -457,7 +457,7 @@ def _summary(
     if this_run:
         summary["samples_per_second"] = this_run[-1]["samples_per_second"]
     if arguments.price_per_hour:
-        summary["cost_this_run"] = round(arguments.price_per_hour * seconds / 3600, 4)
+        summary["cost_this_run"] = arguments.price_per_hour * seconds / 3600
     return summary
 
 
