@@ -28,6 +28,21 @@ def docker_engine() -> bool:
     return subprocess.run(["docker", "version"], capture_output=True).returncode == 0
 
 
+def build_image(dockerfile: Path, tag: str) -> None:
+    """Builds the image from the project root as the README says, or skips where no engine runs."""
+    if not docker_engine():
+        pytest.skip(
+            "no Docker engine: start one with ../shared/tools/docker-sandbox and export DOCKER_HOST (.ci/run does)"
+        )
+    build = subprocess.run(
+        ["docker", "build", "--network", "host", "-f", str(dockerfile), "-t", tag, "."],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+
+
 def test_tpu_image_pins_tensorflow_tpu_and_libtpu_and_sets_only_what_tensorflow_reads():
     text = TPU_DOCKERFILE.read_text()
     constraints = (PROJECT_ROOT / "constraints.txt").read_text()
@@ -61,17 +76,7 @@ def test_both_images_install_the_project_from_its_resolved_pins():
 
 @pytest.mark.slow
 def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner_and_pushes(tmp_path, monkeypatch, capsys, hub):
-    if not docker_engine():
-        pytest.skip(
-            "no Docker engine: start one with ../shared/tools/docker-sandbox and export DOCKER_HOST (.ci/run does)"
-        )
-    build = subprocess.run(
-        ["docker", "build", "--network", "host", "-f", str(CPU_DOCKERFILE), "-t", TEST_IMAGE, "."],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    build_image(CPU_DOCKERFILE, TEST_IMAGE)
     help_text = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", TEST_IMAGE, "python", "-m", "components.shards", "--help"],
         capture_output=True,
@@ -100,17 +105,7 @@ def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner_and_push
 def test_the_tpu_image_builds_trains_on_two_cpu_replicas_and_refuses_a_missing_tpu_in_one_line(
     tmp_path, embedded_shards
 ):
-    if not docker_engine():
-        pytest.skip(
-            "no Docker engine: start one with ../shared/tools/docker-sandbox and export DOCKER_HOST (.ci/run does)"
-        )
-    build = subprocess.run(
-        ["docker", "build", "--network", "host", "-f", str(TPU_DOCKERFILE), "-t", TPU_TEST_IMAGE, "."],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    build_image(TPU_DOCKERFILE, TPU_TEST_IMAGE)
     data = tmp_path / "data"
     for name in ("tokenizer", "train", "validation"):
         shutil.copytree(embedded_shards[name], data / name)
