@@ -48,7 +48,7 @@ def source_text() -> bytes:
     """WikiText-2 where ../shared has it, else the embedded corpus."""
     if (WIKITEXT / "valid.txt").exists():
         return (WIKITEXT / "valid.txt").read_bytes() + (WIKITEXT / "test.txt").read_bytes()
-    from components.corpus import embedded_lines
+    from components.lib.corpus import embedded_lines
 
     return "\n".join(embedded_lines()).encode() + b"\n"
 

@@ -25,9 +25,10 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 import components  # noqa: F401  (environment for TensorFlow)
-from components.corpus import Corpus, CorpusSpec
+from components.lib.corpus import Corpus, CorpusSpec
+from components.lib.tokenization import load_tokenizer
 from components.shards import ShardArguments, write_shards
-from components.tokenizer import TokenizerArguments, load_tokenizer, train_tokenizer
+from components.tokenizer import TokenizerArguments, train_tokenizer
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 

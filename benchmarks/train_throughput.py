@@ -1,12 +1,12 @@
 """Input-pipeline and training throughput, each against a plain baseline, in one run on this machine.
 
-* Input pipeline, samples/s with masking and no model: ``components.data.masked_dataset`` (interleaved
+* Input pipeline, samples/s with masking and no model: ``components.lib.masking.masked_dataset`` (interleaved
   reads, a whole batch parsed at once, parallel masking, prefetch) against a plain pipeline (one record
   parsed at a time, shuffle, batch, the same masking, nothing tuned).
 * Training, samples/s: the train component's step (``steps_per_execution`` steps per call into the
   graph) against the same model, optimizer and data through ``model.compile(optimizer)`` + ``model.fit``
   with defaults.
-* Evaluation, samples/s: ``components.masked_lm.MaskedLMScorer`` (the LM head at the masked positions only,
+* Evaluation, samples/s: ``components.lib.masked_lm.MaskedLMScorer`` (the LM head at the masked positions only,
   one traced function) against the full-vocabulary logits it replaced, and against training's samples/s.
 * The arithmetic of what a TPU v3-8 would consume for ``roberta-base`` at sequence length 128 and global
   batch 2048 (6 x parameters x tokens FLOPs plus attention, at 40% of the slice's bf16 peak), and the input
@@ -28,10 +28,10 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 import components  # noqa: F401  (environment for TensorFlow)
-from components.accelerators import TPU_TYPES
-from components.data import Masking, mask_tokens, masked_dataset, shard_files
-from components.masked_lm import MaskedLMScorer, max_predictions
-from components.modeling import count_parameters, model_config, training_flops_per_token
+from components.lib.accelerators import TPU_TYPES
+from components.lib.masked_lm import MaskedLMScorer, max_predictions
+from components.lib.masking import Masking, mask_tokens, masked_dataset, shard_files
+from components.lib.modeling import count_parameters, model_config, training_flops_per_token
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from components.train import _train_function

@@ -20,19 +20,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components import storage
-from components.accelerators import ACCELERATORS, check_accelerator, select_strategy
-from components.cli import run_job
-from components.data import Masking, masked_dataset, naming_corrupt_shards
-from components.errors import InvalidParameter
-from components.masked_lm import MaskedLMScorer, check_probability, max_predictions
-from components.shards import read_manifest, verify_files
-from components.tokenizer import TOKENIZER_FILE, fingerprint
+from components.lib import storage
+from components.lib.accelerators import ACCELERATORS, check_accelerator, select_strategy
+from components.lib.errors import InvalidParameter
+from components.lib.jobs import run_job
+from components.lib.masked_lm import MaskedLMScorer, check_probability, max_predictions, unigram_perplexity
+from components.lib.masking import Masking, masked_dataset, naming_corrupt_shards
+from components.lib.results import METRICS_FILE, REPORT_FILE, display_token, metrics_table
+from components.lib.shard_set import read_manifest, verify_files
+from components.lib.tokenization import TOKENIZER_FILE, fingerprint
 
 log = logging.getLogger("tpu_mlm.evaluate")
 
-METRICS_FILE = "metrics.json"
-REPORT_FILE = "report.md"
 DEFAULT_SENTENCES = (
     "The history of the <mask> begins in the early twentieth century.",
     "The function returns a <mask> of values.",
@@ -45,8 +44,11 @@ class EvaluateArguments:
     model: str = field(metadata={"help": "Model folder from components.train (local or gs://)."})
     shards: str = field(metadata={"help": "Shard folder with manifest.json to evaluate on."})
     output: str = field(metadata={"help": "Folder for metrics.json and report.md."})
+    train_shards: str = field(
+        default="", metadata={"help": "The training shards: their token counts give the unigram baseline."}
+    )
     batch_size: int = field(default=64, metadata={"help": "Samples per evaluation batch."})
-    max_batches: int | None = field(default=None, metadata={"help": "Evaluate at most this many batches."})
+    max_batches: int = field(default=0, metadata={"help": "Evaluate at most this many batches; 0: all."})
     mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of tokens masked."})
     seed: int = field(default=0, metadata={"help": "Masking seed; keep it fixed to compare runs and models."})
     fill_mask: str = field(
@@ -62,10 +64,12 @@ class EvaluateArguments:
     def __post_init__(self) -> None:
         for parameter in ("model", "shards", "output"):
             storage.check_uri(parameter, getattr(self, parameter))
+        if self.train_shards:
+            storage.check_uri("train_shards", self.train_shards)
         if self.batch_size < 1:
             raise InvalidParameter("batch_size", self.batch_size, "must be a positive whole number")
-        if self.max_batches is not None and self.max_batches < 1:
-            raise InvalidParameter("max_batches", self.max_batches, "must be positive, or unset for all")
+        if self.max_batches < 0:
+            raise InvalidParameter("max_batches", self.max_batches, "must be positive, or 0 for all")
         check_probability(self.mlm_probability)
         if self.top_k < 1:
             raise InvalidParameter("top_k", self.top_k, "must be a positive whole number")
@@ -114,10 +118,22 @@ def load_model(uri: str, local_dir: Path, parameter: str = "model", strategy: An
     return model, tokenizer, fingerprint((local_dir / TOKENIZER_FILE).read_bytes())
 
 
+def training_token_counts(train_shards: str, manifest: dict[str, Any]) -> list[int] | None:
+    """The token counts of the training shards, checked to be of the evaluation shards' tokenizer; None for
+    shards written before the counts were kept."""
+    training = read_manifest(train_shards, "train_shards")
+    if training["tokenizer_fingerprint"] != manifest["tokenizer_fingerprint"]:
+        raise InvalidParameter("train_shards", train_shards, "were made with another tokenizer than --shards")
+    if "token_counts" not in training:
+        log.warning("%s keeps no token counts (written by an older version): no unigram baseline", train_shards)
+    return training.get("token_counts")
+
+
 def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
     """Scores the model on the shards and writes metrics.json and report.md; returns the metrics."""
     manifest = read_manifest(arguments.shards)
     verify_files(arguments.shards, manifest)
+    token_counts = training_token_counts(arguments.train_shards, manifest) if arguments.train_shards else None
     sentences = arguments.sentences
     for sentence in sentences:
         if sentence.count("<mask>") != 1:
@@ -139,7 +155,10 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
         )
         score = MaskedLMScorer(model, strategy, max_predictions(manifest["max_length"], arguments.mlm_probability))
         with naming_corrupt_shards(("shards", arguments.shards, manifest)):
-            metrics = score(dataset, arguments.max_batches)
+            metrics = score(dataset, arguments.max_batches or None)
+            metrics["unigram_perplexity"] = (
+                unigram_perplexity(dataset, token_counts, arguments.max_batches or None) if token_counts else None
+            )
         examples = fill_mask_examples(model, tokenizer, sentences, arguments.top_k) if sentences else []
     metrics.update(
         seconds=round(time.perf_counter() - started, 3),
@@ -162,19 +181,6 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
     return metrics
 
 
-def metrics_table(metrics: dict[str, Any]) -> list[str]:
-    """The evaluation metrics as Markdown table lines (the report and the model card show the same)."""
-    return [
-        "| metric | value |",
-        "|---|---|",
-        f"| loss (mean over masked tokens) | {metrics['loss']:.4f} |",
-        f"| perplexity | {metrics['perplexity']:.2f} |",
-        f"| masked-token accuracy | {metrics['masked_accuracy']:.2%} |",
-        f"| masked tokens | {metrics['masked_tokens']:,} |",
-        f"| samples | {metrics['samples']:,} |",
-    ]
-
-
 def report_markdown(metrics: dict[str, Any]) -> str:
     lines = [
         f"# Evaluation on `{metrics['split']}`",
@@ -186,7 +192,7 @@ def report_markdown(metrics: dict[str, Any]) -> str:
     ]
     for example in metrics["fill_mask"]:
         lines += ["", f"**{example['sentence']}**", "", "| token | score |", "|---|---|"]
-        lines += [f"| `{p['token']}` | {p['score']:.4f} |" for p in example["predictions"]]
+        lines += [f"| `{display_token(p['token'])}` | {p['score']:.4f} |" for p in example["predictions"]]
     return "\n".join(lines) + "\n"
 
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.cli import run_job
-from components.shards import gather_parts, merge_manifests
+from components.lib.jobs import run_job
+from components.lib.shard_set import gather_parts, merge_manifests
 
 
 @dataclass

@@ -18,37 +18,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components import storage
-from components.accelerators import GIB, TPU_TYPES, tpu_type, training_memory
-from components.cli import run_job
-from components.errors import InvalidParameter
-from components.estimate import EstimateArguments, estimate_run, estimate_table
-from components.hub import check_secret_name, hub_token
-from components.masked_lm import max_predictions
-from components.modeling import count_parameters
-from components.train import TrainArguments, plan_training
+from components.lib import storage
+from components.lib.accelerators import GIB, TPU_TYPES, tpu_type, training_memory
+from components.lib.errors import InvalidParameter
+from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
+from components.lib.hub import check_secret_name, hub_token
+from components.lib.jobs import run_job
+from components.lib.masked_lm import max_predictions
+from components.lib.modeling import count_parameters
+from components.lib.training import TrainingSettings, plan_training
 
 log = logging.getLogger("tpu_mlm.preflight")
 
 WRITE_ROLES = ("write", "admin", "fineGrained")
 
 
-@dataclass
-class PreflightArguments(TrainArguments):
-    """The train step's arguments (checked as the train step checks them), with what only preflight needs."""
+@dataclass(kw_only=True)
+class PreflightArguments(TrainingSettings):
+    """The training's settings (checked as the train step checks them), with what only preflight needs."""
 
-    output: str = field(
-        default="", metadata={"help": "Folder for preflight.json; also the storage checked for writing."}
-    )
+    output: str = field(metadata={"help": "Folder for preflight.json; also the storage checked for writing."})
     tpu_type: str = field(
         default="",
         metadata={"help": f"The TPU the train step will get, {sorted(TPU_TYPES)}: its replicas and memory."},
     )
-    hub_repo_id: str = field(default="", metadata={"help": "Repository the pipeline will push to, if any."})
     hf_token_secret: str = field(default="", metadata={"help": "Secret Manager secret holding the Hub token."})
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        storage.check_uri("output", self.output)
         if self.tpu_type:
             tpu = tpu_type(self.tpu_type)
             if self.replicas not in (0, tpu.replicas):
@@ -159,7 +157,7 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         token = hub_token("hub_repo_id", arguments.hub_repo_id, arguments.hf_token_secret)
         report["hub_user"] = check_hub_write(arguments.hub_repo_id, token)
     # last: the only checks that write (a fixed checkpoint folder is first written once the TPU has started)
-    if arguments.checkpoint_dir != storage.join(arguments.output, "checkpoints"):
+    if arguments.checkpoint_dir:
         check_writable("checkpoint_dir", arguments.checkpoint_dir)
     check_writable("output", arguments.output)
     report["seconds"] = round(time.perf_counter() - started, 3)

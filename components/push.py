@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components import storage
-from components.cli import run_job
-from components.errors import InvalidParameter
-from components.evaluate import METRICS_FILE, metrics_table
-from components.hub import DEFAULT_RETRIES, check_repo_id, check_secret_name, create_repo, hub_token, push_folder
-from components.train import SUMMARY_FILE, loss_summary
+from components.lib import storage
+from components.lib.errors import InvalidParameter
+from components.lib.hub import DEFAULT_RETRIES, check_repo_id, check_secret_name, create_repo, hub_token, push_folder
+from components.lib.jobs import run_job
+from components.lib.results import METRICS_FILE, SUMMARY_FILE, loss_summary, metrics_table
 
 
 @dataclass

@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components import storage
-from components.cli import run_job
-from components.evaluate import METRICS_FILE
-from components.train import SUMMARY_FILE, loss_summary
+from components.lib import storage
+from components.lib.jobs import run_job
+from components.lib.results import METRICS_FILE, SUMMARY_FILE, display_token, loss_summary
 
 
 @dataclass
@@ -55,6 +54,12 @@ def build_report(summary: dict[str, Any], metrics: dict[str, Any]) -> str:
     rows = [
         ("evaluation loss (masked tokens)", f"{metrics['loss']:.4f}"),
         ("perplexity", f"{metrics['perplexity']:.2f}"),
+        (
+            "unigram baseline perplexity",
+            f"{metrics['unigram_perplexity']:.2f} (each masked token predicted by its frequency in training)"
+            if metrics.get("unigram_perplexity") is not None
+            else "not computed (no training shards' token counts)",
+        ),
         ("masked-token accuracy", f"{metrics['masked_accuracy']:.2%}"),
         ("masked tokens evaluated", f"{metrics['masked_tokens']:,}"),
         ("training steps", f"{summary['total_steps']:,} (global batch {summary['global_batch_size']})"),
@@ -84,7 +89,8 @@ def build_report(summary: dict[str, Any], metrics: dict[str, Any]) -> str:
     examples = ""
     for example in metrics.get("fill_mask", []):
         items = "".join(
-            f"<li><code>{html.escape(p['token'])}</code> {p['score']:.3f}</li>" for p in example["predictions"]
+            f"<li><code>{html.escape(display_token(p['token']))}</code> {p['score']:.3f}</li>"
+            for p in example["predictions"]
         )
         examples += f"<p>{html.escape(example['sentence'])}</p><ol>{items}</ol>"
     return (

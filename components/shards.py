@@ -8,7 +8,7 @@ Rust tokenizer's threads) while the previous batch is written.
 Shards are named ``<split>-<part>-<index>-<records>.tfrecord`` (the reference recipe's readers take the
 record count from the name), written under a temporary name and renamed only when complete. Large corpora
 fan out over machines with ``--num_parts N --part K``: part K reads only its share of the corpus (whole files,
-byte ranges of big files, parquet row groups or a Hub dataset's file shards; see ``components.corpus``), so
+byte ranges of big files, parquet row groups or a Hub dataset's file shards; see ``components.lib.corpus``), so
 the N parts together read it once, and writes its own shards and ``parts/K-of-N.json``;
 ``python -m components.merge_shards`` then writes ``manifest.json``. A run with one part merges by itself.
 ``manifest.json`` is always written last: a folder without it is not done. Rerunning after a crash redoes
@@ -32,33 +32,25 @@ from typing import Any
 
 import numpy as np
 
-from components import storage
-from components.cli import run_job
-from components.corpus import Corpus, CorpusSpec, holdout_texts
-from components.errors import InvalidParameter
-from components.progress import Progress
-from components.tfrecords import serialize_examples
+from components.lib import storage
+from components.lib.corpus import Corpus, CorpusArguments, holdout_texts
+from components.lib.errors import InvalidParameter
+from components.lib.jobs import run_job
+from components.lib.progress import Progress
+from components.lib.records import serialize_examples
+from components.lib.shard_set import MANIFEST, dumps, merge_manifests, part_manifest_uri
+from components.lib.tokenization import load_tokenizer
 
 log = logging.getLogger("tpu_mlm.shards")
 
-MANIFEST = "manifest.json"
-PARTS_FOLDER = "parts"
 MIN_LENGTH, MAX_LENGTH = 8, 8192
 HOLDOUT_CHOICES = ("exclude", "only")
-SHARD_NAME = re.compile(r"^(?P<split>\w+)-(?P<part>\d{5})-(?P<index>\d{5})-(?P<records>\d+)\.tfrecord$")
 
 
-@dataclass
-class ShardArguments:
+@dataclass(kw_only=True)
+class ShardArguments(CorpusArguments):
     output: str = field(metadata={"help": "Folder (local path or gs:// URI) for this split's shards."})
     tokenizer: str = field(metadata={"help": "Tokenizer folder made by components.tokenizer (local or gs://)."})
-    corpus: str = field(
-        default="embedded",
-        metadata={
-            "help": "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet "
-            "paths or globs (local or gs://)."
-        },
-    )
     split: str = field(default="train", metadata={"help": "Name of the split written (letters, digits, _)."})
     max_length: int = field(default=128, metadata={"help": "Tokens per sample."})
     records_per_shard: int = field(default=10_000, metadata={"help": "Samples per TFRecord file."})
@@ -78,14 +70,6 @@ class ShardArguments:
             "out (train), 'only' writes just the held-out ones (validation).",
             "choices": HOLDOUT_CHOICES,
         },
-    )
-    text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
-    limit: int | None = field(
-        default=None, metadata={"help": "Read at most this many texts (of this part's share, with --num_parts)."}
-    )
-    hf_token_secret: str = field(
-        default="",
-        metadata={"help": "Secret Manager secret with a Hub token for a private hf: dataset; else HF_TOKEN."},
     )
     batch_size: int = field(default=1_000, metadata={"help": "Texts tokenized per batch."})
     overwrite: bool = field(default=False, metadata={"help": "Replace a complete shard set made with other settings."})
@@ -110,10 +94,6 @@ class ShardArguments:
         if self.holdout == "only" and self.holdout_fraction == 0:
             raise InvalidParameter("holdout", self.holdout, "'only' needs a --holdout_fraction above 0")
 
-    @property
-    def corpus_spec(self) -> CorpusSpec:
-        return CorpusSpec(self.corpus, self.text_column, self.limit, self.hf_token_secret)
-
 
 def _require_positive(parameter: str, value: int) -> None:
     if value < 1:
@@ -134,15 +114,11 @@ def corpus_for_split(
     return corpus, holdout_fraction, "only" if split == "validation" else "exclude"
 
 
-def part_manifest_uri(output: str, part: int, num_parts: int) -> str:
-    return storage.join(output, PARTS_FOLDER, f"{part:05d}-of-{num_parts:05d}.json")
-
-
 def write_shards(arguments: ShardArguments) -> dict[str, Any]:
     """Writes this part's shards and part manifest, then ``manifest.json`` when the run has one part.
 
     Returns the manifest (the part's, or the merged one). Input is checked before anything is written."""
-    tokenizer, tokenizer_fingerprint = _load_checked_tokenizer(arguments)
+    tokenizer, tokenizer_fingerprint = load_tokenizer(arguments.tokenizer)
     corpus = Corpus(arguments.corpus_spec, arguments.num_parts, arguments.part)
     if corpus.kind == "files":
         log.info("%s", corpus.describe_share())
@@ -161,7 +137,7 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
     texts = holdout_texts(iter(corpus), arguments.holdout_fraction, arguments.holdout)
     writer = ShardWriter(arguments.output, arguments.split, arguments.part, arguments.records_per_shard)
     progress = Progress(f"shards {arguments.split} part {arguments.part}", lambda: corpus.fraction_done)
-    packer = SamplePacker(arguments.max_length)
+    packer = SamplePacker(arguments.max_length, len(tokenizer))
     text_count = 0
     for batch_texts, ids in _tokenized_batches(tokenizer.backend_tokenizer, texts, arguments.batch_size):
         samples = packer.add(ids)
@@ -186,8 +162,9 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
         "bytes_read": corpus.bytes_read,
         "tokens_written": writer.total_records * arguments.max_length,
         "tokens_dropped": packer.tokens_seen - writer.total_records * arguments.max_length,
+        "token_counts": packer.token_counts.tolist(),
     }
-    storage.write_text_atomic(part_uri, _dumps(part_manifest))
+    storage.write_text_atomic(part_uri, dumps(part_manifest))
     log.info(
         "part %d: %s bytes read, %d texts, %d samples in %d files, %d tokens dropped, %.1f s (%.0f tokens/s)",
         arguments.part,
@@ -202,12 +179,6 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
     if arguments.num_parts == 1:
         return merge_manifests(arguments.output)
     return part_manifest
-
-
-def _load_checked_tokenizer(arguments: ShardArguments) -> tuple[Any, str]:
-    from components.tokenizer import load_tokenizer
-
-    return load_tokenizer(arguments.tokenizer)
 
 
 def _settings(arguments: ShardArguments, tokenizer: Any, tokenizer_fingerprint: str) -> dict[str, Any]:
@@ -294,18 +265,21 @@ def _tokenized_batches(backend: Any, texts: Iterator[str], batch_size: int) -> I
 
 class SamplePacker:
     """Concatenates token ids across texts and cuts them into rows of ``max_length``; the remainder waits
-    for the next batch, so at most one partial sample is left at the very end."""
+    for the next batch, so at most one partial sample is left at the very end. Counts each token id written
+    (the evaluation's unigram baseline)."""
 
-    def __init__(self, max_length: int):
+    def __init__(self, max_length: int, vocab_size: int):
         self.max_length = max_length
         self.carry = np.empty(0, dtype=np.int64)
         self.tokens_seen = 0
+        self.token_counts = np.zeros(vocab_size, dtype=np.int64)
 
     def add(self, ids: np.ndarray) -> np.ndarray:
         self.tokens_seen += len(ids)
         stream = np.concatenate([self.carry, ids])
         usable = len(stream) - len(stream) % self.max_length
         self.carry = stream[usable:]
+        self.token_counts += np.bincount(stream[:usable], minlength=len(self.token_counts))
         return stream[:usable].reshape(-1, self.max_length)
 
 
@@ -353,90 +327,6 @@ class ShardWriter:
         storage.publish(self._temp, final)
         self.files.append({"name": name, "records": self._in_file, "bytes": storage.size(final)})
         self.total_records += self._in_file
-
-
-def merge_manifests(output: str) -> dict[str, Any]:
-    """Checks that every part of a sharded run is there with the same settings and writes ``manifest.json``."""
-    storage.check_uri("output", output)
-    uris = storage.glob(storage.join(output, PARTS_FOLDER, "*-of-*.json"))
-    if not uris:
-        raise InvalidParameter("output", output, "holds no part manifests (parts/*.json); run components.shards first")
-    parts = [json.loads(storage.read_text(uri)) for uri in uris]
-    first = parts[0]
-    settings_keys = [key for key in first if key not in PART_KEYS]
-    for part in parts[1:]:
-        differing = [key for key in settings_keys if part.get(key) != first[key]]
-        if differing:
-            raise InvalidParameter("output", output, f"holds parts made with different settings: {differing}")
-    found = sorted(part["part"] for part in parts)
-    missing = sorted(set(range(first["num_parts"])) - set(found))
-    if missing:
-        raise InvalidParameter("output", output, f"is missing parts {missing} of {first['num_parts']}")
-    files = [file for part in sorted(parts, key=lambda p: p["part"]) for file in part["files"]]
-    verify_files(output, {"files": files}, "output", listed_in="its part manifest")
-    manifest = {key: first[key] for key in settings_keys}
-    manifest.update(
-        files=files,
-        num_records=sum(part["num_records"] for part in parts),
-        texts=sum(part["texts"] for part in parts),
-        bytes_read=sum(part.get("bytes_read", 0) for part in parts),
-        tokens_written=sum(part["tokens_written"] for part in parts),
-        tokens_dropped=sum(part["tokens_dropped"] for part in parts),
-    )
-    if manifest["num_records"] == 0:
-        raise InvalidParameter("output", output, "the parts hold no samples: the corpus is shorter than one sample")
-    storage.remove_temporaries(storage.join(output, MANIFEST))
-    storage.write_text_atomic(storage.join(output, MANIFEST), _dumps(manifest))
-    log.info("%s: %d samples in %d files", storage.join(output, MANIFEST), manifest["num_records"], len(files))
-    return manifest
-
-
-def gather_parts(part_folders: list[str], output: str) -> dict[str, Any]:
-    """Copies the shards and part manifests of parts written to separate folders (one per pipeline task)
-    into ``output`` and merges them there. On ``gs://`` the copies are server-side."""
-    storage.check_uri("output", output)
-    for folder in (output, storage.join(output, PARTS_FOLDER)):  # what a killed earlier merge left (only
-        storage.remove_temporaries(folder)  # the merge writes into this folder)
-    for folder in part_folders:
-        for uri in storage.glob(storage.join(folder, PARTS_FOLDER, "*-of-*.json")):
-            part = json.loads(storage.read_text(uri))
-            for file in part["files"]:
-                storage.copy(storage.join(folder, file["name"]), storage.join(output, file["name"]))
-            storage.write_text_atomic(storage.join(output, PARTS_FOLDER, storage.basename(uri)), _dumps(part))
-    return merge_manifests(output)
-
-
-PART_KEYS = ("part", "files", "num_records", "texts", "bytes_read", "tokens_written", "tokens_dropped")
-
-
-def read_manifest(uri: str, parameter: str = "shards") -> dict[str, Any]:
-    """The manifest of a finished shard folder; refuses, naming ``parameter``, a folder that is not one."""
-    storage.check_uri(parameter, uri)
-    manifest_uri = storage.join(uri, MANIFEST)
-    if not storage.exists(manifest_uri):
-        raise InvalidParameter(parameter, uri, f"holds no finished shard set (no {MANIFEST}; is the run complete?)")
-    return json.loads(storage.read_text(manifest_uri))
-
-
-def verify_files(uri: str, manifest: dict[str, Any], parameter: str = "shards", listed_in: str = MANIFEST) -> None:
-    """Refuses, naming the file, a shard that is missing or whose size is not the one recorded when it was
-    written (a truncated copy, a file replaced by another run). One metadata request a file, no reading."""
-    for file in manifest["files"]:
-        path = storage.join(uri, file["name"])
-        if not storage.exists(path):
-            raise InvalidParameter(parameter, uri, f"shard {file['name']} listed in {listed_in} is missing")
-        actual = storage.size(path)
-        if actual != file["bytes"]:
-            raise InvalidParameter(
-                parameter,
-                uri,
-                f"shard {file['name']} has {actual} bytes, {listed_in} says {file['bytes']}: it is truncated or "
-                "was replaced; write the shards again",
-            )
-
-
-def _dumps(data: dict[str, Any]) -> str:
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

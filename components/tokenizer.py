@@ -11,7 +11,6 @@ was read and what came out, and is written last.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sys
@@ -22,34 +21,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components import storage
-from components.cli import run_job
-from components.corpus import Corpus, CorpusSpec
-from components.errors import InvalidParameter
-from components.progress import Progress
+from components.lib import storage
+from components.lib.corpus import Corpus, CorpusArguments
+from components.lib.errors import InvalidParameter
+from components.lib.jobs import run_job
+from components.lib.progress import Progress
+from components.lib.tokenization import SPECIAL_TOKENS, TOKENIZER_FILE, fingerprint
 
 log = logging.getLogger("tpu_mlm.tokenizer")
 
-SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 SUMMARY_FILE = "tokenizer_summary.json"
-TOKENIZER_FILE = "tokenizer.json"
 MAX_VOCAB_SIZE = 1_000_000
 DEFAULT_SAMPLE_BYTES = 2_000_000_000  # see the README's measurement of the trainer's memory
 
 
-@dataclass
-class TokenizerArguments:
+@dataclass(kw_only=True)
+class TokenizerArguments(CorpusArguments):
     output: str = field(metadata={"help": "Folder (local path or gs:// URI) to save the tokenizer in."})
-    corpus: str = field(
-        default="embedded",
-        metadata={
-            "help": "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet "
-            "paths or globs (local or gs://)."
-        },
-    )
     vocab_size: int = field(default=25_000, metadata={"help": "Target vocabulary size, special tokens included."})
-    text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
-    limit: int | None = field(default=None, metadata={"help": "Read at most this many texts."})
     lowercase: bool = field(default=False, metadata={"help": "Lowercase all text before training."})
     sample_bytes: int = field(
         default=DEFAULT_SAMPLE_BYTES,
@@ -58,10 +47,6 @@ class TokenizerArguments:
             "every run (0: all of it). The Unigram trainer holds its input in memory: see the README for the "
             "memory this takes."
         },
-    )
-    hf_token_secret: str = field(
-        default="",
-        metadata={"help": "Secret Manager secret with a Hub token for a private hf: dataset; else HF_TOKEN."},
     )
 
     def __post_init__(self) -> None:
@@ -75,10 +60,6 @@ class TokenizerArguments:
                 f"must be larger than the {len(SPECIAL_TOKENS)} special tokens {list(SPECIAL_TOKENS)} "
                 f"and at most {MAX_VOCAB_SIZE:,}",
             )
-
-    @property
-    def corpus_spec(self) -> CorpusSpec:
-        return CorpusSpec(self.corpus, self.text_column, self.limit, self.hf_token_secret)
 
 
 def build_tokenizer(lowercase: bool = False) -> Any:
@@ -165,36 +146,6 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
         arguments.output,
     )
     return summary
-
-
-def fingerprint(tokenizer_json: bytes) -> str:
-    """Identifies a trained tokenizer: shards and models made with another one are refused."""
-    return "sha256:" + hashlib.sha256(tokenizer_json).hexdigest()[:16]
-
-
-def load_tokenizer(uri: str, parameter: str = "tokenizer") -> tuple[Any, str]:
-    """Loads a tokenizer folder (local or gs://) and returns it with its fingerprint.
-
-    Refuses, naming ``parameter``, a folder that is missing, has no fast-tokenizer file, or lacks the
-    special tokens masked-language-model training needs."""
-    from transformers import PreTrainedTokenizerFast
-
-    storage.check_uri(parameter, uri)
-    if not storage.exists(storage.join(uri, TOKENIZER_FILE)):
-        raise InvalidParameter(parameter, uri, f"is not a tokenizer folder (no {TOKENIZER_FILE} in it)")
-    with tempfile.TemporaryDirectory() as local:
-        storage.download_folder(uri, Path(local))
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(local)
-        tokenizer_fingerprint = fingerprint(Path(local, TOKENIZER_FILE).read_bytes())
-    for role in ("mask_token", "pad_token", "bos_token", "eos_token"):
-        if getattr(tokenizer, role) is None or getattr(tokenizer, f"{role}_id") is None:
-            raise InvalidParameter(
-                parameter,
-                uri,
-                f"the tokenizer has no {role}; masked-language-model training needs "
-                "<s>, </s>, <pad> and <mask> (train one with components.tokenizer)",
-            )
-    return tokenizer, tokenizer_fingerprint
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.cli import run_job
-from components.errors import InvalidParameter
+from components.lib.errors import InvalidParameter
+from components.lib.jobs import run_job
 from pipelines.pipeline import DEFAULT_CPU_IMAGE, TARGETS, TPU_TYPES, compile_pipeline
 
 

@@ -13,14 +13,21 @@ target:
   TPU's replica count checked by preflight and by the train step, and its peak for MFU.
 """
 
+import inspect
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from kfp import compiler, dsl
 
-from components.accelerators import TPU_TYPES, TpuType
-from components.errors import InvalidParameter
-from components.tokenizer import DEFAULT_SAMPLE_BYTES
-from pipelines.steps import make_steps
+from components.evaluate import EvaluateArguments
+from components.lib.accelerators import TPU_TYPES, TpuType
+from components.lib.corpus import CorpusArguments
+from components.lib.errors import InvalidParameter
+from components.lib.training import TrainingSettings
+from components.push import PushArguments
+from components.shards import ShardArguments
+from components.tokenizer import TokenizerArguments
+from pipelines.steps import STEPS, make_steps
 
 PIPELINE_NAME = "tpu-mlm-pretraining"
 DEFAULT_CPU_IMAGE = "tpu-mlm-cpu:latest"
@@ -70,6 +77,124 @@ def tpu_training_job(train_component: Any, tpu: TpuType) -> Any:
     return job
 
 
+@dataclass
+class PipelineSettings:
+    """The pipeline's parameters that are no step's field."""
+
+    validation_corpus: str = field(
+        default="", metadata={"help": "Corpus of the validation shards; else a held-out fraction of the corpus."}
+    )
+    holdout_fraction: float = field(
+        default=0.05,
+        metadata={"help": "Share of the corpus's texts held out for validation when there is no validation corpus."},
+    )
+    hub_repo_id: str = field(
+        default="",
+        metadata={"help": "Push model, tokenizer and model card to this Hub repository at the end; none if empty."},
+    )
+    output_root: str = field(
+        default="", metadata={"help": "Store the steps' data here (gs:// or a folder) instead of the pipeline root."}
+    )
+
+
+@dataclass(frozen=True)
+class PipelineParameter:
+    """A pipeline parameter: a field of a dataclass (its type, default and help), perhaps under another name."""
+
+    name: str
+    source: type
+    field_name: str
+    type: type
+    default: Any
+    help: str
+
+
+# The training parameters are the training's settings, but for what the pipeline sets itself (the artifacts, the
+# TPU's name and peak) and what only the command line offers (pushing every checkpoint to the Hub).
+NOT_PIPELINE_PARAMETERS = (
+    "tokenizer",
+    "train_shards",
+    "eval_shards",
+    "tpu",
+    "peak_tflops",
+    "hub_repo_id",
+    "hub_private",
+)
+# (name, dataclass, field) in the order the pipeline shows them; the name is the field's unless given
+PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
+    ("corpus", CorpusArguments, "corpus"),
+    ("validation_corpus", PipelineSettings, "validation_corpus"),
+    ("holdout_fraction", PipelineSettings, "holdout_fraction"),
+    ("text_column", CorpusArguments, "text_column"),
+    ("limit", CorpusArguments, "limit"),
+    ("vocab_size", TokenizerArguments, "vocab_size"),
+    ("lowercase", TokenizerArguments, "lowercase"),
+    ("tokenizer_sample_bytes", TokenizerArguments, "sample_bytes"),
+    ("max_length", ShardArguments, "max_length"),
+    ("records_per_shard", ShardArguments, "records_per_shard"),
+    ("num_parts", ShardArguments, "num_parts"),
+    *(
+        ("tpu_price_per_hour" if setting.name == "price_per_hour" else setting.name, TrainingSettings, setting.name)
+        for setting in fields(TrainingSettings)
+        if setting.name not in NOT_PIPELINE_PARAMETERS
+    ),
+    ("eval_batch_size", EvaluateArguments, "batch_size"),
+    ("hub_repo_id", PipelineSettings, "hub_repo_id"),
+    ("hub_private", PushArguments, "private"),
+    ("hf_token_secret", CorpusArguments, "hf_token_secret"),
+    ("output_root", PipelineSettings, "output_root"),
+)
+# What a parameter feeds beyond the steps whose dataclass has its field: step -> that step's parameter
+ALSO_FEEDS = {
+    "holdout_fraction": {"shards": "holdout_fraction"},
+    "validation_corpus": {"shards": "validation_corpus"},
+    "output_root": {name: "output_root" for name, step in STEPS.items() if "output_root" in step.extra},
+    "mlm_probability": {"evaluate": "mlm_probability"},
+    "hub_repo_id": {"preflight": "hub_repo_id", "push": "repo_id"},
+    "hf_token_secret": {"preflight": "hf_token_secret", "push": "hf_token_secret"},
+}
+
+
+def target_defaults(target: str, tpu: TpuType) -> dict[str, Any]:
+    """The defaults a target changes: a TPU run wants the TPU (a TPU that does not start fails the step, never
+    a CPU run), bfloat16 and the TPU's replica count."""
+    return {"accelerator": "tpu", "bf16": True, "replicas": tpu.replicas} if target == "vertex" else {}
+
+
+def pipeline_parameters(defaults: dict[str, Any] | None = None) -> list[PipelineParameter]:
+    """Every pipeline parameter, its default from its field unless ``defaults`` names another."""
+    parameters = []
+    for name, source, field_name in PARAMETER_SOURCES:
+        setting = source.__dataclass_fields__[field_name]
+        default = (defaults or {}).get(name, setting.default)
+        if default is MISSING:
+            raise TypeError(f"{source.__name__}.{field_name}: a pipeline parameter needs a default")
+        type_ = {"str": str, "int": int, "float": float, "bool": bool}[
+            setting.type if isinstance(setting.type, str) else setting.type.__name__
+        ]
+        parameters.append(PipelineParameter(name, source, field_name, type_, default, setting.metadata.get("help", "")))
+    return parameters
+
+
+def feeds(parameter: PipelineParameter) -> dict[str, str]:
+    """The steps a parameter feeds: those whose dataclass has its field, and ``ALSO_FEEDS``."""
+    fed = {
+        name: parameter.field_name
+        for name, step in STEPS.items()
+        if issubclass(step.arguments, parameter.source) and parameter.source is not PipelineSettings
+    }
+    return {**fed, **ALSO_FEEDS.get(parameter.name, {})}
+
+
+def step_inputs(parameters: list[PipelineParameter], values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """For each step, its parameters' values (pipeline channels inside the pipeline)."""
+    inputs: dict[str, dict[str, Any]] = {name: {} for name in STEPS}
+    for parameter in parameters:
+        for step, step_parameter in feeds(parameter).items():
+            inputs[step][step_parameter] = values[parameter.name]
+    return inputs
+
+
 def build_pipeline(
     target: str = "local", cpu_image: str = DEFAULT_CPU_IMAGE, tpu_image: str = "", tpu_type: str = "v3-8"
 ) -> Any:
@@ -77,151 +202,67 @@ def build_pipeline(
     vertex = target == "vertex"
     tpu = TPU_TYPES[tpu_type]
     steps = make_steps(cpu_image, tpu_image or cpu_image)
-    train_component = tpu_training_job(steps.train, tpu) if vertex else steps.train
+    train_component = tpu_training_job(steps["train"], tpu) if vertex else steps["train"]
+    parameters = pipeline_parameters(target_defaults(target, tpu))
 
-    def resources(task: Any, step: str) -> Any:
-        if target == "vertex":
-            cpu, memory = CPU_RESOURCES[step]
+    def step(name: str, component: Any = None, **arguments: Any) -> Any:
+        task = (component or steps[name])(**{**inputs[name], **arguments})  # constants win
+        if vertex and name in CPU_RESOURCES:
+            cpu, memory = CPU_RESOURCES[name]
             task.set_cpu_limit(cpu).set_memory_limit(memory)
         return task
 
-    @dsl.pipeline(name=PIPELINE_NAME, description="Pre-train a RoBERTa-style masked language model from scratch.")
-    def pretraining(
-        corpus: str = "embedded",
-        validation_corpus: str = "",
-        holdout_fraction: float = 0.05,
-        text_column: str = "text",
-        limit: int = 0,
-        vocab_size: int = 25_000,
-        lowercase: bool = False,
-        tokenizer_sample_bytes: int = DEFAULT_SAMPLE_BYTES,
-        max_length: int = 128,
-        records_per_shard: int = 10_000,
-        num_parts: int = 1,
-        model_config: str = "roberta-base",
-        per_replica_batch_size: int = 256,
-        num_epochs: int = 1,
-        max_steps: int = 0,
-        learning_rate: float = 1e-4,
-        warmup_fraction: float = 0.05,
-        weight_decay: float = 1e-3,
-        mlm_probability: float = 0.15,
-        bf16: bool = vertex,
-        steps_per_execution: int = 50,
-        shuffle_buffer: int = 10_000,
-        seed: int = 42,
-        checkpoint_every_steps: int = 1_000,
-        log_every_steps: int = 100,
-        accelerator: str = "tpu" if vertex else "auto",
-        replicas: int = tpu.replicas if vertex else 0,
-        eval_batch_size: int = 64,
-        tpu_price_per_hour: float = 0.0,
-        hub_repo_id: str = "",
-        hub_private: bool = False,
-        hf_token_secret: str = "",
-        output_root: str = "",
-        checkpoint_dir: str = "",
-    ):
-        tokenizer = resources(
-            steps.tokenizer(
-                corpus=corpus,
-                vocab_size=vocab_size,
-                text_column=text_column,
-                limit=limit,
-                lowercase=lowercase,
-                sample_bytes=tokenizer_sample_bytes,
-                hf_token_secret=hf_token_secret,
-                output_root=output_root,
-            ),
-            "tokenizer",
-        ).set_display_name("tokenizer")
-        common = {
-            "corpus": corpus,
-            "validation_corpus": validation_corpus,
-            "holdout_fraction": holdout_fraction,
-            "text_column": text_column,
-            "limit": limit,
-            "max_length": max_length,
-            "records_per_shard": records_per_shard,
-            "hf_token_secret": hf_token_secret,
-            "output_root": output_root,
-            "tokenizer": tokenizer.outputs["tokenizer"],
-        }
-        validation = resources(steps.shards(split="validation", num_parts=1, part=0, **common), "shards")
+    def pretraining(*values: Any) -> None:
+        nonlocal inputs
+        inputs = step_inputs(parameters, dict(zip([parameter.name for parameter in parameters], values, strict=True)))
+        tokenizer = step("tokenizer").set_display_name("tokenizer")
+        validation = step("shards", split="validation", num_parts=1, part=0, tokenizer=tokenizer.outputs["tokenizer"])
         validation.set_display_name("validation shards")
-        parts = steps.part_indices(num_parts=num_parts).set_display_name("plan parts")
+        parts = steps["part_indices"](num_parts=inputs["shards"]["num_parts"]).set_display_name("plan parts")
         with dsl.ParallelFor(items=parts.output, name="train-parts") as part:
-            train_part = resources(steps.shards(split="train", num_parts=num_parts, part=part, **common), "shards")
+            train_part = step("shards", split="train", part=part, tokenizer=tokenizer.outputs["tokenizer"])
             train_part.set_display_name("train shards part")
-        train_shards = steps.merge_shards(output_root=output_root, parts=dsl.Collected(train_part.outputs["shards"]))
-        train_shards.set_display_name("merge train shards")
-        training = {  # what preflight checks is what training gets
-            "model_config": model_config,
-            "per_replica_batch_size": per_replica_batch_size,
-            "num_epochs": num_epochs,
-            "max_steps": max_steps,
-            "learning_rate": learning_rate,
-            "warmup_fraction": warmup_fraction,
-            "weight_decay": weight_decay,
-            "mlm_probability": mlm_probability,
-            "bf16": bf16,
-            "steps_per_execution": steps_per_execution,
-            "shuffle_buffer": shuffle_buffer,
-            "seed": seed,
-            "checkpoint_every_steps": checkpoint_every_steps,
-            "log_every_steps": log_every_steps,
-            "accelerator": accelerator,
-            "replicas": replicas,
-            "price_per_hour": tpu_price_per_hour,
-            "checkpoint_dir": checkpoint_dir,
-            "output_root": output_root,
+        train_shards = steps["merge_shards"](
+            output_root=inputs["shards"]["output_root"], parts=dsl.Collected(train_part.outputs["shards"])
+        ).set_display_name("merge train shards")
+        data = {
             "tokenizer": tokenizer.outputs["tokenizer"],
             "train_shards": train_shards.outputs["shards"],
             "eval_shards": validation.outputs["shards"],
         }
-        checked = resources(
-            steps.preflight(
-                tpu_type=tpu.name if vertex else "",
-                hub_repo_id=hub_repo_id,
-                hf_token_secret=hf_token_secret,
-                **training,
-            ),
-            "preflight",
-        ).set_display_name("preflight")
+        checked = step("preflight", tpu_type=tpu.name if vertex else "", **data).set_display_name("preflight")
         checked.set_caching_options(False)  # the token and the storage are checked anew on every run
         # the TPU's peak for MFU, known here whatever the TPU VM's environment says
-        trained = train_component(peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0, **training)
-        trained.set_display_name("train")
-        trained.after(checked)
+        trained = step("train", train_component, peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0, **data)
+        trained.set_display_name("train").after(checked)
         trained.set_caching_options(False)
-        evaluation = resources(
-            steps.evaluate(
-                mlm_probability=mlm_probability,
-                seed=0,
-                batch_size=eval_batch_size,
-                output_root=output_root,
-                model=trained.outputs["model"],
-                shards=validation.outputs["shards"],
-            ),
-            "evaluate",
+        model = trained.outputs["model"]
+        evaluation = step(
+            "evaluate", model=model, shards=validation.outputs["shards"], train_shards=train_shards.outputs["shards"]
         ).set_display_name("evaluate")
-        resources(
-            steps.report(model=trained.outputs["model"], evaluation=evaluation.outputs["evaluation"]), "report"
-        ).set_display_name("run report")
-        with dsl.If(hub_repo_id != "", name="push-requested"):
-            pushed = resources(
-                steps.push(
-                    repo_id=hub_repo_id,
-                    private=hub_private,
-                    hf_token_secret=hf_token_secret,
-                    model=trained.outputs["model"],
-                    evaluation=evaluation.outputs["evaluation"],
-                ),
-                "push",
-            ).set_display_name("push to the Hub")
-            pushed.set_caching_options(False)
+        step("report", model=model, evaluation=evaluation.outputs["evaluation"]).set_display_name("run report")
+        with dsl.If(inputs["push"]["repo_id"] != "", name="push-requested"):
+            pushed = step("push", model=model, evaluation=evaluation.outputs["evaluation"])
+            pushed.set_display_name("push to the Hub").set_caching_options(False)
 
-    return pretraining
+    inputs: dict[str, dict[str, Any]] = {}
+    pretraining.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                parameter.name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=parameter.default,
+                annotation=parameter.type,
+            )
+            for parameter in parameters
+        ]
+    )
+    # KFP reads the parameters' descriptions from the docstring's "Args:" section
+    description = "Pre-train a RoBERTa-style masked language model from scratch."
+    pretraining.__doc__ = f"{description}\n\nArgs:\n" + "\n".join(
+        f"    {parameter.name}: {parameter.help}" for parameter in parameters
+    )
+    return dsl.pipeline(name=PIPELINE_NAME, description=description)(pretraining)
 
 
 def compile_pipeline(path: str, **kwargs: Any) -> str:

@@ -2,28 +2,36 @@
 
 The default is a first run in minutes on 2 cores: the embedded corpus, a 5,000-piece tokenizer and the
 ``tiny`` model, every step a subprocess in this environment (``SubprocessRunner``, no Docker). With
-``--docker`` each step runs in the project's CPU image through ``DockerRunner`` instead. At the end it
-prints where each artifact is, the evaluation metrics and a fill-mask example; the run's folder holds
-everything under ``--pipeline_root``.
+``--docker`` each step runs in the project's CPU image through ``DockerRunner`` instead. Every pipeline
+parameter is a flag here (``--help`` lists them), with defaults for a small CPU run.
 
-    python -m pipelines.run_local [--corpus FILES] [--model_config tiny] [--docker]
+It prints one line per step as the step finishes (its name, status, seconds and one figure), and each step's
+full log goes to a file under the run's folder (printed in full when the step fails; ``--verbose`` streams
+everything instead). At the end it prints where each artifact is, the evaluation metrics and a fill-mask
+example.
+
+    python -m pipelines.run_local [--corpus FILES] [--model_config tiny] [--docker] [--verbose]
 """
 
+import contextlib
 import json
+import logging
 import os
+import re
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from components import storage
-from components.cli import run_job
-from components.errors import InvalidParameter
-from components.evaluate import METRICS_FILE
-from components.hub import check_repo_id, hub_token
-from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline
+from components.lib import storage
+from components.lib.errors import InvalidParameter
+from components.lib.hub import check_repo_id, hub_token
+from components.lib.jobs import run_job
+from components.lib.results import METRICS_FILE, fill_mask_line
+from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline, pipeline_parameters
 
 # The folder of each artifact inside a run, by task and output name, in the order they are made.
 ARTIFACTS = {
@@ -39,35 +47,33 @@ ARTIFACTS = {
 HUB_ENVIRONMENT = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
 # The ones that move to --output_root when it is set (the reports are KFP's, they stay with the run).
 DATA_ARTIFACTS = ("tokenizer", "validation shards", "train shards", "model", "evaluation")
+# A small CPU run's settings, where they differ from the pipeline's defaults (which are a TPU run's).
+LOCAL_DEFAULTS = {
+    "vocab_size": 5_000,
+    "model_config": "tiny",
+    "per_replica_batch_size": 16,
+    "num_epochs": 3,
+    "learning_rate": 1e-3,  # higher for a tiny model
+    "log_every_steps": 20,
+}
+# The figure a step's line shows: (its output metadata's key, how to show it), by task name without suffix.
+STEP_FIGURES = {
+    "tokenizer-step": ("vocab_size", "{:,.0f} pieces"),
+    "shards-step": ("num_records", "{:,.0f} samples"),
+    "merge-shards-step": ("num_records", "{:,.0f} samples"),
+    "train-step": ("last_loss", "loss {:.4f}"),
+    "evaluate-step": ("perplexity", "perplexity {:,.1f}"),
+}
 
 
-@dataclass
-class RunLocalArguments:
+@dataclass(kw_only=True)
+class LocalRunOptions:
+    """How the pipeline runs here; the pipeline's parameters are added as fields below."""
+
     pipeline_root: str = field(default="runs", metadata={"help": "Local folder for the runs (kfp.local's own)."})
-    checkpoint_dir: str = field(
-        default="", metadata={"help": "A fixed checkpoint folder: running again resumes the training from it."}
-    )
-    output_root: str = field(
-        default="", metadata={"help": "Store the steps' data here (a gs:// URI or a folder) instead of the root."}
-    )
-    corpus: str = field(default="embedded", metadata={"help": "Training corpus (see components.corpus)."})
-    validation_corpus: str = field(default="", metadata={"help": "Validation corpus; else a held-out fraction."})
-    holdout_fraction: float = field(default=0.05, metadata={"help": "Held out for validation without one."})
-    vocab_size: int = field(default=5_000, metadata={"help": "Tokenizer vocabulary."})
-    model_config: str = field(default="tiny", metadata={"help": "Model preset or config.json."})
-    per_replica_batch_size: int = field(default=16, metadata={"help": "Samples per replica and step."})
-    replicas: int = field(
-        default=0,
-        metadata={"help": "Split the CPU into N replicas for training, as a TPU would (8 rehearses a v3-8's batch)."},
-    )
-    num_epochs: int = field(default=3, metadata={"help": "Passes over the training shards."})
-    max_steps: int = field(default=0, metadata={"help": "Steps; overrides num_epochs when > 0."})
-    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (higher for tiny models)."})
-    num_parts: int = field(default=1, metadata={"help": "Training-shard tasks run in parallel."})
-    hub_repo_id: str = field(default="", metadata={"help": "Push the model here at the end (token: HF_TOKEN)."})
-    hub_private: bool = field(default=False, metadata={"help": "Create the Hub repository as private."})
     docker: bool = field(default=False, metadata={"help": "Run each step in the CPU image with DockerRunner."})
     image: str = field(default=DEFAULT_CPU_IMAGE, metadata={"help": "Image for --docker (local name:tag)."})
+    verbose: bool = field(default=False, metadata={"help": "Stream every step's log here instead of one line."})
 
     def __post_init__(self) -> None:
         if self.hub_repo_id:
@@ -80,8 +86,99 @@ class RunLocalArguments:
         if self.output_root:
             storage.check_uri("output_root", self.output_root)
 
+    def pipeline_values(self) -> dict[str, Any]:
+        values = {parameter.name: getattr(self, parameter.name) for parameter in PARAMETERS}
+        if self.docker and values["accelerator"] == "auto":
+            values["accelerator"] = "cpu"  # the CPU image has no accelerator runtime to probe
+        return values
 
-def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
+
+PARAMETERS = pipeline_parameters(LOCAL_DEFAULTS)
+RunLocalArguments = make_dataclass(
+    "RunLocalArguments",
+    [
+        (parameter.name, parameter.type, field(default=parameter.default, metadata={"help": parameter.help}))
+        for parameter in PARAMETERS
+    ],
+    bases=(LocalRunOptions,),
+    kw_only=True,
+)
+RunLocalArguments.__module__ = __name__
+RunLocalArguments.__doc__ = "The local run's options and every pipeline parameter (pipelines.pipeline)."
+
+
+class StepLines:
+    """Stands in for ``sys.stdout`` while kfp.local runs: each task's lines go to ``<run>/logs/<task>.log``, and
+    one line per finished task goes to ``out``. It follows kfp.local's own markers ("Executing task", "finished
+    with status", the outputs it lists, a horizontal rule). kfp.local makes the run's folder only once its first
+    task has run, so a task's lines wait in memory until the folder is there."""
+
+    START = re.compile(r"Executing task '([\w-]+)'")
+    FINISH = re.compile(r"Task '([\w-]+)' finished with status (\w+)")
+    ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+    def __init__(self, run_dir: Callable[[], Path | None], labels: dict[str, str], out: TextIO) -> None:
+        self.run_dir, self.labels, self.out = run_dir, labels, out
+        self.pending = ""
+        self.task = ""
+        self.lines: list[str] = []
+        self.log: TextIO | None = None
+        self.log_path: Path | None = None
+        self.started = self.seconds = 0.0
+        self.status = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self._line(self.ANSI.sub("", line))
+        return len(text)
+
+    def flush(self) -> None:
+        if self.log is not None:
+            self.log.flush()
+
+    def _line(self, line: str) -> None:
+        if start := self.START.search(line):
+            self.task, self.lines, self.status, self.started = start.group(1), [], "", time.perf_counter()
+            self._open_log()
+        if not self.task:
+            return  # kfp.local's lines about the whole run
+        if self.status and line.startswith("---"):
+            self._end()
+            return
+        if finish := self.FINISH.search(line):
+            self.status, self.seconds = finish.group(2), time.perf_counter() - self.started
+        self.lines.append(line)
+        if self.log is not None:
+            self.log.write(line + "\n")
+
+    def _open_log(self) -> None:
+        folder = self.run_dir()
+        if folder is None:
+            return
+        (folder / "logs").mkdir(exist_ok=True)
+        self.log_path = folder / "logs" / f"{self.task}.log"
+        self.log = self.log_path.open("w")
+        self.log.writelines(line + "\n" for line in self.lines)
+
+    def _end(self) -> None:
+        if self.log is None:
+            self._open_log()
+        key, form = STEP_FIGURES.get(re.sub(r"-\d+$", "", self.task), ("", ""))
+        found = re.search(rf"'{key}': ([-0-9.e+]+)", " ".join(self.lines)) if key else None
+        figure = form.format(float(found.group(1))) if found else ""
+        label = self.labels.get(self.task, self.task)
+        print(f"{label:<19} {self.status:<8} {self.seconds:6.1f} s  {figure:<18} {self.log_path}", file=self.out)
+        self.close()
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        self.task, self.log = "", None
+
+
+def run_local(arguments: LocalRunOptions) -> dict[str, Any]:
     """Runs the pipeline under kfp.local and returns the artifacts' folders and the evaluation metrics."""
     from kfp import local
 
@@ -97,42 +194,70 @@ def run_local(arguments: RunLocalArguments) -> dict[str, Any]:
     local.init(runner=runner, pipeline_root=str(root))
     pipeline = build_pipeline("local", cpu_image=arguments.image)
     before = set(root.glob(f"{PIPELINE_NAME}-*"))
+
+    def run_dir() -> Path | None:
+        new = set(root.glob(f"{PIPELINE_NAME}-*")) - before
+        return new.pop() if new else None
+
+    values = arguments.pipeline_values()
     # loop iterations' folders repeat from run to run, so each run's data gets a folder of its own
-    output_root = arguments.output_root and storage.join(arguments.output_root, time.strftime("run-%Y%m%d-%H%M%S"))
-    started = time.perf_counter()
-    pipeline(
-        corpus=arguments.corpus,
-        validation_corpus=arguments.validation_corpus,
-        holdout_fraction=arguments.holdout_fraction,
-        vocab_size=arguments.vocab_size,
-        model_config=arguments.model_config,
-        per_replica_batch_size=arguments.per_replica_batch_size,
-        replicas=arguments.replicas,
-        num_epochs=arguments.num_epochs,
-        max_steps=arguments.max_steps,
-        learning_rate=arguments.learning_rate,
-        num_parts=arguments.num_parts,
-        log_every_steps=20,
-        hub_repo_id=arguments.hub_repo_id,
-        hub_private=arguments.hub_private,
-        accelerator="cpu" if arguments.docker else "auto",
-        output_root=output_root,
-        checkpoint_dir=arguments.checkpoint_dir,
+    values["output_root"] = values["output_root"] and storage.join(
+        values["output_root"], time.strftime("run-%Y%m%d-%H%M%S")
     )
-    (run_dir,) = set(root.glob(f"{PIPELINE_NAME}-*")) - before
-    artifacts = {name: str(run_dir / relative) for name, relative in ARTIFACTS.items()}
+    started = time.perf_counter()
+    if arguments.verbose:
+        pipeline(**values)
+    else:
+        run_quietly(pipeline, values, run_dir)
+    folder = run_dir()
+    assert folder is not None, "kfp.local made no run folder"
+    artifacts = {name: str(folder / relative) for name, relative in ARTIFACTS.items()}
     for name in DATA_ARTIFACTS:
-        artifacts[name] = storage.relocate(artifacts[name], output_root)
+        artifacts[name] = storage.relocate(artifacts[name], values["output_root"])
     metrics = json.loads(storage.read_text(storage.join(artifacts["evaluation"], METRICS_FILE)))
     summary = {
-        "run": str(run_dir),
+        "run": str(folder),
         "seconds": round(time.perf_counter() - started, 1),
         "artifacts": artifacts,
-        "metrics": {key: metrics[key] for key in ("loss", "perplexity", "masked_accuracy", "masked_tokens")},
+        "metrics": {
+            key: metrics[key]
+            for key in ("loss", "perplexity", "unigram_perplexity", "masked_accuracy", "masked_tokens")
+        },
         "fill_mask": metrics["fill_mask"][:1],
     }
     print_summary(summary)
     return summary
+
+
+def display_names(pipeline: Any) -> dict[str, str]:
+    """Each task's display name (``set_display_name``), by task name, from the pipeline's spec."""
+    spec = pipeline.pipeline_spec
+    dags = [spec.root.dag, *(component.dag for component in spec.components.values())]
+    return {name: task.task_info.name for dag in dags for name, task in dag.tasks.items()}
+
+
+def run_quietly(
+    pipeline: Any, values: dict[str, Any], run_dir: Callable[[], Path | None], labels: dict[str, str] | None = None
+) -> None:
+    """Runs the pipeline with one line per step on stderr; a failing step's whole log follows its line."""
+    lines = StepLines(run_dir, display_names(pipeline) if labels is None else labels, sys.stderr)
+    root_logger = logging.getLogger()
+    level = root_logger.level
+    try:
+        with contextlib.redirect_stdout(lines), warnings.catch_warnings():
+            # kfp.local's notes that display names and the image do not apply to a local subprocess, and its
+            # bookkeeping between tasks (it sets its own level while a task runs)
+            warnings.filterwarnings("ignore", module=r"kfp\.local")
+            root_logger.setLevel(logging.WARNING)
+            pipeline(**values)
+    except Exception:
+        if lines.task:
+            log = "\n".join(lines.lines)
+            print(f"{lines.task} failed; its log ({lines.log_path or 'not written'}):\n{log}", file=sys.stderr)
+        raise
+    finally:
+        root_logger.setLevel(level)
+        lines.close()
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -142,17 +267,17 @@ def print_summary(summary: dict[str, Any]) -> None:
     lines += [
         "",
         "Evaluation (validation shards):",
-        f"  loss {metrics['loss']:.4f}   perplexity {metrics['perplexity']:.1f}   "
-        f"masked-token accuracy {metrics['masked_accuracy']:.2%} on {metrics['masked_tokens']:,} masked tokens",
+        f"  loss {metrics['loss']:.4f}   perplexity {metrics['perplexity']:.1f} (predicting each masked token by "
+        f"its frequency: {metrics['unigram_perplexity']:.1f})",
+        f"  masked-token accuracy {metrics['masked_accuracy']:.2%} on {metrics['masked_tokens']:,} masked tokens",
     ]
     for example in summary["fill_mask"]:
-        predictions = ", ".join(f"{p['token']!r} ({p['score']:.3f})" for p in example["predictions"])
-        lines += ["", f"Fill-mask: {example['sentence']}", f"  {predictions}"]
+        lines += ["", f"Fill-mask: {example['sentence']}", f"  {fill_mask_line(example['predictions'])}"]
     print("\n".join(lines) + "\n", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(RunLocalArguments, run_local, argv, description=__doc__)
+    return run_job(RunLocalArguments, run_local, argv, description=__doc__, print_summary=False)
 
 
 if __name__ == "__main__":

@@ -1,324 +1,269 @@
-"""The pipeline's KFP components: thin wrappers that build a job's arguments and call its module.
+"""The pipeline's KFP components, made from the steps' arguments dataclasses.
 
-Each step is a lightweight Python component whose body imports the ``components`` package (installed in the
-project's image) and calls the job's function with artifact URIs: a local path under ``kfp.local``, a
-``gs://`` URI on Vertex AI, which the jobs read and write through ``tf.io.gfile``. With ``output_root`` set, a
-step stores its data outputs there instead and hands on that URI (``kfp.local`` keeps its own bookkeeping in a
-local folder, the data can still live in a bucket). ``make_steps`` binds the steps to the images chosen at
-compile time.
+Each step is a lightweight Python component whose parameters are the fields of its step's dataclass (name,
+type, default), so a setting is declared once, in its dataclass, and the components, the pipeline's
+parameters (``pipelines.pipeline``) and ``run-local``'s flags follow it. The fields that hold artifacts'
+URIs (``tokenizer``, ``train_shards``, ``model`` ...) are the component's artifacts instead, and ``output`` is
+the URI of the step's output artifact. In the container the component calls its runner here, which builds
+the dataclass (so the step's own checks run), calls the step and records what KFP shows (artifact
+metadata, metrics). With ``output_root`` set, a step stores its data output there instead of under the
+pipeline root and hands on that URI.
+
+KFP embeds a lightweight component's source text in the compiled YAML and runs that text in the container, so
+the parameters have to be in the function's source: ``component_source`` writes it. (A generic function with
+an ``inspect.Signature`` attached compiles, but its embedded copy has no parameters at run time.)
 """
 
-from dataclasses import dataclass
+import linecache
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from kfp import dsl
-from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import Dataset, Input, Output
+
+from components.evaluate import EvaluateArguments, evaluate
+from components.lib import storage
+from components.lib.results import REPORT_FILE
+from components.preflight import PreflightArguments, preflight
+from components.push import PushArguments, push
+from components.report import ReportArguments, write_report
+from components.shards import ShardArguments, corpus_for_split, write_shards
+from components.tokenizer import TokenizerArguments, train_tokenizer
+from components.train import TrainArguments, train
+
+PARAMETER_TYPES = ("str", "int", "float", "bool")  # what a KFP parameter can be
+ARTIFACT_TYPES = ("Input", "Output", "Artifact", "Dataset", "Model", "Metrics", "Markdown", "HTML")
 
 
-def tokenizer_step(
-    corpus: str,
-    vocab_size: int,
-    text_column: str,
-    limit: int,
-    lowercase: bool,
-    sample_bytes: int,
-    hf_token_secret: str,
-    output_root: str,
-    tokenizer: Output[Artifact],
-):
-    from components.storage import relocate
-    from components.tokenizer import TokenizerArguments, train_tokenizer
-
-    tokenizer.uri = relocate(tokenizer.uri, output_root)
-
-    summary = train_tokenizer(
-        TokenizerArguments(
-            output=tokenizer.uri,
-            corpus=corpus,
-            vocab_size=vocab_size,
-            text_column=text_column,
-            limit=limit or None,
-            lowercase=lowercase,
-            sample_bytes=sample_bytes,
-            hf_token_secret=hf_token_secret,
-        )
-    )
+def run_tokenizer(tokenizer: Any, output_root: str, **settings: Any) -> None:
+    tokenizer.uri = storage.relocate(tokenizer.uri, output_root)
+    summary = train_tokenizer(TokenizerArguments(output=tokenizer.uri, **settings))
     tokenizer.metadata.update({key: summary[key] for key in ("vocab_size", "fingerprint", "texts_read", "bytes_read")})
 
 
-def part_indices(num_parts: int) -> list:
-    from components.errors import InvalidParameter
-
-    if num_parts < 1:
-        raise InvalidParameter("num_parts", num_parts, "must be a positive whole number")
-    return list(range(num_parts))
-
-
-def shards_step(
-    split: str,
-    corpus: str,
-    validation_corpus: str,
-    holdout_fraction: float,
-    text_column: str,
-    limit: int,
-    max_length: int,
-    records_per_shard: int,
-    num_parts: int,
-    part: int,
-    hf_token_secret: str,
-    output_root: str,
-    tokenizer: Input[Artifact],
-    shards: Output[Dataset],
-):
-    from components.shards import ShardArguments, corpus_for_split, write_shards
-    from components.storage import relocate
-
-    shards.uri = relocate(shards.uri, output_root)
-
-    source, fraction, holdout = corpus_for_split(split, corpus, validation_corpus, holdout_fraction)
-    manifest = write_shards(
-        ShardArguments(
-            output=shards.uri,
-            tokenizer=tokenizer.uri,
-            corpus=source,
-            split=split,
-            max_length=max_length,
-            records_per_shard=records_per_shard,
-            num_parts=num_parts,
-            part=part,
-            holdout_fraction=fraction,
-            holdout=holdout,
-            text_column=text_column,
-            limit=limit or None,
-            hf_token_secret=hf_token_secret,
-        )
+def run_shards(tokenizer: Any, shards: Any, output_root: str, validation_corpus: str, **settings: Any) -> None:
+    shards.uri = storage.relocate(shards.uri, output_root)
+    settings["corpus"], settings["holdout_fraction"], settings["holdout"] = corpus_for_split(
+        settings["split"], settings["corpus"], validation_corpus, settings["holdout_fraction"]
     )
-    shards.metadata.update(
-        {"split": split, "part": part, "num_records": manifest["num_records"], "bytes_read": manifest["bytes_read"]}
-    )
+    manifest = write_shards(ShardArguments(output=shards.uri, tokenizer=tokenizer.uri, **settings))
+    shards.metadata.update({key: manifest[key] for key in ("split", "num_records", "bytes_read")})
 
 
-def merge_shards_step(output_root: str, parts: Input[list[Dataset]], shards: Output[Dataset]):
-    from components.shards import gather_parts
-    from components.storage import relocate
-
-    shards.uri = relocate(shards.uri, output_root)
-
-    manifest = gather_parts([part.uri for part in parts], shards.uri)
-    shards.metadata.update({"split": manifest["split"], "num_records": manifest["num_records"]})
-
-
-def preflight_step(
-    tpu_type: str,
-    hub_repo_id: str,
-    hf_token_secret: str,
-    model_config: str,
-    per_replica_batch_size: int,
-    num_epochs: int,
-    max_steps: int,
-    learning_rate: float,
-    warmup_fraction: float,
-    weight_decay: float,
-    mlm_probability: float,
-    bf16: bool,
-    steps_per_execution: int,
-    shuffle_buffer: int,
-    seed: int,
-    checkpoint_every_steps: int,
-    log_every_steps: int,
-    accelerator: str,
-    replicas: int,
-    price_per_hour: float,
-    checkpoint_dir: str,
-    output_root: str,
-    tokenizer: Input[Artifact],
-    train_shards: Input[Dataset],
-    eval_shards: Input[Dataset],
-    report: Output[Artifact],
-):
-    from components.preflight import PreflightArguments, preflight
-    from components.storage import relocate
-
-    report.uri = relocate(report.uri, output_root)
-
+def run_preflight(
+    tokenizer: Any, train_shards: Any, eval_shards: Any, report: Any, output_root: str, **settings: Any
+) -> None:
+    report.uri = storage.relocate(report.uri, output_root)
     preflight(
         PreflightArguments(
             tokenizer=tokenizer.uri,
             train_shards=train_shards.uri,
             eval_shards=eval_shards.uri,
             output=report.uri,
-            tpu_type=tpu_type,
-            hub_repo_id=hub_repo_id,
-            hf_token_secret=hf_token_secret,
-            model_config=model_config,
-            per_replica_batch_size=per_replica_batch_size,
-            num_epochs=num_epochs,
-            max_steps=max_steps,
-            learning_rate=learning_rate,
-            warmup_fraction=warmup_fraction,
-            weight_decay=weight_decay,
-            mlm_probability=mlm_probability,
-            bf16=bf16,
-            steps_per_execution=steps_per_execution,
-            shuffle_buffer=shuffle_buffer,
-            seed=seed,
-            checkpoint_every_steps=checkpoint_every_steps,
-            log_every_steps=log_every_steps,
-            accelerator=accelerator,
-            replicas=replicas,
-            price_per_hour=price_per_hour,
-            checkpoint_dir=checkpoint_dir,
+            **settings,
         )
     )
 
 
-def train_step(
-    model_config: str,
-    per_replica_batch_size: int,
-    num_epochs: int,
-    max_steps: int,
-    learning_rate: float,
-    warmup_fraction: float,
-    weight_decay: float,
-    mlm_probability: float,
-    bf16: bool,
-    steps_per_execution: int,
-    shuffle_buffer: int,
-    seed: int,
-    checkpoint_every_steps: int,
-    log_every_steps: int,
-    accelerator: str,
-    replicas: int,
-    price_per_hour: float,
-    peak_tflops: float,
-    checkpoint_dir: str,
-    output_root: str,
-    tokenizer: Input[Artifact],
-    train_shards: Input[Dataset],
-    eval_shards: Input[Dataset],
-    model: Output[Model],
-):
-    from components.storage import relocate
-    from components.train import TrainArguments, train
-
-    model.uri = relocate(model.uri, output_root)
-
+def run_train(
+    tokenizer: Any, train_shards: Any, eval_shards: Any, model: Any, output_root: str, **settings: Any
+) -> None:
+    model.uri = storage.relocate(model.uri, output_root)
     summary = train(
         TrainArguments(
             tokenizer=tokenizer.uri,
             train_shards=train_shards.uri,
             eval_shards=eval_shards.uri,
             output=model.uri,
-            model_config=model_config,
-            per_replica_batch_size=per_replica_batch_size,
-            num_epochs=num_epochs,
-            max_steps=max_steps,
-            learning_rate=learning_rate,
-            warmup_fraction=warmup_fraction,
-            weight_decay=weight_decay,
-            mlm_probability=mlm_probability,
-            bf16=bf16,
-            steps_per_execution=steps_per_execution,
-            shuffle_buffer=shuffle_buffer,
-            seed=seed,
-            checkpoint_every_steps=checkpoint_every_steps,
-            log_every_steps=log_every_steps,
-            accelerator=accelerator,
-            replicas=replicas,
-            price_per_hour=price_per_hour,
-            peak_tflops=peak_tflops or None,
-            checkpoint_dir=checkpoint_dir or model.uri + "/checkpoints",
-            tensorboard_dir=model.uri + "/logs",
+            **settings,
         )
     )
-    model.metadata.update(
-        {key: summary[key] for key in ("total_steps", "samples", "tokens", "first_loss", "last_loss", "accelerator")}
-    )
+    keys = ("total_steps", "samples", "tokens", "first_loss", "last_loss", "accelerator")
+    model.metadata.update({key: summary[key] for key in keys})
 
 
-def evaluate_step(
-    mlm_probability: float,
-    seed: int,
-    batch_size: int,
+def run_evaluate(
+    model: Any,
+    shards: Any,
+    train_shards: Any,
+    evaluation: Any,
+    metrics: Any,
+    report: Any,
     output_root: str,
-    model: Input[Model],
-    shards: Input[Dataset],
-    evaluation: Output[Artifact],
-    metrics: Output[Metrics],
-    report: Output[Markdown],
-):
-    from pathlib import Path
-
-    from components import storage
-    from components.evaluate import REPORT_FILE, EvaluateArguments, evaluate
-
+    **settings: Any,
+) -> None:
     evaluation.uri = storage.relocate(evaluation.uri, output_root)
-
     results = evaluate(
         EvaluateArguments(
-            model=model.uri,
-            shards=shards.uri,
-            output=evaluation.uri,
-            batch_size=batch_size,
-            mlm_probability=mlm_probability,
-            seed=seed,
+            model=model.uri, shards=shards.uri, train_shards=train_shards.uri, output=evaluation.uri, **settings
         )
     )
-    for name in ("loss", "perplexity", "masked_accuracy", "masked_tokens"):
-        metrics.log_metric(name, results[name])
+    for name in ("loss", "perplexity", "unigram_perplexity", "masked_accuracy", "masked_tokens"):
+        if results[name] is not None:
+            metrics.log_metric(name, results[name])
     Path(report.path).write_text(storage.read_text(storage.join(evaluation.uri, REPORT_FILE)))
 
 
-def push_step(
-    repo_id: str, private: bool, hf_token_secret: str, model: Input[Model], evaluation: Input[Artifact]
-) -> str:
-    from components.push import PushArguments, push
+def run_push(model: Any, evaluation: Any, **settings: Any) -> str:
+    return push(PushArguments(model=model.uri, evaluation=evaluation.uri, **settings))["commit_url"]
 
-    result = push(
-        PushArguments(
-            model=model.uri,
-            evaluation=evaluation.uri,
-            repo_id=repo_id,
-            private=private,
-            hf_token_secret=hf_token_secret,
+
+def run_report(model: Any, evaluation: Any, report: Any, **settings: Any) -> None:
+    write_report(ReportArguments(model=model.uri, evaluation=evaluation.uri, output=report.path, **settings))
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step as a component: its dataclass's fields are its parameters, except those named after its
+    artifacts, ``output`` (its output artifact's URI) and ``set_by_runner``."""
+
+    name: str
+    arguments: type
+    runner: Callable[..., Any]
+    artifacts: dict[str, str]  # parameter -> KFP annotation
+    extra: dict[str, tuple[str, Any]] = field(default_factory=dict)  # parameters beyond the fields: (type, default)
+    set_by_runner: tuple[str, ...] = ()
+    returns: str = ""
+
+    def parameters(self) -> list[tuple[str, str, Any]]:
+        """(name, type, default) of each parameter that is not an artifact; the default is ``MISSING`` for a
+        field the step requires."""
+        parameters = [(name, type_name, default) for name, (type_name, default) in self.extra.items()]
+        omitted = {*self.artifacts, "output", *self.set_by_runner}
+        for argument in fields(self.arguments):
+            if argument.name in omitted:
+                continue
+            type_name = argument.type if isinstance(argument.type, str) else argument.type.__name__
+            if type_name not in PARAMETER_TYPES:
+                raise TypeError(
+                    f"{self.arguments.__name__}.{argument.name}: a component parameter is one of {PARAMETER_TYPES}, "
+                    f"not {type_name}"
+                )
+            parameters.append((argument.name, type_name, argument.default))
+        return parameters
+
+
+OUTPUT_ROOT = {"output_root": ("str", "")}
+STEPS = {
+    step.name: step
+    for step in (
+        Step("tokenizer", TokenizerArguments, run_tokenizer, {"tokenizer": "Output[Artifact]"}, OUTPUT_ROOT),
+        Step(
+            "shards",
+            ShardArguments,
+            run_shards,
+            {"tokenizer": "Input[Artifact]", "shards": "Output[Dataset]"},
+            {**OUTPUT_ROOT, "validation_corpus": ("str", "")},
+            set_by_runner=("holdout",),
+        ),
+        Step(
+            "preflight",
+            PreflightArguments,
+            run_preflight,
+            {
+                "tokenizer": "Input[Artifact]",
+                "train_shards": "Input[Dataset]",
+                "eval_shards": "Input[Dataset]",
+                "report": "Output[Artifact]",
+            },
+            OUTPUT_ROOT,
+        ),
+        Step(
+            "train",
+            TrainArguments,
+            run_train,
+            {
+                "tokenizer": "Input[Artifact]",
+                "train_shards": "Input[Dataset]",
+                "eval_shards": "Input[Dataset]",
+                "model": "Output[Model]",
+            },
+            OUTPUT_ROOT,
+        ),
+        Step(
+            "evaluate",
+            EvaluateArguments,
+            run_evaluate,
+            {
+                "model": "Input[Model]",
+                "shards": "Input[Dataset]",
+                "train_shards": "Input[Dataset]",
+                "evaluation": "Output[Artifact]",
+                "metrics": "Output[Metrics]",
+                "report": "Output[Markdown]",
+            },
+            OUTPUT_ROOT,
+        ),
+        Step(
+            "push", PushArguments, run_push, {"model": "Input[Model]", "evaluation": "Input[Artifact]"}, returns="str"
+        ),
+        Step(
+            "report",
+            ReportArguments,
+            run_report,
+            {"model": "Input[Model]", "evaluation": "Input[Artifact]", "report": "Output[HTML]"},
+        ),
+    )
+}
+
+
+def component_source(step: Step) -> str:
+    """The component function's source: the artifacts, then one parameter a field, and a body that hands them
+    all to the step's runner."""
+    lines = [f"def {step.name}_step("]
+    lines += [f"    {name}: {annotation}," for name, annotation in step.artifacts.items()]
+    parameters = sorted(step.parameters(), key=lambda parameter: parameter[2] is not MISSING)  # required first
+    lines += [
+        f"    {name}: {type_name}," if default is MISSING else f"    {name}: {type_name} = {default!r},"
+        for name, type_name, default in parameters
+    ]
+    lines += [
+        f"){' -> ' + step.returns if step.returns else ''}:",
+        "    values = dict(locals())",
+        f"    from pipelines.steps import {step.runner.__name__}",
+        "",
+        f"    return {step.runner.__name__}(**values)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def make_component(step: Step, image: str) -> Any:
+    """The KFP component of ``step``, its function compiled from ``component_source`` (kept in ``linecache``
+    under a name of its own, where ``inspect.getsource`` finds it, as KFP needs)."""
+    source = component_source(step)
+    filename = f"<pipelines.steps: {step.name}_step>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    namespace: dict[str, Any] = {"__name__": __name__, **{name: getattr(dsl, name) for name in ARTIFACT_TYPES}}
+    exec(compile(source, filename, "exec"), namespace)
+    return dsl.component(namespace[f"{step.name}_step"], base_image=image, install_kfp_package=False)
+
+
+def part_indices(num_parts: int) -> list:
+    from components.lib.errors import InvalidParameter
+
+    if num_parts < 1:
+        raise InvalidParameter("num_parts", num_parts, "must be a positive whole number")
+    return list(range(num_parts))
+
+
+def merge_shards_step(output_root: str, parts: Input[list[Dataset]], shards: Output[Dataset]):
+    from components.lib.shard_set import gather_parts
+    from components.lib.storage import relocate
+
+    shards.uri = relocate(shards.uri, output_root)
+    manifest = gather_parts([part.uri for part in parts], shards.uri)
+    shards.metadata.update({"split": manifest["split"], "num_records": manifest["num_records"]})
+
+
+def make_steps(cpu_image: str, train_image: str) -> dict[str, Any]:
+    """Every component by step name, bound to its image (the project's package and kfp are in both)."""
+    components = {
+        name: make_component(step, train_image if name == "train" else cpu_image) for name, step in STEPS.items()
+    }
+    for function in (part_indices, merge_shards_step):
+        components[function.__name__.removesuffix("_step")] = dsl.component(
+            function, base_image=cpu_image, install_kfp_package=False
         )
-    )
-    return result["commit_url"]
-
-
-def report_step(model: Input[Model], evaluation: Input[Artifact], report: Output[HTML]):
-    from components.report import ReportArguments, write_report
-
-    write_report(ReportArguments(model=model.uri, evaluation=evaluation.uri, output=report.path))
-
-
-@dataclass
-class Steps:
-    tokenizer: Any
-    part_indices: Any
-    shards: Any
-    merge_shards: Any
-    preflight: Any
-    train: Any
-    evaluate: Any
-    push: Any
-    report: Any
-
-
-def make_steps(cpu_image: str, train_image: str) -> Steps:
-    """The components, bound to the images (the project's package and kfp are installed in both)."""
-
-    def component(function: Any, image: str) -> Any:
-        return dsl.component(function, base_image=image, install_kfp_package=False)
-
-    return Steps(
-        tokenizer=component(tokenizer_step, cpu_image),
-        part_indices=component(part_indices, cpu_image),
-        shards=component(shards_step, cpu_image),
-        merge_shards=component(merge_shards_step, cpu_image),
-        preflight=component(preflight_step, cpu_image),
-        train=component(train_step, train_image),
-        evaluate=component(evaluate_step, cpu_image),
-        push=component(push_step, cpu_image),
-        report=component(report_step, cpu_image),
-    )
+    return components

@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from components.cli import run_job
-from components.errors import InvalidParameter
-from components.hub import check_repo_id, check_secret_name
+from components.lib.errors import InvalidParameter
+from components.lib.hub import check_repo_id, check_secret_name
+from components.lib.jobs import run_job
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -112,7 +112,7 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
 def dry_run_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str:
     """The estimate of the run's training from its parameters (the template's defaults, then the values
     given), printed as a table; the reason instead where the corpus's size is not known here."""
-    from components.estimate import EstimateArguments, estimate_run, estimate_table
+    from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
 
     spec = job.to_dict()["pipelineSpec"]
     defaults = {

@@ -1,4 +1,7 @@
-"""Shared fixtures: real corpora (WikiText-2 from ../shared/data, the embedded pydoc text) and tokenizers."""
+"""Shared fixtures: real corpora (WikiText-2 from ../shared/data, the embedded pydoc text) and tokenizers.
+
+Tests written for WikiText-2 run on the embedded corpus where ../shared/data is absent (a fresh clone): the
+header of the test run says which one they got."""
 
 from __future__ import annotations
 
@@ -16,12 +19,30 @@ SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 WIKITEXT = SHARED_DATA / "wikitext-2"
 
 
+def wikitext_present() -> bool:
+    return (WIKITEXT / "valid.txt").exists() and not os.environ.get("TPU_MLM_TESTS_WITHOUT_SHARED_DATA")
+
+
+def pytest_report_header() -> str:
+    if wikitext_present():
+        return f"WikiText-2 tests: {WIKITEXT}"
+    return f"WikiText-2 tests: on the embedded corpus ({WIKITEXT} is absent)"
+
+
 @pytest.fixture(scope="session")
-def wikitext() -> Path:
-    """WikiText-2 (valid.txt, test.txt); CI has it beside the checkout, a fresh clone does not."""
-    if not (WIKITEXT / "valid.txt").exists():
-        pytest.skip(f"needs the shared WikiText-2 corpus at {WIKITEXT} (present in CI, not in a fresh clone)")
-    return WIKITEXT
+def wikitext(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """WikiText-2's valid.txt and test.txt; CI has them beside the checkout. Where they are absent, the same two
+    files made of the embedded corpus (its texts in order, the last tenth as test.txt)."""
+    if wikitext_present():
+        return WIKITEXT
+    from components.lib.corpus import Corpus, CorpusSpec
+
+    texts = list(Corpus(CorpusSpec("embedded")))
+    folder = tmp_path_factory.mktemp("wikitext-stand-in")
+    cut = len(texts) * 9 // 10
+    (folder / "valid.txt").write_text("\n".join(texts[:cut]) + "\n")
+    (folder / "test.txt").write_text("\n".join(texts[cut:]) + "\n")
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Runs a job module's ``main`` as ``python -m`` does, and SIGKILLs it at a chosen point: the n-th call of a function
 (optionally only the calls with an argument containing some text), just before or just after it runs.
 
-    python tests/kill_at.py --function components.storage:publish --matching manifest.json -- \
+    python tests/kill_at.py --function components.lib.storage:publish --matching manifest.json -- \
         components.shards --output ...
 
 A real SIGKILL of the real process: no handler, no flush, no cleanup runs, as when a VM is preempted or

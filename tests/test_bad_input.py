@@ -17,9 +17,10 @@ import pytest
 from conftest import HUB_TOKEN, PROJECT_ROOT
 from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
 
-from components.cli import main as tpu_mlm
-from components.shards import ShardArguments, read_manifest, write_shards
+from components.lib.shard_set import read_manifest
+from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
+from pipelines.cli import main as tpu_mlm
 from pipelines.pipeline import compile_pipeline
 
 README = PROJECT_ROOT / "README.md"
@@ -294,7 +295,7 @@ def test_bad_input_gets_one_clear_line_and_nothing_is_written_pushed_or_submitte
         hub = request.getfixturevalue("hub")
         env = {**hub.env, "HF_TOKEN": case.hub_token}
         process = subprocess.run(
-            [sys.executable, "-m", "components.cli", case.job, *args],
+            [sys.executable, "-m", "pipelines.cli", case.job, *args],
             cwd=PROJECT_ROOT,
             env=env,
             capture_output=True,

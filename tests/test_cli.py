@@ -38,11 +38,11 @@ def test_importing_the_components_does_not_import_tensorflow():
 
 
 def test_console_script_lists_jobs_and_dispatches(tmp_path):
-    assert run_module("components.cli", "--help").returncode == 0
-    result = run_module("components.cli")
+    assert run_module("pipelines.cli", "--help").returncode == 0
+    result = run_module("pipelines.cli")
     assert result.returncode == 2
     assert "tokenizer" in result.stdout and "shards" in result.stdout
-    result = run_module("components.cli", "tokenizer", "--output", str(tmp_path / "tok"), "--vocab_size", "3")
+    result = run_module("pipelines.cli", "tokenizer", "--output", str(tmp_path / "tok"), "--vocab_size", "3")
     assert result.returncode == 2
     assert "error: --vocab-size=3: must be larger than the 5 special tokens" in result.stderr
     assert not (tmp_path / "tok").exists()

@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.corpus import LINE_STEP, Corpus, CorpusSpec, embedded_lines, holdout_texts, is_held_out
-from components.errors import InvalidParameter
+from components.lib.corpus import LINE_STEP, Corpus, CorpusSpec, embedded_lines, holdout_texts, is_held_out
+from components.lib.errors import InvalidParameter
 
 
 def texts_of(source: str, **kwargs) -> list[str]:

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.data import IGNORE_INDEX, Masking, masked_dataset
-from components.shards import read_manifest
+from components.lib.masking import IGNORE_INDEX, Masking, masked_dataset
+from components.lib.shard_set import read_manifest
 
 
 def collect(shards: str, seed: int, probability: float = 0.15):

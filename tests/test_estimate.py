@@ -3,10 +3,11 @@ import json
 import pytest
 from conftest import run_module
 
-from components.errors import InvalidParameter
-from components.estimate import EstimateArguments, estimate_run, estimate_table
-from components.shards import read_manifest
-from components.train import SUMMARY_FILE, TrainArguments, train
+from components.lib.errors import InvalidParameter
+from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
+from components.lib.results import SUMMARY_FILE
+from components.lib.shard_set import read_manifest
+from components.train import TrainArguments, train
 
 
 def test_roberta_base_counts_as_the_readme_says():
@@ -34,7 +35,7 @@ def test_an_epoch_of_the_shards_on_a_v3_8(embedded_shards):
 
 
 def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_byte(tmp_path, embedded_tokenizer):
-    from components.corpus import embedded_lines
+    from components.lib.corpus import embedded_lines
 
     (tmp_path / "corpus.txt").write_text("\n".join(embedded_lines()) + "\n")
     size = (tmp_path / "corpus.txt").stat().st_size

@@ -11,8 +11,8 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as gcs_client
 
-from components import storage
-from components.corpus import embedded_lines
+from components.lib import storage
+from components.lib.corpus import embedded_lines
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from pipelines.run_local import RunLocalArguments, run_local

@@ -14,7 +14,7 @@ import pytest
 from conftest import PROJECT_ROOT
 from test_shards import assert_parts_write_the_token_stream_of_one_part
 
-from components.corpus import embedded_lines
+from components.lib.corpus import embedded_lines
 
 DATASET = "user/wikitext-mini"
 CORPUS = f"hf:{DATASET}:wikitext-103-raw-v1"
@@ -59,7 +59,7 @@ def hub_dataset(hub, tmp_path):
 def job(hub, name: str, *arguments: str, token: bool = True) -> subprocess.CompletedProcess:
     env = dict(hub.env) if token else {key: value for key, value in hub.env.items() if key != "HF_TOKEN"}
     return subprocess.run(
-        [sys.executable, "-m", "components.cli", name, *arguments],
+        [sys.executable, "-m", "pipelines.cli", name, *arguments],
         cwd=PROJECT_ROOT,
         env=env,
         capture_output=True,

@@ -6,10 +6,11 @@ import yaml
 from conftest import run_module
 from transformers import pipeline
 
-from components.accelerators import TPU_TYPES
-from components.errors import InvalidParameter
-from components.shards import ShardArguments, gather_parts, write_shards
-from components.storage import relocate
+from components.lib.accelerators import TPU_TYPES
+from components.lib.errors import InvalidParameter
+from components.lib.shard_set import gather_parts
+from components.lib.storage import relocate
+from components.shards import ShardArguments, write_shards
 from pipelines.pipeline import build_pipeline, compile_pipeline
 from pipelines.run_local import RunLocalArguments, run_local
 
@@ -50,7 +51,7 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     assert worker_pool["machine_spec"] == machine
     assert "disk_spec" not in worker_pool  # a TPU VM brings its own boot disk; pd-ssd is not a TPU VM disk type
     assert worker_pool["container_spec"]["image_uri"] == TPU_IMAGE
-    assert "from components.train import TrainArguments, train" in worker_pool["container_spec"]["command"][-1]
+    assert "from pipelines.steps import run_train" in worker_pool["container_spec"]["command"][-1]
     assert job_inputs["restart_job_on_worker_restart"]["defaultValue"] is True
     assert job_inputs["service_account"]["defaultValue"] == "{{$.pipeline_service_account}}"
 
@@ -63,8 +64,8 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     assert train_inputs["peak_tflops"]["runtimeValue"]["constant"] == TPU_TYPES[tpu_type].peak_tflops_per_replica
     for name in ("accelerator", "bf16", "replicas", "learning_rate", "mlm_probability", "steps_per_execution"):
         assert train_inputs[name] == {"componentInputParameter": name}
-    # no nested XLA on the TPU: the train step is not told to jit-compile (xla stays at its default, auto)
-    assert "xla" not in train_inputs and "jit_compile" not in worker_pool["container_spec"]["command"][-1]
+    # no nested XLA on the TPU: xla is a parameter whose default (auto) is off, and the TPU path ignores it
+    assert train_inputs["xla"] == {"componentInputParameter": "xla"} and parameters["xla"]["defaultValue"] == "auto"
     # preflight checks every training setting the train step gets, for this TPU
     preflight_inputs = dag_tasks(spec)["preflight-step"]["inputs"]["parameters"]
     assert preflight_inputs["tpu_type"]["runtimeValue"]["constant"] == tpu_type
@@ -111,7 +112,7 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
     assert upstream("merge-shards-step") == {"for-loop-1"}
     assert upstream("preflight-step") == {"tokenizer-step", "merge-shards-step", "shards-step"}
     assert upstream("train-step") == {"tokenizer-step", "merge-shards-step", "shards-step", "preflight-step"}
-    assert upstream("evaluate-step") == {"train-step", "shards-step"}
+    assert upstream("evaluate-step") == {"train-step", "shards-step", "merge-shards-step"}  # its unigram baseline
     assert upstream("report-step") == {"train-step", "evaluate-step"}
     assert upstream("condition-2") == {"train-step", "evaluate-step"}
     condition = tasks["condition-2"]["triggerPolicy"]["condition"]

@@ -10,11 +10,11 @@ import tensorflow as tf
 from conftest import PROJECT_ROOT
 from transformers import TFAutoModelForMaskedLM
 
-from components.accelerators import TPU_TYPES, training_memory
-from components.errors import InvalidParameter
-from components.modeling import count_parameters, model_config
+from components.lib.accelerators import TPU_TYPES, training_memory
+from components.lib.errors import InvalidParameter
+from components.lib.modeling import count_parameters, model_config
+from components.lib.shard_set import read_manifest
 from components.preflight import PreflightArguments, preflight
-from components.shards import read_manifest
 from components.train import TrainArguments
 
 

@@ -1,11 +1,11 @@
 import logging
 
-from components.progress import Progress
+from components.lib.progress import Progress
 
 
 def test_progress_lines_show_totals_rates_and_eta(caplog, monkeypatch):
     clock = iter([100.0, 110.0, 120.0])
-    monkeypatch.setattr("components.progress.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("components.lib.progress.time.monotonic", lambda: next(clock))
     caplog.set_level(logging.INFO, logger="tpu_mlm.progress")
     done = {"fraction": 0.25}
     progress = Progress("shards train", lambda: done["fraction"], interval=5.0)

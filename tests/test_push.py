@@ -10,9 +10,9 @@ from conftest import HUB_TOKEN, PROJECT_ROOT
 from huggingface_hub import snapshot_download
 from transformers import TFAutoModelForMaskedLM, pipeline
 
-from components.errors import InvalidParameter
 from components.evaluate import EvaluateArguments, evaluate
-from components.hub import check_repo_id, check_secret_name
+from components.lib.errors import InvalidParameter
+from components.lib.hub import check_repo_id, check_secret_name
 from components.push import PushArguments
 from components.train import TrainArguments, train
 from pipelines.pipeline import compile_pipeline

@@ -16,11 +16,11 @@ import tensorflow as tf
 from conftest import PROJECT_ROOT, run_module
 from transformers import TFAutoModelForMaskedLM
 
-from components.data import Masking, masked_dataset
-from components.masked_lm import MaskedLMScorer, max_predictions
-from components.modeling import model_config
-from components.shards import read_manifest
-from components.train import HISTORY_FILE, SUMMARY_FILE
+from components.lib.masked_lm import MaskedLMScorer, max_predictions
+from components.lib.masking import Masking, masked_dataset
+from components.lib.modeling import model_config
+from components.lib.results import HISTORY_FILE, SUMMARY_FILE
+from components.lib.shard_set import read_manifest
 
 
 def train_command(shards: dict, output, *extra: str) -> list[str]:

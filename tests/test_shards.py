@@ -14,9 +14,10 @@ import tensorflow as tf
 from conftest import PROJECT_ROOT, run_module
 from transformers import AutoTokenizer
 
-from components.corpus import LINE_STEP, embedded_lines
-from components.errors import InvalidParameter
-from components.shards import MANIFEST, ShardArguments, merge_manifests, read_manifest, write_shards
+from components.lib.corpus import LINE_STEP, embedded_lines
+from components.lib.errors import InvalidParameter
+from components.lib.shard_set import MANIFEST, merge_manifests, read_manifest
+from components.shards import ShardArguments, write_shards
 
 
 def read_records(folder: str, max_length: int) -> np.ndarray:
@@ -192,23 +193,23 @@ def test_rerun_is_idempotent_and_other_settings_need_overwrite(tmp_path, embedde
 KILL_POINTS = {
     "tokenizing, nothing written yet": ("components.shards:SamplePacker.add", "", 1, False),
     "records in an open temporary shard": ("components.shards:serialize_examples", "", 3, False),
-    "a shard closed, not yet renamed": ("components.storage:publish", ".tfrecord", 1, False),
-    "three shards published": ("components.storage:publish", ".tfrecord", 3, True),
-    "part manifest written, not renamed": ("components.storage:publish", "parts/", 1, False),
-    "part manifest published, no manifest": ("components.storage:publish", "parts/", 1, True),
-    "manifest written, not renamed": ("components.storage:publish", "manifest.json", 1, False),
-    "manifest published": ("components.storage:publish", "manifest.json", 1, True),
+    "a shard closed, not yet renamed": ("components.lib.storage:publish", ".tfrecord", 1, False),
+    "three shards published": ("components.lib.storage:publish", ".tfrecord", 3, True),
+    "part manifest written, not renamed": ("components.lib.storage:publish", "parts/", 1, False),
+    "part manifest published, no manifest": ("components.lib.storage:publish", "parts/", 1, True),
+    "manifest written, not renamed": ("components.lib.storage:publish", "manifest.json", 1, False),
+    "manifest published": ("components.lib.storage:publish", "manifest.json", 1, True),
 }
 MERGE_KILL_POINTS = {
-    "a shard copied, not yet renamed": ("components.storage:publish", ".tfrecord", 2, False),
-    "the first part's manifest copied": ("components.storage:publish", "parts/", 1, True),
-    "manifest written, not renamed": ("components.storage:publish", "manifest.json", 1, False),
+    "a shard copied, not yet renamed": ("components.lib.storage:publish", ".tfrecord", 2, False),
+    "the first part's manifest copied": ("components.lib.storage:publish", "parts/", 1, True),
+    "manifest written, not renamed": ("components.lib.storage:publish", "manifest.json", 1, False),
 }
 
 
 def folder_contents(root: str) -> dict[str, bytes]:
     """Every file under ``root`` (local or gs://) by relative name, read through the project's storage."""
-    from components import storage
+    from components.lib import storage
 
     contents = {}
     for directory, _, names in tf.io.gfile.walk(root):

@@ -6,7 +6,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
 from google.cloud.aiplatform_v1.types import pipeline_job as gca_pipeline_job
 
-from components.errors import InvalidParameter
+from components.lib.errors import InvalidParameter
 from pipelines.pipeline import compile_pipeline
 from pipelines.submit import SubmitArguments, submit
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.tfrecords import feature_spec, serialize_examples, varint
+from components.lib.records import feature_spec, serialize_examples, varint
 
 
 def reference_example(ids: np.ndarray) -> tf.train.Example:

@@ -5,14 +5,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from components.errors import InvalidParameter
-from components.tokenizer import (
-    SPECIAL_TOKENS,
-    SUMMARY_FILE,
-    TokenizerArguments,
-    load_tokenizer,
-    train_tokenizer,
-)
+from components.lib.errors import InvalidParameter
+from components.lib.tokenization import SPECIAL_TOKENS, load_tokenizer
+from components.tokenizer import SUMMARY_FILE, TokenizerArguments, train_tokenizer
 
 
 def test_wikitext_tokenizer_reloads_round_trips_and_has_roberta_special_tokens(wikitext, wikitext_tokenizer):

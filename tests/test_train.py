@@ -7,19 +7,22 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import PROJECT_ROOT, run_module
 from transformers import AutoTokenizer, TFAutoModelForMaskedLM, pipeline
 
-from components import storage
-from components.accelerators import select_strategy
-from components.errors import InvalidParameter
 from components.evaluate import EvaluateArguments, evaluate
-from components.modeling import PRESETS, model_config, training_flops_per_token
+from components.lib import storage
+from components.lib.accelerators import select_strategy
+from components.lib.errors import InvalidParameter
+from components.lib.modeling import PRESETS, model_config
+from components.lib.results import SUMMARY_FILE
+from components.lib.shard_set import read_manifest
 from components.report import ReportArguments, write_report
-from components.shards import ShardArguments, read_manifest, write_shards
-from components.train import SUMMARY_FILE, TrainArguments, train
+from components.shards import ShardArguments, write_shards
+from components.train import TrainArguments, train
 
 TINY = {"model_config": "tiny", "per_replica_batch_size": 16, "accelerator": "cpu", "log_every_steps": 10}
 
@@ -72,10 +75,12 @@ def test_summary_history_tensorboard_and_mfu(trained):
     assert summary["total_steps"] == 150 and summary["resumed_from_step"] == 0
     assert [point["step"] for point in summary["history"]] == list(range(10, 151, 10))
     assert summary["samples"] == 150 * 16 and summary["tokens"] == 150 * 16 * 128
-    config = TFAutoModelForMaskedLM.from_pretrained(model_dir).config
-    assert (
-        summary["model_flops_per_step"] == training_flops_per_token(config, summary["num_parameters"], 128) * 16 * 128
-    )
+    model = TFAutoModelForMaskedLM.from_pretrained(model_dir)
+    model(model.dummy_inputs)
+    # the parameters the model has, counted from its variables (the summary counts them from the config)
+    assert summary["num_parameters"] == sum(int(np.prod(variable.shape)) for variable in model.trainable_variables)
+    # 6 FLOPs a parameter and token, plus attention's 12 x 2 layers x 64 hidden x 128 positions, x 16 x 128 tokens
+    assert summary["model_flops_per_step"] == (6 * summary["num_parameters"] + 12 * 2 * 64 * 128) * 16 * 128
     for point in summary["history"]:
         assert point["samples_per_second"] > 0
         assert point["tokens_per_second"] == pytest.approx(point["samples_per_second"] * 128)
@@ -344,8 +349,8 @@ def test_evaluation_is_reproducible_and_writes_a_report(tmp_path, wikitext_shard
 
 
 def test_the_masked_positions_loss_equals_the_full_logits_loss(wikitext_shards):
-    from components.data import Masking, masked_dataset
-    from components.masked_lm import masked_lm_loss, max_predictions
+    from components.lib.masked_lm import masked_lm_loss, max_predictions
+    from components.lib.masking import Masking, masked_dataset
 
     manifest = read_manifest(wikitext_shards["validation"])
     model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
@@ -495,7 +500,9 @@ def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuse
     from kfp.dsl import Artifact, Dataset, Model
 
     from components.preflight import PreflightArguments, preflight
-    from pipelines.steps import train_step
+    from pipelines.steps import STEPS, make_component
+
+    train_step = make_component(STEPS["train"], "image").python_func  # the function the component runs
 
     checkpoints = str(tmp_path / "checkpoints")  # outside the runs' model artifacts, as a pipeline parameter
     step_arguments = dict(

@@ -13,8 +13,8 @@ import logging
 import math
 from typing import Any
 
-from components import storage
-from components.errors import InvalidParameter
+from components.lib import storage
+from components.lib.errors import InvalidParameter
 
 log = logging.getLogger("tpu_mlm.modeling")
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from components.errors import InvalidParameter, ServiceFailed
+from components.lib.errors import InvalidParameter, ServiceFailed
 
 log = logging.getLogger("tpu_mlm.hub")
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from components.errors import InvalidParameter
+from components.lib.errors import InvalidParameter
 
 REMOTE_SCHEMES = ("gs",)
 TEMP_SUFFIX = ".partial"

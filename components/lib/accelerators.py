@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from components.errors import InvalidParameter
+from components.lib.errors import InvalidParameter
 
 log = logging.getLogger("tpu_mlm.accelerators")
 

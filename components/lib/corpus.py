@@ -35,12 +35,12 @@ import json
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from components import storage
-from components.errors import InvalidParameter
-from components.hub import secret_token
+from components.lib import storage
+from components.lib.errors import InvalidParameter
+from components.lib.hub import secret_token
 
 log = logging.getLogger("tpu_mlm.corpus")
 
@@ -72,6 +72,31 @@ class CorpusSpec:
 
     def describe(self) -> dict[str, Any]:
         return {"source": self.source, "text_column": self.text_column, "limit": self.limit}
+
+
+@dataclass(kw_only=True)
+class CorpusArguments:
+    """The corpus a step reads, as the tokenizer and shards steps (and the pipeline) take it."""
+
+    corpus: str = field(
+        default=EMBEDDED,
+        metadata={
+            "help": "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet paths or "
+            "globs (local or gs://)."
+        },
+    )
+    text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
+    limit: int = field(
+        default=0, metadata={"help": "Read at most this many texts (of a part's share, with parts); 0: all."}
+    )
+    hf_token_secret: str = field(
+        default="",
+        metadata={"help": "Secret Manager secret holding a Hub token (private hf: datasets, the push); else HF_TOKEN."},
+    )
+
+    @property
+    def corpus_spec(self) -> CorpusSpec:
+        return CorpusSpec(self.corpus, self.text_column, self.limit or None, self.hf_token_secret)
 
 
 EXPECTED_FORMS = (

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from components import storage
-from components.errors import InvalidParameter
-from components.tfrecords import feature_spec
+from components.lib import storage
+from components.lib.errors import InvalidParameter
+from components.lib.records import feature_spec
 
 IGNORE_INDEX = -100  # the label transformers' loss skips
 

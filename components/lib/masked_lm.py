@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from components.errors import InvalidParameter
+from components.lib.errors import InvalidParameter
 
 
 def check_probability(value: float) -> None:
@@ -112,3 +112,21 @@ class MaskedLMScorer:
     def traces(self) -> int:
         """How many times the pass was traced (compiled): 1 however often it runs on batches of one shape."""
         return self._score.experimental_get_tracing_count()
+
+
+def unigram_perplexity(dataset: Any, token_counts: list[int], max_batches: int | None = None) -> float:
+    """The perplexity of predicting each masked token of ``dataset`` by its frequency in ``token_counts`` (the
+    training shards', add-one smoothed): what a model scores that has learned word frequencies and nothing
+    else, the baseline a trained model's perplexity is worth comparing with."""
+    import numpy as np
+
+    counts = np.asarray(token_counts, dtype=np.float64) + 1.0
+    log_probabilities = np.log(counts / counts.sum())
+    if max_batches is not None:
+        dataset = dataset.take(max_batches)
+    negative_log_likelihood, masked = 0.0, 0
+    for batch in dataset.as_numpy_iterator():
+        targets = batch["labels"][batch["labels"] >= 0]
+        negative_log_likelihood -= float(log_probabilities[targets].sum())
+        masked += targets.size
+    return math.exp(min(negative_log_likelihood / masked, 700.0)) if masked else math.nan

@@ -1,0 +1,248 @@
+"""What a TPU run will take, before paying for it: samples, tokens, steps, model FLOPs, hours, cost and memory
+fit. The estimate step prints it, preflight logs it for the run it checks, and ``submit --dry_run`` shows it.
+Nothing here is measured on a TPU."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.lib import storage
+from components.lib.accelerators import GIB, TPU_TYPES, tpu_type, training_memory
+from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
+from components.lib.errors import InvalidParameter
+from components.lib.masked_lm import max_predictions
+from components.lib.modeling import count_parameters, model_config, training_flops_per_token
+from components.lib.results import SUMMARY_FILE
+from components.lib.shard_set import read_manifest
+from components.lib.tokenization import load_tokenizer
+
+# An assumption, not a measurement: PaLM (Chowdhery et al. 2022, table 3) reports 46.2% model FLOPs
+# utilization training on TPU v4; a 125M-parameter encoder at sequence length 128 reaches less.
+DEFAULT_MFU = 0.40
+
+
+# Tokens per byte of English text with a Unigram tokenizer trained on it: 0.312, measured on WikiText-2's
+# valid.txt with a tokenizer trained on WikiText-2 (12,735 pieces). Used before any tokenizer exists (submit).
+DEFAULT_TOKENS_PER_BYTE = 0.312
+
+
+@dataclass
+class EstimateArguments:
+    model_config: str = field(default="roberta-base", metadata={"help": "As for the train step."})
+    tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {sorted(TPU_TYPES)}."})
+    per_replica_batch_size: int = field(default=256, metadata={"help": "As for the train step."})
+    num_epochs: int = field(default=1, metadata={"help": "As for the train step."})
+    max_steps: int = field(default=0, metadata={"help": "As for the train step (> 0 wins over num_epochs)."})
+    bf16: bool = field(default=True, metadata={"help": "Mixed bfloat16, as the vertex target trains."})
+    mlm_probability: float = field(default=0.15, metadata={"help": "As for the train step (the head's memory)."})
+    train_shards: str = field(default="", metadata={"help": "Training shards: their manifest gives the samples."})
+    corpus: str = field(default="", metadata={"help": "Without shards: the corpus, whose size gives the samples."})
+    corpus_bytes: int = field(
+        default=0, metadata={"help": "The corpus's size in bytes, for an hf: corpus (see its dataset card)."}
+    )
+    tokenizer: str = field(
+        default="", metadata={"help": "With --corpus: tokens per byte measured with it on a sample of the corpus."}
+    )
+    max_length: int = field(default=128, metadata={"help": "Tokens per sample (without shards)."})
+    holdout_fraction: float = field(
+        default=0.0, metadata={"help": "Without shards: the share of the corpus held out for validation."}
+    )
+    vocab_size: int = field(default=25_000, metadata={"help": "Vocabulary (without shards or tokenizer)."})
+    mfu: float = field(default=DEFAULT_MFU, metadata={"help": "Model FLOPs utilization assumed for the hours."})
+    from_run: str = field(
+        default="", metadata={"help": "A previous run's training_summary.json (or model folder): its throughput."}
+    )
+    price_per_hour: float = field(
+        default=0.0, metadata={"help": "The TPU's price per hour (Vertex AI pricing page, your region)."}
+    )
+    json: bool = field(default=False, metadata={"help": "Print only the JSON, not the table."})
+
+    def __post_init__(self) -> None:
+        tpu_type(self.tpu_type)
+        for parameter in ("per_replica_batch_size", "num_epochs", "max_length"):
+            if getattr(self, parameter) < 1:
+                raise InvalidParameter(parameter, getattr(self, parameter), "must be a positive whole number")
+        if not 0 < self.mfu <= 1:
+            raise InvalidParameter("mfu", self.mfu, "must be above 0 and at most 1 (0.4 is 40%)")
+        if not 0 <= self.holdout_fraction < 1:
+            raise InvalidParameter("holdout_fraction", self.holdout_fraction, "must be at least 0 and below 1")
+        if self.price_per_hour < 0:
+            raise InvalidParameter("price_per_hour", self.price_per_hour, "must be 0 (unknown) or positive")
+        if self.max_steps < 0:
+            raise InvalidParameter("max_steps", self.max_steps, "must be 0 (use num_epochs) or positive")
+        if not (self.train_shards or self.corpus or self.max_steps):
+            raise InvalidParameter(
+                "train_shards", self.train_shards, "name the training shards, or a --corpus, or give --max_steps"
+            )
+
+
+def data_size(arguments: EstimateArguments) -> dict[str, Any]:
+    """Samples, sample length and vocabulary: from the shards' manifest, else from the corpus's size."""
+    if arguments.train_shards:
+        manifest = read_manifest(arguments.train_shards, "train_shards")
+        return {
+            "samples": manifest["num_records"],
+            "max_length": manifest["max_length"],
+            "vocab_size": manifest["vocab_size"],
+            "special_tokens": manifest["special_tokens"],
+            "source": f"{storage.join(arguments.train_shards, 'manifest.json')}",
+        }
+    size: dict[str, Any] = {
+        "max_length": arguments.max_length,
+        "vocab_size": arguments.vocab_size,
+        "special_tokens": {"pad": 1, "bos": 0, "eos": 2},
+    }
+    if not arguments.corpus:
+        return {**size, "samples": None, "source": "--max_steps"}
+    if arguments.corpus.strip().startswith(HUB_PREFIX) and not arguments.corpus_bytes:
+        raise InvalidParameter("corpus_bytes", 0, f"the size of {arguments.corpus} is not known here; give it")
+    # a sample of the corpus is read only to measure tokens per byte, or to learn the size of its files
+    corpus = None
+    if arguments.tokenizer or not arguments.corpus_bytes:
+        corpus = Corpus(CorpusSpec(arguments.corpus), sample_bytes=1_000_000)
+    corpus_bytes = arguments.corpus_bytes or getattr(corpus, "total_bytes", 0)
+    if not corpus_bytes:
+        raise InvalidParameter("corpus_bytes", 0, f"the size of {arguments.corpus} is not known here; give it")
+    tokens_per_byte, how = DEFAULT_TOKENS_PER_BYTE, "assumed (measured on WikiText-2)"
+    if corpus is not None and arguments.tokenizer:
+        tokenizer, _ = load_tokenizer(arguments.tokenizer)
+        texts = list(corpus)
+        tokens = sum(len(ids) for ids in tokenizer(texts)["input_ids"])
+        tokens_per_byte = tokens / max(sum(len(text.encode("utf-8")) + 1 for text in texts), 1)
+        how = f"measured on {len(texts):,} texts of the corpus"
+        size.update(vocab_size=len(tokenizer))
+    return {
+        **size,
+        "samples": int(corpus_bytes * (1 - arguments.holdout_fraction) * tokens_per_byte // arguments.max_length),
+        "corpus_bytes": corpus_bytes,
+        "tokens_per_byte": round(tokens_per_byte, 4),
+        "source": f"{corpus_bytes:,} bytes x {tokens_per_byte:.3f} tokens per byte, {how}"
+        + (f", {arguments.holdout_fraction:.0%} held out" if arguments.holdout_fraction else ""),
+    }
+
+
+def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
+    """Everything the table shows, as numbers."""
+    tpu = tpu_type(arguments.tpu_type)
+    data = data_size(arguments)
+    config = model_config(arguments.model_config, {**data, "max_length": data["max_length"]})
+    parameters = count_parameters(config)
+    global_batch = arguments.per_replica_batch_size * tpu.replicas
+    if data["samples"] is not None and global_batch > data["samples"]:
+        raise InvalidParameter(
+            "per_replica_batch_size",
+            arguments.per_replica_batch_size,
+            f"x {tpu.replicas} replicas = global batch {global_batch}, more than the {data['samples']:,} samples",
+        )
+    steps = arguments.max_steps or arguments.num_epochs * (data["samples"] // global_batch)
+    tokens = steps * global_batch * data["max_length"]
+    flops_per_token = training_flops_per_token(config, parameters, data["max_length"])
+    peak = tpu.replicas * tpu.peak_tflops_per_replica * 1e12
+    hours = flops_per_token * tokens / (arguments.mfu * peak) / 3600
+    memory = training_memory(
+        config,
+        parameters,
+        arguments.per_replica_batch_size,
+        data["max_length"],
+        arguments.bf16,
+        max_predictions(data["max_length"], arguments.mlm_probability),
+        tpu.memory_gib_per_replica,
+    )
+    result: dict[str, Any] = {
+        "data": data,
+        "tpu_type": tpu.name,
+        "replicas": tpu.replicas,
+        "global_batch_size": global_batch,
+        "steps": steps,
+        "samples": steps * global_batch,
+        "tokens": tokens,
+        "parameters": parameters,
+        "model_flops_per_token": flops_per_token,
+        "model_flops": flops_per_token * tokens,
+        "peak_flops_per_second": peak,
+        "mfu": arguments.mfu,
+        "hours": hours,
+        "memory": {
+            "low_gib": round(memory.low / GIB, 2),
+            "high_gib": round(memory.high / GIB, 2),
+            "available_gib": tpu.memory_gib_per_replica,
+            "verdict": memory.verdict,
+            "largest_per_replica_batch": memory.largest_batch,
+        },
+        "price_per_hour": arguments.price_per_hour or None,
+        "cost": hours * arguments.price_per_hour if arguments.price_per_hour else None,
+    }
+    if arguments.from_run:
+        result["from_run"] = scaled_from_run(arguments.from_run, flops_per_token * tokens, tpu.replicas)
+        if arguments.price_per_hour:
+            result["from_run"]["cost"] = result["from_run"]["hours"] * arguments.price_per_hour
+    return result
+
+
+def scaled_from_run(uri: str, model_flops: float, replicas: int) -> dict[str, Any]:
+    """Hours of this run at the model FLOP/s per replica that a previous run sustained at its last log point
+    (right only for the same kind of accelerator: a CPU run predicts CPU hours)."""
+    summary_uri = uri if uri.endswith(".json") else storage.join(uri, SUMMARY_FILE)
+    if not storage.exists(summary_uri):
+        raise InvalidParameter("from_run", uri, f"no {SUMMARY_FILE} there; name a finished train step's output")
+    summary = json.loads(storage.read_text(summary_uri))
+    if not summary.get("history"):
+        raise InvalidParameter("from_run", uri, "that run logged no step to measure")
+    last = summary["history"][-1]
+    per_replica = last["model_tflops_per_second"] * 1e12 / summary["replicas"]
+    return {
+        "run": summary_uri,
+        "accelerator": f"{summary['replicas']} x {summary['accelerator']}",
+        "model_flops_per_second_per_replica": per_replica,
+        "hours": model_flops / (per_replica * replicas) / 3600,
+    }
+
+
+def estimate_table(result: dict[str, Any]) -> str:
+    """The estimate as an aligned two-column table for people."""
+    data, memory = result["data"], result["memory"]
+    rows = [
+        ("data", data["source"]),
+        (
+            "global batch",
+            f"{result['global_batch_size']:,} ({result['replicas']} replicas of the {result['tpu_type']})",
+        ),
+        ("steps", f"{result['steps']:,}"),
+        ("samples", f"{result['samples']:,} of {data['max_length']} tokens"),
+        ("tokens", f"{result['tokens']:,}"),
+        ("parameters", f"{result['parameters']:,}"),
+        ("model FLOPs per token", f"{result['model_flops_per_token'] / 1e6:,.1f} M (6 x parameters + attention)"),
+        ("model FLOPs in all", f"{result['model_flops']:.3e}"),
+        ("TPU peak (bf16)", f"{result['peak_flops_per_second'] / 1e12:,.0f} TFLOP/s"),
+        ("hours", f"{_hours(result['hours'])} at {result['mfu']:.0%} MFU (assumed, not measured)"),
+    ]
+    if "from_run" in result:
+        run = result["from_run"]
+        rows.append(
+            (
+                "hours (measured rate)",
+                f"{_hours(run['hours'])} at the {run['model_flops_per_second_per_replica'] / 1e12:,.3f} TFLOP/s per "
+                f"replica {run['accelerator']} measured in {run['run']}",
+            )
+        )
+    if result["cost"] is None:
+        rows.append(("cost", "give --price_per_hour (Vertex AI pricing page, TPU, your region)"))
+    else:
+        rows.append(("cost", f"${result['cost']:,.2f} at ${result['price_per_hour']:,.2f} an hour"))
+        if "cost" in result.get("from_run", {}):
+            rows.append(("cost (measured rate)", f"${result['from_run']['cost']:,.2f}"))
+    rows.append(
+        (
+            "memory per replica",
+            f"{memory['low_gib']:.1f}-{memory['high_gib']:.1f} GiB of {memory['available_gib']:.0f} GiB: "
+            f"{memory['verdict']}; largest batch per replica that fits: {memory['largest_per_replica_batch']}",
+        )
+    )
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:,.2f} h ({hours * 60:,.0f} min)" if hours < 10 else f"{hours:,.1f} h"

@@ -1,0 +1,52 @@
+"""Running a job from its command line: parse its arguments dataclass, set up logging, run it, print its
+summary as JSON. Bad input exits with status 2 and one line naming the parameter."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from components.lib.errors import InvalidParameter, ServiceFailed
+
+Arguments = TypeVar("Arguments")
+log = logging.getLogger("tpu_mlm")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # tf.distribute logs each all-reduce it sets up
+
+
+def parse_arguments(arguments_class: type[Arguments], argv: Sequence[str] | None, description: str) -> Arguments:
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(arguments_class, description=description)
+    (arguments,) = parser.parse_args_into_dataclasses(args=argv)
+    return arguments
+
+
+def run_job(
+    arguments_class: type[Arguments],
+    job: Callable[[Arguments], dict[str, Any]],
+    argv: Sequence[str] | None = None,
+    description: str | None = None,
+    print_summary: bool = True,
+) -> int:
+    """Parses ``argv`` into ``arguments_class``, runs ``job`` and prints its summary as JSON (unless the job
+    shows its own). Returns the exit code."""
+    setup_logging()
+    try:
+        arguments = parse_arguments(arguments_class, argv, description or job.__doc__ or "")
+        summary = job(arguments)
+    except InvalidParameter as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except ServiceFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if print_summary:
+        print(json.dumps(summary, indent=2, default=str))
+    return 0

@@ -1,0 +1,61 @@
+"""The files a run leaves for the steps after it (the evaluation's metrics, the training's summary and
+history) and the lines that show them in reports and model cards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# the evaluate step's output folder
+METRICS_FILE = "metrics.json"
+REPORT_FILE = "report.md"
+
+
+def metrics_table(metrics: dict[str, Any]) -> list[str]:
+    """The evaluation metrics as Markdown table lines (the report and the model card show the same)."""
+    return [
+        "| metric | value |",
+        "|---|---|",
+        f"| loss (mean over masked tokens) | {metrics['loss']:.4f} |",
+        f"| perplexity | {metrics['perplexity']:.2f} |",
+        *unigram_row(metrics),
+        f"| masked-token accuracy | {metrics['masked_accuracy']:.2%} |",
+        f"| masked tokens | {metrics['masked_tokens']:,} |",
+        f"| samples | {metrics['samples']:,} |",
+    ]
+
+
+# the train step's: written last in the model folder
+SUMMARY_FILE = "training_summary.json"
+WORD_BOUNDARY = "\u2581"  # the Metaspace pre-tokenizer's word-boundary mark, which a bare piece decodes from
+# Written beside the checkpoints at each one: the log points so far, so a resumed run reports the whole training.
+HISTORY_FILE = "training_history.json"
+
+
+def loss_summary(summary: dict[str, Any]) -> str:
+    """The training loss at the first and last log point, for reports and model cards; a rerun that found
+    every step done shows the figures of the runs that trained (kept beside the checkpoints)."""
+    if summary["first_loss"] is None:
+        return "none logged (the checkpoints came from a run that kept no log)"
+    history = summary["history"]
+    text = f"{summary['first_loss']:.4f} at step {history[0]['step']:,}, {summary['last_loss']:.4f} at step "
+    text += f"{history[-1]['step']:,}"
+    if not summary["steps_this_run"]:
+        text += f" (this run found all {summary['total_steps']:,} steps done and trained none)"
+    return text
+
+
+def unigram_row(metrics: dict[str, Any]) -> list[str]:
+    """The unigram baseline's table row, where the evaluation had the training shards' token counts."""
+    if metrics.get("unigram_perplexity") is None:
+        return []
+    return [f"| unigram baseline perplexity (training-token frequencies) | {metrics['unigram_perplexity']:.2f} |"]
+
+
+def display_token(token: str) -> str:
+    """A fill-mask prediction as people should read it: the bare word-boundary piece decodes to an empty
+    string, often a small model's top prediction, which reads like a bug unless it is named."""
+    return f"{WORD_BOUNDARY} (word boundary)" if not token.strip() else token
+
+
+def fill_mask_line(predictions: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{display_token(p['token'])} ({p['score']:.3f})" for p in predictions)

@@ -1,0 +1,44 @@
+"""The tokenizer folder the steps hand on: loading it, checked, and its fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from components.lib import storage
+from components.lib.errors import InvalidParameter
+
+SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def fingerprint(tokenizer_json: bytes) -> str:
+    """Identifies a trained tokenizer: shards and models made with another one are refused."""
+    return "sha256:" + hashlib.sha256(tokenizer_json).hexdigest()[:16]
+
+
+def load_tokenizer(uri: str, parameter: str = "tokenizer") -> tuple[Any, str]:
+    """Loads a tokenizer folder (local or gs://) and returns it with its fingerprint.
+
+    Refuses, naming ``parameter``, a folder that is missing, has no fast-tokenizer file, or lacks the
+    special tokens masked-language-model training needs."""
+    from transformers import PreTrainedTokenizerFast
+
+    storage.check_uri(parameter, uri)
+    if not storage.exists(storage.join(uri, TOKENIZER_FILE)):
+        raise InvalidParameter(parameter, uri, f"is not a tokenizer folder (no {TOKENIZER_FILE} in it)")
+    with tempfile.TemporaryDirectory() as local:
+        storage.download_folder(uri, Path(local))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(local)
+        tokenizer_fingerprint = fingerprint(Path(local, TOKENIZER_FILE).read_bytes())
+    for role in ("mask_token", "pad_token", "bos_token", "eos_token"):
+        if getattr(tokenizer, role) is None or getattr(tokenizer, f"{role}_id") is None:
+            raise InvalidParameter(
+                parameter,
+                uri,
+                f"the tokenizer has no {role}; masked-language-model training needs "
+                "<s>, </s>, <pad> and <mask> (train one with components.tokenizer)",
+            )
+    return tokenizer, tokenizer_fingerprint

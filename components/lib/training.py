@@ -1,0 +1,206 @@
+"""The training's settings and plan: what is checked before an accelerator is used, by the train step and by
+preflight alike (the batch arithmetic, the data, the model config, the checkpoints' identity)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.lib import storage
+from components.lib.accelerators import ACCELERATORS, check_accelerator
+from components.lib.errors import InvalidParameter
+from components.lib.hub import check_repo_id
+from components.lib.masked_lm import check_probability
+from components.lib.modeling import PRESETS, model_config
+from components.lib.shard_set import read_manifest, verify_files
+from components.lib.tokenization import load_tokenizer
+
+# Written beside the checkpoints: what they are checkpoints of, so that resuming with another model is refused.
+CHECKPOINT_IDENTITY_FILE = "checkpoint_identity.json"
+NOT_ARCHITECTURE = ("transformers_version", "_name_or_path", "architectures")  # config keys that are bookkeeping
+XLA_CHOICES = ("auto", "on", "off")
+
+
+@dataclass(kw_only=True)
+class TrainingSettings:
+    """The training: its data, model, optimization, accelerator and checkpoints. The train step runs with
+    these, preflight checks them for a TPU, and the pipeline's training parameters are these fields."""
+
+    tokenizer: str = field(metadata={"help": "Tokenizer folder (local or gs://)."})
+    train_shards: str = field(metadata={"help": "Training shard folder with manifest.json."})
+    eval_shards: str = field(default="", metadata={"help": "Validation shards: loss logged at each checkpoint."})
+    model_config: str = field(
+        default="roberta-base",
+        metadata={"help": f"Preset {sorted(PRESETS)}, a config.json path/URI, or a Hub model name."},
+    )
+    per_replica_batch_size: int = field(default=256, metadata={"help": "Samples per replica and step."})
+    num_epochs: int = field(default=1, metadata={"help": "Passes over the training shards."})
+    max_steps: int = field(default=0, metadata={"help": "Total optimizer steps; overrides num_epochs when > 0."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate."})
+    warmup_fraction: float = field(default=0.05, metadata={"help": "Fraction of steps of linear warmup."})
+    weight_decay: float = field(default=1e-3, metadata={"help": "Decoupled weight decay rate."})
+    mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of tokens masked."})
+    bf16: bool = field(default=False, metadata={"help": "Mixed bfloat16 precision (TPUs, recent GPUs)."})
+    steps_per_execution: int = field(default=50, metadata={"help": "Steps run per call into the graph."})
+    xla: str = field(
+        default="auto",
+        metadata={
+            "help": "XLA-compile the replica step on GPU/CPU: on, off, auto (off). Never nested on a TPU, which "
+            "compiles the whole step anyway.",
+            "choices": XLA_CHOICES,
+        },
+    )
+    shuffle_buffer: int = field(default=10_000, metadata={"help": "Samples in the shuffle buffer."})
+    seed: int = field(default=42, metadata={"help": "Seed of initialization, shuffling and masking."})
+    checkpoint_every_steps: int = field(default=1_000, metadata={"help": "Steps between checkpoints."})
+    log_every_steps: int = field(default=100, metadata={"help": "Steps between log lines and TensorBoard points."})
+    eval_batches: int = field(default=20, metadata={"help": "Validation batches at each checkpoint."})
+    accelerator: str = field(
+        default="auto", metadata={"help": "auto, tpu, gpu or cpu; tpu/gpu fail if absent.", "choices": ACCELERATORS}
+    )
+    replicas: int = field(
+        default=0,
+        metadata={
+            "help": "Replicas: 0 for every device of the accelerator. A TPU or the GPUs found must have exactly "
+            "this many; on the CPU, N > 1 splits it into N logical devices (rehearse a v3-8 with 8)."
+        },
+    )
+    tpu: str = field(default="local", metadata={"help": "TPU name for TPUClusterResolver ('local' on TPU VMs)."})
+    peak_tflops: float = field(
+        default=0.0, metadata={"help": "Peak TFLOP/s of one replica, for MFU where it is not known (0: look it up)."}
+    )
+    price_per_hour: float = field(
+        default=0.0,
+        metadata={"help": "Price of the accelerator per hour: the log lines show the cost so far and projected."},
+    )
+    hub_repo_id: str = field(
+        default="", metadata={"help": "Push each checkpoint to this Hub repository (HF_TOKEN); off when empty."}
+    )
+    hub_private: bool = field(default=False, metadata={"help": "Create the Hub repository as private."})
+    checkpoint_dir: str = field(
+        default="",
+        metadata={
+            "help": "Checkpoints (a fixed folder resumes a rerun); defaults to $AIP_CHECKPOINT_DIR or "
+            "OUTPUT/checkpoints."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        for parameter in ("tokenizer", "train_shards"):
+            storage.check_uri(parameter, getattr(self, parameter))
+        if self.checkpoint_dir:
+            storage.check_uri("checkpoint_dir", self.checkpoint_dir)
+        if self.eval_shards:
+            storage.check_uri("eval_shards", self.eval_shards)
+        for parameter in (
+            "per_replica_batch_size",
+            "num_epochs",
+            "steps_per_execution",
+            "shuffle_buffer",
+            "checkpoint_every_steps",
+            "log_every_steps",
+            "eval_batches",
+        ):
+            if getattr(self, parameter) < 1:
+                raise InvalidParameter(parameter, getattr(self, parameter), "must be a positive whole number")
+        if self.max_steps < 0:
+            raise InvalidParameter("max_steps", self.max_steps, "must be 0 (use num_epochs) or positive")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise InvalidParameter("learning_rate", self.learning_rate, "must be a positive number (1e-4 is usual)")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise InvalidParameter("warmup_fraction", self.warmup_fraction, "must be at least 0 and below 1")
+        if self.weight_decay < 0:
+            raise InvalidParameter("weight_decay", self.weight_decay, "must be 0 or positive")
+        check_probability(self.mlm_probability)
+        check_accelerator(self.accelerator, self.replicas)
+        if self.xla not in XLA_CHOICES:
+            raise InvalidParameter("xla", self.xla, f"must be one of {XLA_CHOICES}")
+        if self.hub_repo_id:
+            check_repo_id("hub_repo_id", self.hub_repo_id)
+
+
+@dataclass
+class TrainingPlan:
+    """What the checks before training settled: data, model config and step counts."""
+
+    manifest: dict[str, Any]
+    eval_manifest: dict[str, Any] | None
+    config: Any
+    tokenizer: Any
+    total_steps: int
+    global_batch_size: int
+    checkpoint_identity: dict[str, Any]
+
+
+def plan_training(arguments: TrainingSettings, num_replicas: int) -> TrainingPlan:
+    """Every check that can fail before the accelerator is used: tokenizer, shards, config, batch arithmetic."""
+    tokenizer, tokenizer_fingerprint = load_tokenizer(arguments.tokenizer)
+    manifest = read_manifest(arguments.train_shards, "train_shards")
+    eval_manifest = read_manifest(arguments.eval_shards, "eval_shards") if arguments.eval_shards else None
+    for parameter, shards in (("train_shards", manifest), ("eval_shards", eval_manifest)):
+        if shards is None:
+            continue
+        verify_files(getattr(arguments, parameter), shards, parameter)
+        if shards["tokenizer_fingerprint"] != tokenizer_fingerprint:
+            raise InvalidParameter(
+                parameter,
+                getattr(arguments, parameter),
+                f"were made with another tokenizer ({shards['tokenizer_fingerprint']}) than --tokenizer "
+                f"({tokenizer_fingerprint})",
+            )
+        if shards["max_length"] != manifest["max_length"]:
+            raise InvalidParameter(
+                parameter,
+                getattr(arguments, parameter),
+                f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
+            )
+    config = model_config(arguments.model_config, manifest)
+    global_batch = arguments.per_replica_batch_size * num_replicas
+    if global_batch > manifest["num_records"]:
+        raise InvalidParameter(
+            "per_replica_batch_size",
+            arguments.per_replica_batch_size,
+            f"x {num_replicas} replica(s) = global batch {global_batch}, more than the "
+            f"{manifest['num_records']} training samples",
+        )
+    if eval_manifest is not None and global_batch > eval_manifest["num_records"]:
+        raise InvalidParameter(
+            "eval_shards",
+            arguments.eval_shards,
+            f"hold {eval_manifest['num_records']} samples, fewer than one global batch of {global_batch}",
+        )
+    steps_per_epoch = manifest["num_records"] // global_batch
+    total_steps = arguments.max_steps or arguments.num_epochs * steps_per_epoch
+    identity = checkpoint_identity(config, tokenizer_fingerprint)
+    if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
+        check_checkpoints_match(arguments.checkpoint_dir, identity)
+    return TrainingPlan(manifest, eval_manifest, config, tokenizer, total_steps, global_batch, identity)
+
+
+def checkpoint_identity(config: Any, tokenizer_fingerprint: str) -> dict[str, Any]:
+    """What checkpoints must share to be resumed: the model's architecture and the tokenizer."""
+    architecture = {k: v for k, v in config.to_dict().items() if k not in NOT_ARCHITECTURE}
+    return json.loads(json.dumps({"model_config": architecture, "tokenizer_fingerprint": tokenizer_fingerprint}))
+
+
+def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> None:
+    """Refuses a checkpoint folder that holds checkpoints of another model or tokenizer (a stable
+    ``--checkpoint_dir`` reused by mistake) before any accelerator time is spent."""
+    uri = storage.join(checkpoint_dir, CHECKPOINT_IDENTITY_FILE)
+    if not storage.exists(uri):
+        return
+    existing = json.loads(storage.read_text(uri))
+    differing = sorted(
+        key for key in identity["model_config"] if existing["model_config"].get(key) != identity["model_config"][key]
+    )
+    if existing["tokenizer_fingerprint"] != identity["tokenizer_fingerprint"]:
+        differing.append("tokenizer")
+    if differing:
+        raise InvalidParameter(
+            "checkpoint_dir",
+            checkpoint_dir,
+            f"holds checkpoints of another model ({', '.join(differing)} differ); resume with the same model "
+            "config and tokenizer, or use an empty folder",
+        )

@@ -1,0 +1,138 @@
+"""Each setting is declared once, in a dataclass; the components, the pipeline and run-local follow it. What
+is still declared in more than one place (a setting two steps both take) must agree, or say why not."""
+
+import ast
+import inspect
+from dataclasses import MISSING, fields
+
+import pytest
+
+from components.lib.estimates import EstimateArguments
+from components.merge_shards import MergeArguments
+from pipelines.pipeline import PARAMETER_SOURCES, PipelineSettings, build_pipeline, feeds, pipeline_parameters
+from pipelines.run_local import LOCAL_DEFAULTS, RunLocalArguments
+from pipelines.steps import STEPS, component_source, make_component
+
+ARGUMENTS = [
+    *(step.arguments for step in STEPS.values()),
+    MergeArguments,
+    EstimateArguments,
+    PipelineSettings,
+]
+# Fields of one name that differ on purpose (type must still agree): why.
+DIFFERENT_ON_PURPOSE = {
+    "output": "each step's own output",
+    "batch_size": "texts per tokenizer call (shards) vs samples per evaluation batch",
+    "seed": "the training's seed vs the evaluation's fixed masking seed (the same positions in every run)",
+    "bf16": "the estimate prices a TPU run, which the vertex target trains in bf16",
+    "corpus": "the estimate works from shards unless a corpus is named",
+    "holdout_fraction": "a step holds out nothing unless asked; the pipeline holds out 5% without a validation corpus",
+    "tokenizer": "the estimate needs no tokenizer",
+    "train_shards": "the training needs them; the estimate and the evaluation's baseline do without",
+    "evaluation": "a push may go without evaluation results; a report may not",
+    "tpu_type": "preflight also checks runs on no TPU; the estimate is of a TPU",
+}
+
+
+def declarations() -> dict[str, list[tuple[type, object, object]]]:
+    """Each field name -> (declaring class, type, default) of every declaration (inherited fields counted once,
+    where they are declared)."""
+    found: dict[str, list] = {}
+    classes = {owner for arguments in ARGUMENTS for owner in arguments.__mro__ if "__dataclass_fields__" in vars(owner)}
+    for cls in sorted(classes, key=lambda cls: cls.__name__):
+        own = vars(cls).get("__annotations__", {})
+        for declared in fields(cls):
+            if declared.name in own:
+                type_name = declared.type if isinstance(declared.type, str) else declared.type.__name__
+                found.setdefault(declared.name, []).append((cls, type_name, declared.default))
+    return found
+
+
+def drift(found: dict[str, list]) -> list[str]:
+    problems = []
+    for name, places in sorted(found.items()):
+        types = {type_ for _, type_, _ in places}
+        defaults = {repr(default) for _, _, default in places}
+        where = ", ".join(f"{cls.__name__}={default!r}" for cls, _, default in places)
+        if len(types) > 1:
+            problems.append(f"{name}: types {sorted(types)} ({where})")
+        elif len(defaults) > 1 and name not in DIFFERENT_ON_PURPOSE:
+            problems.append(f"{name}: defaults differ ({where})")
+    return problems
+
+
+def test_a_setting_declared_by_several_steps_has_one_type_and_one_default():
+    assert drift(declarations()) == []
+
+
+def test_the_drift_check_catches_a_default_changed_in_one_place():
+    found = declarations()
+    (evaluate_place,) = [place for place in found["mlm_probability"] if place[0].__name__ == "EvaluateArguments"]
+    found["mlm_probability"] = [
+        place if place is not evaluate_place else (place[0], place[1], 0.2) for place in found["mlm_probability"]
+    ]
+    assert drift(found) == [
+        "mlm_probability: defaults differ (EstimateArguments=0.15, EvaluateArguments=0.2, TrainingSettings=0.15)"
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_a_component_takes_its_dataclass_fields_with_their_defaults(name):
+    step = STEPS[name]
+    inputs = make_component(step, "image").component_spec.inputs
+    for parameter, _, default in step.parameters():
+        assert parameter in inputs, parameter
+        if default is not MISSING:
+            assert inputs[parameter].default == default, parameter
+    for argument in fields(step.arguments):
+        if argument.name not in {*step.artifacts, "output", *step.set_by_runner}:
+            assert argument.name in inputs, f"{name}: field {argument.name} is no component parameter"
+    # the parameters are in the source KFP embeds and runs in the container, not only in the compiled interface
+    (function,) = ast.parse(component_source(step)).body
+    outputs = {name for name, annotation in step.artifacts.items() if annotation.startswith("Output[")}
+    assert {argument.arg for argument in function.args.args} == set(inputs) | outputs
+
+
+def test_every_pipeline_parameter_feeds_a_step_parameter_of_its_type():
+    pipeline_inputs = build_pipeline("local").component_spec.inputs
+    components = {name: make_component(step, "image").component_spec.inputs for name, step in STEPS.items()}
+    for parameter in pipeline_parameters():
+        assert parameter.name in pipeline_inputs
+        fed = feeds(parameter)
+        assert fed, f"{parameter.name} feeds no step"
+        for step, step_parameter in fed.items():
+            assert step_parameter in components[step], f"{parameter.name} -> {step}.{step_parameter}"
+            assert components[step][step_parameter].type == pipeline_inputs[parameter.name].type
+
+
+def test_the_pipeline_interface_is_the_documented_one():
+    """Changing it changes every submitted run's parameters: this list moves with the README's."""
+    assert [name for name, _, _ in PARAMETER_SOURCES] == [
+        *("corpus", "validation_corpus", "holdout_fraction", "text_column", "limit", "vocab_size", "lowercase"),
+        *("tokenizer_sample_bytes", "max_length", "records_per_shard", "num_parts", "model_config"),
+        *("per_replica_batch_size", "num_epochs", "max_steps", "learning_rate", "warmup_fraction", "weight_decay"),
+        *("mlm_probability", "bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),
+        *("checkpoint_every_steps", "log_every_steps", "eval_batches", "accelerator", "replicas"),
+        *("tpu_price_per_hour", "checkpoint_dir", "eval_batch_size", "hub_repo_id", "hub_private"),
+        *("hf_token_secret", "output_root"),
+    ]
+
+
+def test_run_local_takes_every_pipeline_parameter_with_small_run_defaults():
+    defaults = {parameter.name: parameter.default for parameter in pipeline_parameters()}
+    local = {argument.name: argument.default for argument in fields(RunLocalArguments)}
+    assert set(defaults) <= set(local)
+    assert set(LOCAL_DEFAULTS) <= set(defaults)
+    for name, default in defaults.items():
+        assert local[name] == LOCAL_DEFAULTS.get(name, default), name
+    arguments = RunLocalArguments(max_steps=7, text_column="body")
+    assert arguments.pipeline_values()["max_steps"] == 7
+    assert arguments.pipeline_values()["text_column"] == "body"
+    assert "pipeline_root" not in arguments.pipeline_values()
+
+
+def test_the_pipeline_signature_carries_each_parameter_help():
+    pipeline = build_pipeline("local")
+    inputs = pipeline.component_spec.inputs
+    assert inputs["per_replica_batch_size"].description == "Samples per replica and step."
+    assert inspect.signature(pipeline.pipeline_func).parameters["vocab_size"].default == 25_000
