@@ -1,6 +1,7 @@
 # make install   create .venv with the pinned dependencies (pyproject.toml + constraints.txt)
 # make run       the whole pipeline under kfp.local on the embedded corpus (tiny model, a few minutes)
 # make prepare   only the data steps: tokenizer, train and validation shards into outputs/
+# make docs      write the README's table of pipeline parameters from the dataclasses
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
 # make test      ruff, then the whole test suite (slow tests included): what CI runs
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipelines), while working
@@ -16,7 +17,7 @@ VOCAB_SIZE ?= 5000
 CPU_IMAGE ?= tpu-mlm-cpu:latest
 TPU_IMAGE ?= tpu-mlm-tpu:latest
 
-.PHONY: install run prepare compile test test-fast lint bench images cpu-image tpu-image clean
+.PHONY: install run prepare docs compile test test-fast lint bench images cpu-image tpu-image clean
 
 install: $(VENV)/.installed
 
@@ -34,6 +35,9 @@ prepare: install
 		--split train --holdout_fraction 0.05 --holdout exclude
 	$(BIN)/tpu-mlm shards --corpus embedded --tokenizer $(OUT)/tokenizer --output $(OUT)/shards/validation \
 		--split validation --holdout_fraction 0.05 --holdout only
+
+docs: install
+	$(BIN)/python -m pipelines.docs README.md
 
 compile: install
 	$(BIN)/tpu-mlm compile --target local --output $(OUT)/pipeline-local.yaml

@@ -15,6 +15,6 @@ RUN grep -vE '^(tensorflow-tpu|libtpu|pytest|ruff|gcp-storage-emulator|iniconfig
 COPY pyproject.toml README.md ./
 COPY components components
 COPY pipelines pipelines
-RUN pip install --no-deps . && python -c "import components.shards, pipelines.pipeline"
+RUN pip install --no-deps . && python -c "import pipelines.steps, pipelines.pipeline"
 
 CMD ["tpu-mlm", "--help"]

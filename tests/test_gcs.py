@@ -38,6 +38,7 @@ def test_tensorflow_writes_renames_and_lists_in_the_emulator(gcs):
     assert bucket_objects(gcs) == {"folder/file.json": b'{"a": 1}'}
 
 
+@pytest.mark.slow  # 16 s: out of the fast tier (make test-fast under 3 minutes)
 def test_shards_from_gs_to_gs_equal_a_local_run_byte_for_byte(gcs, tmp_path, wikitext):
     corpus = storage.join(gcs, "corpus", "valid.txt")
     storage.write_bytes_atomic(corpus, (wikitext / "valid.txt").read_bytes())

@@ -67,6 +67,7 @@ def job(hub, name: str, *arguments: str, token: bool = True) -> subprocess.Compl
     )
 
 
+@pytest.mark.slow  # 24 s: out of the fast tier (make test-fast under 3 minutes)
 def test_tokenizer_and_shards_stream_a_hub_dataset_in_one_and_three_parts(tmp_path, hub_dataset):
     hub = hub_dataset
     tokenizer = str(tmp_path / "tokenizer")

@@ -8,6 +8,7 @@ from dataclasses import MISSING, fields
 import pytest
 
 from components.lib.estimates import EstimateArguments
+from components.lib.training import TrainingSettings
 from components.merge_shards import MergeArguments
 from pipelines.pipeline import PARAMETER_SOURCES, PipelineSettings, build_pipeline, feeds, pipeline_parameters
 from pipelines.run_local import LOCAL_DEFAULTS, RunLocalArguments
@@ -134,5 +135,15 @@ def test_run_local_takes_every_pipeline_parameter_with_small_run_defaults():
 def test_the_pipeline_signature_carries_each_parameter_help():
     pipeline = build_pipeline("local")
     inputs = pipeline.component_spec.inputs
-    assert inputs["per_replica_batch_size"].description == "Samples per replica and step."
+    help_text = TrainingSettings.__dataclass_fields__["per_replica_batch_size"].metadata["help"]
+    assert inputs["per_replica_batch_size"].description == help_text
     assert inspect.signature(pipeline.pipeline_func).parameters["vocab_size"].default == 25_000
+
+
+def test_the_readme_table_of_parameters_is_the_code_s():
+    from conftest import PROJECT_ROOT
+
+    from pipelines.docs import with_table
+
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    assert readme == with_table(readme), "the README's parameter table is out of date: run make docs"

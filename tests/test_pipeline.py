@@ -190,5 +190,15 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     assert len(repo.commits) == 1 and {"README.md", "tf_model.h5", "tokenizer.json"} <= set(repo.files)
     assert hub.file("user/local-run", "tf_model.h5") == Path(artifacts["model"], "tf_model.h5").read_bytes()
     assert f"{metrics['perplexity']:.2f}" in hub.file("user/local-run", "README.md").decode()
-    printed = capsys.readouterr().err
+    # the unigram baseline: the training shards count every token they hold, and the model card shows it
+    assert sum(manifest["token_counts"]) == manifest["num_records"] * manifest["max_length"]
+    assert metrics["unigram_perplexity"] > 1 and f"{metrics['unigram_perplexity']:.2f}" in run_report
+    assert f"{metrics['unigram_perplexity']:.2f}" in hub.file("user/local-run", "README.md").decode()
+    # quiet: one line per step (11 tasks with 2 parts and the push), each naming its log, then the summary
+    captured = capsys.readouterr()
+    printed = captured.out + captured.err
     assert "Pipeline run finished" in printed and artifacts["model"] in printed and "Fill-mask:" in printed
+    assert len(printed.splitlines()) < 40, printed
+    step_lines = [line for line in printed.splitlines() if " SUCCESS " in line]
+    assert len(step_lines) == 11 and all(Path(line.split()[-1]).is_file() for line in step_lines)
+    assert any(line.startswith("push to the Hub") for line in step_lines)

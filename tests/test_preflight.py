@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
-from conftest import PROJECT_ROOT
+from conftest import PROJECT_ROOT, WIKITEXT_VOCAB_SIZE
 from transformers import TFAutoModelForMaskedLM
 
 from components.lib.accelerators import TPU_TYPES, training_memory
@@ -33,7 +33,9 @@ def arguments(shards: dict, output: Path, **overrides) -> PreflightArguments:
 
 def test_preflight_passes_and_reports_the_plan(tmp_path, wikitext_shards):
     report = preflight(arguments(wikitext_shards, tmp_path / "out", replicas=8))
-    assert report["global_batch_size"] == 128 and report["total_steps"] == 10 and report["vocab_size"] == 5000
+    assert report["global_batch_size"] == 128 and report["total_steps"] == 10  # max_steps
+    assert report["train_samples"] == read_manifest(wikitext_shards["train"])["num_records"]
+    assert report["vocab_size"] == WIKITEXT_VOCAB_SIZE
     assert json.loads((tmp_path / "out" / "preflight.json").read_text())["global_batch_size"] == 128
     assert not (tmp_path / "out" / ".write-probe").exists()
 

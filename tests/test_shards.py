@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
-from conftest import PROJECT_ROOT, run_module
+from conftest import PROJECT_ROOT, WIKITEXT_VOCAB_SIZE, run_module
 from transformers import AutoTokenizer
 
 from components.lib.corpus import LINE_STEP, embedded_lines
@@ -70,7 +70,9 @@ def test_shards_hold_every_token_in_order_and_names_counts_and_manifest_agree(tm
     assert manifest["num_records"] == len(samples) == sum(f["records"] for f in manifest["files"])
     assert manifest["texts"] == len(nonblank_lines(wikitext / "test.txt"))
     assert manifest == read_manifest(output)
-    assert manifest["split"] == "train" and manifest["max_length"] == 128 and manifest["vocab_size"] == 5000
+    assert (
+        manifest["split"] == "train" and manifest["max_length"] == 128 and manifest["vocab_size"] == WIKITEXT_VOCAB_SIZE
+    )
     assert manifest["special_tokens"]["mask"] == 4 and manifest["special_tokens"]["pad"] == 1
     assert manifest["tokenizer_fingerprint"].startswith("sha256:")
 

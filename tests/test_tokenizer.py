@@ -3,6 +3,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from conftest import WIKITEXT_VOCAB_SIZE
 from transformers import AutoTokenizer
 
 from components.lib.errors import InvalidParameter
@@ -15,7 +16,7 @@ def test_wikitext_tokenizer_reloads_round_trips_and_has_roberta_special_tokens(w
     assert [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
     assert (tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id) == (0, 1, 2)
     assert (tokenizer.unk_token_id, tokenizer.mask_token_id) == (3, 4)
-    assert len(tokenizer) == 5000
+    assert len(tokenizer) == WIKITEXT_VOCAB_SIZE
 
     lines = [line.strip() for line in (wikitext / "test.txt").read_text().splitlines() if line.strip()][:200]
     for line in lines:
@@ -31,7 +32,7 @@ def test_summary_records_what_was_read(wikitext, wikitext_tokenizer):
     lines = [line for line in (wikitext / "valid.txt").read_text().splitlines() if line.strip()]
     assert summary["texts_read"] == len(lines)
     assert summary["bytes_read"] == sum(len(line.encode()) for line in lines)
-    assert summary["vocab_size"] == summary["vocab_size_requested"] == 5000
+    assert summary["vocab_size"] == summary["vocab_size_requested"] == WIKITEXT_VOCAB_SIZE
     assert summary["special_tokens"] == {token: index for index, token in enumerate(SPECIAL_TOKENS)}
     _, fingerprint = load_tokenizer(wikitext_tokenizer)
     assert summary["fingerprint"] == fingerprint

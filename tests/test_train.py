@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import PROJECT_ROOT, run_module
+from conftest import PROJECT_ROOT, WIKITEXT_VOCAB_SIZE, run_module
 from transformers import AutoTokenizer, TFAutoModelForMaskedLM, pipeline
 
 from components.evaluate import EvaluateArguments, evaluate
@@ -233,7 +233,7 @@ def test_presets_take_vocabulary_and_special_ids_from_the_shards(wikitext_shards
     large = model_config("roberta-large", manifest)
     assert (large.hidden_size, large.num_hidden_layers, large.num_attention_heads) == (1024, 24, 16)
     for config in (base, large, model_config("tiny", manifest)):
-        assert config.vocab_size == manifest["vocab_size"] == 5000
+        assert config.vocab_size == manifest["vocab_size"] == WIKITEXT_VOCAB_SIZE
         assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (1, 0, 2)
         assert config.max_position_embeddings >= manifest["max_length"] + 2
     assert set(PRESETS) == {"tiny", "roberta-base", "roberta-large"}
@@ -252,7 +252,7 @@ def test_a_config_json_with_too_few_positions_is_refused(tmp_path, wikitext_shar
         json.dumps({"model_type": "roberta", "hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 1})
     )
     config = model_config(str(tmp_path / "config.json"), manifest)
-    assert config.hidden_size == 32 and config.vocab_size == 5000
+    assert config.hidden_size == 32 and config.vocab_size == WIKITEXT_VOCAB_SIZE
 
 
 @pytest.fixture(scope="module")

@@ -87,7 +87,8 @@ class CorpusArguments:
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
     limit: int = field(
-        default=0, metadata={"help": "Read at most this many texts (of a part's share, with parts); 0: all."}
+        default=0,
+        metadata={"help": "Read at most this many texts; 0: all. With parts, per part: N parts read up to N x limit."},
     )
     hf_token_secret: str = field(
         default="",

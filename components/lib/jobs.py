@@ -20,10 +20,12 @@ def setup_logging() -> None:
     logging.getLogger("tensorflow").setLevel(logging.WARNING)  # tf.distribute logs each all-reduce it sets up
 
 
-def parse_arguments(arguments_class: type[Arguments], argv: Sequence[str] | None, description: str) -> Arguments:
+def parse_arguments(
+    arguments_class: type[Arguments], argv: Sequence[str] | None, description: str, prog: str | None = None
+) -> Arguments:
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(arguments_class, description=description)
+    parser = HfArgumentParser(arguments_class, description=description, prog=prog)
     (arguments,) = parser.parse_args_into_dataclasses(args=argv)
     return arguments
 
@@ -39,7 +41,10 @@ def run_job(
     shows its own). Returns the exit code."""
     setup_logging()
     try:
-        arguments = parse_arguments(arguments_class, argv, description or job.__doc__ or "")
+        # the usage line names the module the job runs as (what its container runs), not "tpu-mlm" or "-c"
+        spec = sys.modules[job.__module__].__spec__  # run as python -m X, the module's __name__ is __main__
+        prog = f"python -m {spec.name}" if spec else None
+        arguments = parse_arguments(arguments_class, argv, description or job.__doc__ or "", prog)
         summary = job(arguments)
     except InvalidParameter as error:
         print(f"error: {error}", file=sys.stderr)

@@ -35,7 +35,9 @@ class TrainingSettings:
         default="roberta-base",
         metadata={"help": f"Preset {sorted(PRESETS)}, a config.json path/URI, or a Hub model name."},
     )
-    per_replica_batch_size: int = field(default=256, metadata={"help": "Samples per replica and step."})
+    per_replica_batch_size: int = field(
+        default=256, metadata={"help": "Samples per replica and step (a v3-8's 8 replicas: a global batch 8x this)."}
+    )
     num_epochs: int = field(default=1, metadata={"help": "Passes over the training shards."})
     max_steps: int = field(default=0, metadata={"help": "Total optimizer steps; overrides num_epochs when > 0."})
     learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate."})
@@ -58,7 +60,11 @@ class TrainingSettings:
     log_every_steps: int = field(default=100, metadata={"help": "Steps between log lines and TensorBoard points."})
     eval_batches: int = field(default=20, metadata={"help": "Validation batches at each checkpoint."})
     accelerator: str = field(
-        default="auto", metadata={"help": "auto, tpu, gpu or cpu; tpu/gpu fail if absent.", "choices": ACCELERATORS}
+        default="auto",
+        metadata={
+            "help": "auto, tpu, gpu or cpu; tpu and gpu fail when absent rather than train on the host's CPU.",
+            "choices": ACCELERATORS,
+        },
     )
     replicas: int = field(
         default=0,
@@ -73,7 +79,10 @@ class TrainingSettings:
     )
     price_per_hour: float = field(
         default=0.0,
-        metadata={"help": "Price of the accelerator per hour: the log lines show the cost so far and projected."},
+        metadata={
+            "help": "Price of the accelerator per hour (Vertex AI pricing, your region): the log lines show the "
+            "cost so far and projected."
+        },
     )
     hub_repo_id: str = field(
         default="", metadata={"help": "Push each checkpoint to this Hub repository (HF_TOKEN); off when empty."}
@@ -82,8 +91,8 @@ class TrainingSettings:
     checkpoint_dir: str = field(
         default="",
         metadata={
-            "help": "Checkpoints (a fixed folder resumes a rerun); defaults to $AIP_CHECKPOINT_DIR or "
-            "OUTPUT/checkpoints."
+            "help": "A fixed folder for the checkpoints: a rerun resumes from them instead of training again. "
+            "Default: $AIP_CHECKPOINT_DIR, else the model folder's checkpoints/."
         },
     )
 
