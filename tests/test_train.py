@@ -388,6 +388,8 @@ def test_checkpoints_sync_to_the_hub_through_the_real_client(tmp_path, wikitext_
         "10",
         "--hub_repo_id",
         "user/tiny-checkpoints",
+        "--hub_private",
+        "true",
         "--output",
         str(tmp_path / "m"),
     ]
