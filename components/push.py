@@ -27,7 +27,12 @@ class PushArguments:
     model: str = field(metadata={"help": "Model folder from components.train (local or gs://)."})
     repo_id: str = field(metadata={"help": "Hub repository 'namespace/name'."})
     evaluation: str = field(default="", metadata={"help": "Folder with metrics.json from components.evaluate."})
-    private: bool = field(default=False, metadata={"help": "Create the repository as private."})
+    private: bool = field(
+        default=True,
+        metadata={
+            "help": "Create the repository as private (--no_private: public; an existing one keeps its visibility)."
+        },
+    )
     hf_token_secret: str = field(
         default="", metadata={"help": "Secret Manager secret holding the token; else HF_TOKEN is used."}
     )

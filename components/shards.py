@@ -75,6 +75,7 @@ class ShardArguments(CorpusArguments):
     overwrite: bool = field(default=False, metadata={"help": "Replace a complete shard set made with other settings."})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         storage.check_uri("output", self.output)
         storage.check_uri("tokenizer", self.tokenizer)
         if not re.fullmatch(r"\w+", self.split):

@@ -32,7 +32,7 @@ log = logging.getLogger("tpu_mlm.tokenizer")
 
 SUMMARY_FILE = "tokenizer_summary.json"
 MAX_VOCAB_SIZE = 1_000_000
-DEFAULT_SAMPLE_BYTES = 2_000_000_000  # see the README's measurement of the trainer's memory
+DEFAULT_SAMPLE_BYTES = 2_000_000_000  # see docs/benchmarks.md: the trainer's memory, measured
 
 
 @dataclass(kw_only=True)
@@ -44,12 +44,13 @@ class TokenizerArguments(CorpusArguments):
         default=DEFAULT_SAMPLE_BYTES,
         metadata={
             "help": "Train on about this many bytes of text, spread evenly over the whole corpus and the same in "
-            "every run (0: all of it). The Unigram trainer holds its input in memory: see the README for the "
-            "memory this takes."
+            "every run (0: all of it). The Unigram trainer holds its input in memory: about 10 bytes a "
+            "byte of sample at worst (measured in docs/benchmarks.md)."
         },
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         storage.check_uri("output", self.output)
         if self.sample_bytes < 0:
             raise InvalidParameter("sample_bytes", self.sample_bytes, "must be 0 (the whole corpus) or positive")

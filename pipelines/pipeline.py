@@ -25,7 +25,7 @@ from components.lib.corpus import CorpusArguments
 from components.lib.errors import InvalidParameter
 from components.lib.training import TrainingSettings
 from components.push import PushArguments
-from components.shards import ShardArguments
+from components.shards import ShardArguments, corpus_for_split
 from components.tokenizer import TokenizerArguments
 from pipelines.steps import STEPS, make_steps
 
@@ -106,7 +106,11 @@ class PipelineParameter:
     field_name: str
     type: type
     default: Any
-    help: str
+    metadata: Any  # the field's: help, choices
+
+    @property
+    def help(self) -> str:
+        return self.metadata.get("help", "")
 
 
 # The training parameters are the training's settings, but for what the pipeline sets itself (the artifacts, the
@@ -172,7 +176,7 @@ def pipeline_parameters(defaults: dict[str, Any] | None = None) -> list[Pipeline
         type_ = {"str": str, "int": int, "float": float, "bool": bool}[
             setting.type if isinstance(setting.type, str) else setting.type.__name__
         ]
-        parameters.append(PipelineParameter(name, source, field_name, type_, default, setting.metadata.get("help", "")))
+        parameters.append(PipelineParameter(name, source, field_name, type_, default, setting.metadata))
     return parameters
 
 
@@ -193,6 +197,33 @@ def step_inputs(parameters: list[PipelineParameter], values: dict[str, Any]) -> 
         for step, step_parameter in feeds(parameter).items():
             inputs[step][step_parameter] = values[parameter.name]
     return inputs
+
+
+def check_values(values: dict[str, Any]) -> None:
+    """Every step's own checks on pipeline parameter values, before any step runs: each step's dataclass is
+    built from what the step would get (the defaults for values not given), with placeholders for the
+    folders its artifacts would be. An error names the pipeline's parameter."""
+    parameters = pipeline_parameters()
+    unknown = sorted(set(values) - {parameter.name for parameter in parameters})
+    if unknown:
+        raise InvalidParameter(unknown[0], values[unknown[0]], "is not a parameter of the pipeline")
+    inputs = step_inputs(parameters, {**{parameter.name: parameter.default for parameter in parameters}, **values})
+    for name, step in STEPS.items():
+        if name == "push" and not inputs["push"]["repo_id"]:
+            continue  # no push, nothing to check
+        own = {argument.name: argument for argument in fields(step.arguments)}
+        given = {key: value for key, value in inputs[name].items() if key in own}
+        if name == "shards":
+            given["corpus"], given["holdout_fraction"], given["holdout"] = corpus_for_split(
+                "validation", given["corpus"], inputs["shards"]["validation_corpus"], given["holdout_fraction"]
+            )
+        folders = {*step.artifacts, "output"}  # what the step gets from artifacts, not parameters
+        placeholders = {key: f"/placeholder/{key}" for key in own if key in folders or own[key].default is MISSING}
+        try:
+            step.arguments(**{**placeholders, **given})
+        except InvalidParameter as error:
+            renamed = {feeds(parameter).get(name): parameter.name for parameter in parameters}
+            raise InvalidParameter(renamed.get(error.parameter, error.parameter), error.value, error.expected) from None
 
 
 def build_pipeline(
@@ -219,7 +250,10 @@ def build_pipeline(
         validation = step("shards", split="validation", num_parts=1, part=0, tokenizer=tokenizer.outputs["tokenizer"])
         validation.set_display_name("validation shards")
         parts = steps["part_indices"](num_parts=inputs["shards"]["num_parts"]).set_display_name("plan parts")
-        with dsl.ParallelFor(items=parts.output, name="train-parts") as part:
+        # kfp.local runs loop items in threads that share its stdout, which run-local reads step by step; each
+        # shards part uses every core anyway
+        parallelism = 1 if target == "local" else 0
+        with dsl.ParallelFor(items=parts.output, name="train-parts", parallelism=parallelism) as part:
             train_part = step("shards", split="train", part=part, tokenizer=tokenizer.outputs["tokenizer"])
             train_part.set_display_name("train shards part")
         train_shards = steps["merge_shards"](

@@ -31,7 +31,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, hub_token
 from components.lib.jobs import run_job
 from components.lib.results import METRICS_FILE, fill_mask_line
-from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline, pipeline_parameters
+from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline, check_values, pipeline_parameters
 
 # The folder of each artifact inside a run, by task and output name, in the order they are made.
 ARTIFACTS = {
@@ -85,6 +85,7 @@ class LocalRunOptions:
             )
         if self.output_root:
             storage.check_uri("output_root", self.output_root)
+        check_values(self.pipeline_values())  # every step's checks, before the first step runs
 
     def pipeline_values(self) -> dict[str, Any]:
         values = {parameter.name: getattr(self, parameter.name) for parameter in PARAMETERS}
@@ -97,7 +98,7 @@ PARAMETERS = pipeline_parameters(LOCAL_DEFAULTS)
 RunLocalArguments = make_dataclass(
     "RunLocalArguments",
     [
-        (parameter.name, parameter.type, field(default=parameter.default, metadata={"help": parameter.help}))
+        (parameter.name, parameter.type, field(default=parameter.default, metadata=parameter.metadata))
         for parameter in PARAMETERS
     ],
     bases=(LocalRunOptions,),
@@ -267,13 +268,18 @@ def print_summary(summary: dict[str, Any]) -> None:
     lines += [
         "",
         "Evaluation (validation shards):",
-        f"  loss {metrics['loss']:.4f}   perplexity {metrics['perplexity']:.1f} (predicting each masked token by "
-        f"its frequency: {metrics['unigram_perplexity']:.1f})",
+        f"  loss {metrics['loss']:.4f}   perplexity {metrics['perplexity']:.1f}" + unigram_note(metrics),
         f"  masked-token accuracy {metrics['masked_accuracy']:.2%} on {metrics['masked_tokens']:,} masked tokens",
     ]
     for example in summary["fill_mask"]:
         lines += ["", f"Fill-mask: {example['sentence']}", f"  {fill_mask_line(example['predictions'])}"]
     print("\n".join(lines) + "\n", file=sys.stderr)
+
+
+def unigram_note(metrics: dict[str, Any]) -> str:
+    if metrics.get("unigram_perplexity") is None:
+        return ""
+    return f" (predicting each masked token by its frequency: {metrics['unigram_perplexity']:.1f})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -219,14 +219,24 @@ def component_source(step: Step) -> str:
         f"    {name}: {type_name}," if default is MISSING else f"    {name}: {type_name} = {default!r},"
         for name, type_name, default in parameters
     ]
+    lines += [f"){' -> ' + step.returns if step.returns else ''}:", *docstring(step)]
     lines += [
-        f"){' -> ' + step.returns if step.returns else ''}:",
         "    values = dict(locals())",
         f"    from pipelines.steps import {step.runner.__name__}",
         "",
         f"    return {step.runner.__name__}(**values)",
     ]
     return "\n".join(lines) + "\n"
+
+
+def docstring(step: Step) -> list[str]:
+    """The function's docstring: a line on the step, and its fields' help as the "Args:" that KFP turns into
+    the component's input descriptions."""
+    helps = {argument.name: argument.metadata.get("help", "") for argument in fields(step.arguments)}
+    names = [*step.artifacts, *(name for name, _, _ in step.parameters())]
+    described = [f"        {name}: {helps[name]}" for name in names if helps.get(name)]
+    assert not any('"""' in line or "\\" in line for line in described), "help text that breaks the docstring"
+    return [f'    """The {step.name} step: components.{step.name}.', "", "    Args:", *described, '    """']
 
 
 def make_component(step: Step, image: str) -> Any:

@@ -23,6 +23,7 @@ import yaml
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.jobs import run_job
+from pipelines.pipeline import check_values
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -65,6 +66,7 @@ def check_parameters(template: dict[str, Any], values: dict[str, Any]) -> dict[s
             )
     if values.get("hf_token_secret"):
         check_secret_name(values["hf_token_secret"])
+    check_values(values)  # every step's own checks, before a run is created
     return values
 
 

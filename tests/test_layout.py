@@ -2,6 +2,7 @@
 imports no step and no ``pipelines`` module; ``components`` never imports ``pipelines``."""
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,41 +12,58 @@ STEPS = sorted(path for path in (ROOT / "components").glob("*.py") if path.name 
 LIBRARY = sorted((ROOT / "components" / "lib").glob("*.py"))
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module ``path`` imports, at the top or inside a function."""
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, package: str) -> set[str]:
+    """Every module the file at ``path`` (in ``package``) imports, at the top or inside a function, relative
+    imports resolved."""
     modules = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             modules.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            modules.add(node.module)
-            if node.module == "components":  # from components import tokenizer
-                modules.update(f"components.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = (
+                importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                if node.level
+                else node.module
+            )
+            modules.add(module)
+            modules.update(f"{module}.{alias.name}" for alias in node.names)  # from components import train
     return modules
 
 
-def forbidden_imports(path: Path) -> list[str]:
+def forbidden_imports(path: Path, package: str) -> list[str]:
+    """What the file imports against the rule: a step, or ``pipelines``."""
     step_names = {step.stem for step in STEPS}
-    found = []
-    for module in sorted(imported_modules(path)):
+    found = set()
+    for module in imported_modules(path, package):
         parts = module.split(".")
         if parts[0] == "pipelines" or (parts[0] == "components" and len(parts) > 1 and parts[1] in step_names):
-            found.append(module)
-    return found
+            found.add(".".join(parts[:2]))
+    return sorted(found)
 
 
-@pytest.mark.parametrize("path", STEPS + LIBRARY, ids=lambda path: str(path.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path", [*STEPS, *LIBRARY, ROOT / "components" / "__init__.py"], ids=lambda path: str(path.relative_to(ROOT))
+)
 def test_components_import_only_the_library(path):
-    assert forbidden_imports(path) == []
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    assert forbidden_imports(path, package) == []
 
 
 def test_the_rule_catches_a_step_importing_a_step_and_the_library_importing_pipelines(tmp_path):
     step = tmp_path / "push.py"
     step.write_text("from components.train import SUMMARY_FILE\n\ndef f():\n    from components import evaluate\n")
+    relative = tmp_path / "report.py"
+    relative.write_text("from .preflight import check_memory\nfrom .lib import storage\n")
     library = tmp_path / "results.py"
-    library.write_text("import pipelines.pipeline\nfrom components.lib import storage\n")
-    assert forbidden_imports(step) == ["components.evaluate", "components.train"]
-    assert forbidden_imports(library) == ["pipelines.pipeline"]
+    library.write_text("import pipelines.pipeline\nfrom components.lib import storage\nfrom .. import shards\n")
+    assert forbidden_imports(step, "components") == ["components.evaluate", "components.train"]
+    assert forbidden_imports(relative, "components") == ["components.preflight"]
+    assert forbidden_imports(library, "components.lib") == ["components.shards", "pipelines.pipeline"]
 
 
 def test_every_step_runs_as_a_module_and_is_listed_by_the_command_line():

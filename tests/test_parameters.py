@@ -7,10 +7,18 @@ from dataclasses import MISSING, fields
 
 import pytest
 
+from components.lib.errors import InvalidParameter
 from components.lib.estimates import EstimateArguments
 from components.lib.training import TrainingSettings
 from components.merge_shards import MergeArguments
-from pipelines.pipeline import PARAMETER_SOURCES, PipelineSettings, build_pipeline, feeds, pipeline_parameters
+from pipelines.pipeline import (
+    PARAMETER_SOURCES,
+    PipelineSettings,
+    build_pipeline,
+    check_values,
+    feeds,
+    pipeline_parameters,
+)
 from pipelines.run_local import LOCAL_DEFAULTS, RunLocalArguments
 from pipelines.steps import STEPS, component_source, make_component
 
@@ -147,3 +155,34 @@ def test_the_readme_table_of_parameters_is_the_code_s():
 
     readme = (PROJECT_ROOT / "README.md").read_text()
     assert readme == with_table(readme), "the README's parameter table is out of date: run make docs"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"eval_batch_size": 0}, "--eval-batch-size=0: must be a positive whole number"),
+        ({"tpu_price_per_hour": -1.0}, "--tpu-price-per-hour=-1.0: must be 0 (unknown) or positive"),
+        ({"limit": -2}, "--limit=-2: must be a positive number of texts, or 0 for all"),
+        ({"holdout_fraction": 0.0}, "--holdout-fraction=0.0: must be above 0 when no validation corpus is given"),
+        ({"xla": "maybe"}, "--xla='maybe': must be one of ('auto', 'on', 'off')"),
+        ({"max_length": 4}, "--max-length=4: must be from 8 to 8192 tokens"),
+        ({"hub_repo_id": "no-namespace"}, "--hub-repo-id='no-namespace': must be a Hub repository id"),
+        ({"tokenizer_samples": 3}, "--tokenizer-samples=3: is not a parameter of the pipeline"),
+    ],
+)
+def test_every_step_checks_the_pipeline_values_before_any_step_runs(values, message):
+    with pytest.raises(InvalidParameter) as raised:
+        check_values(values)
+    assert str(raised.value).startswith(message)
+
+
+def test_run_local_checks_every_step_before_running_one(tmp_path):
+    with pytest.raises(InvalidParameter, match="--eval-batch-size=0"):
+        RunLocalArguments(pipeline_root=str(tmp_path / "runs"), eval_batch_size=0)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_defaults_and_a_validation_corpus_pass_the_checks():
+    check_values({})
+    check_values({"validation_corpus": "gs://bucket/valid.txt", "holdout_fraction": 0.0})
+    check_values({"hub_repo_id": "me/my-roberta", "hub_private": False})

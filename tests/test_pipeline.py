@@ -66,6 +66,11 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
         assert train_inputs[name] == {"componentInputParameter": name}
     # no nested XLA on the TPU: xla is a parameter whose default (auto) is off, and the TPU path ignores it
     assert train_inputs["xla"] == {"componentInputParameter": "xla"} and parameters["xla"]["defaultValue"] == "auto"
+    # only the final push step pushes: the train step would push every checkpoint with a hub_repo_id
+    assert not {"hub_repo_id", "hub_private", "hf_token_secret", "tpu"} & set(train_inputs)
+    # the evaluation runs on a CPU machine with its own fixed masking seed, whatever the training's settings
+    evaluate_inputs = dag_tasks(spec)["evaluate-step"]["inputs"]["parameters"]
+    assert not {"accelerator", "replicas", "seed"} & set(evaluate_inputs)
     # preflight checks every training setting the train step gets, for this TPU
     preflight_inputs = dag_tasks(spec)["preflight-step"]["inputs"]["parameters"]
     assert preflight_inputs["tpu_type"]["runtimeValue"]["constant"] == tpu_type

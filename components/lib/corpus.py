@@ -95,6 +95,11 @@ class CorpusArguments:
         metadata={"help": "Secret Manager secret holding a Hub token (private hf: datasets, the push); else HF_TOKEN."},
     )
 
+    def __post_init__(self) -> None:
+        if self.limit < 0:
+            raise InvalidParameter("limit", self.limit, "must be a positive number of texts, or 0 for all")
+        self.corpus_spec  # noqa: B018  (its checks: a corpus named, a text column)
+
     @property
     def corpus_spec(self) -> CorpusSpec:
         return CorpusSpec(self.corpus, self.text_column, self.limit or None, self.hf_token_secret)

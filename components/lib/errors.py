@@ -8,6 +8,7 @@ class InvalidParameter(ValueError):
     def __init__(self, parameter: str, value: object, expected: str):
         self.parameter = parameter
         self.value = value
+        self.expected = expected
         flag = "--" + parameter.replace("_", "-")
         super().__init__(f"{flag}={value!r}: {expected}")
 

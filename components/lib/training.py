@@ -87,7 +87,9 @@ class TrainingSettings:
     hub_repo_id: str = field(
         default="", metadata={"help": "Push each checkpoint to this Hub repository (HF_TOKEN); off when empty."}
     )
-    hub_private: bool = field(default=False, metadata={"help": "Create the Hub repository as private."})
+    hub_private: bool = field(
+        default=True, metadata={"help": "Create the checkpoint repository as private (--no_hub_private: public)."}
+    )
     checkpoint_dir: str = field(
         default="",
         metadata={
@@ -120,6 +122,8 @@ class TrainingSettings:
             raise InvalidParameter("learning_rate", self.learning_rate, "must be a positive number (1e-4 is usual)")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise InvalidParameter("warmup_fraction", self.warmup_fraction, "must be at least 0 and below 1")
+        if self.price_per_hour < 0:
+            raise InvalidParameter("price_per_hour", self.price_per_hour, "must be 0 (unknown) or positive")
         if self.weight_decay < 0:
             raise InvalidParameter("weight_decay", self.weight_decay, "must be 0 or positive")
         check_probability(self.mlm_probability)
