@@ -138,19 +138,12 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         "memory": check_memory(arguments, plan.config, plan.manifest["max_length"]),
     }
     if arguments.tpu_type:
-        estimate = estimate_run(
-            EstimateArguments(
-                train_shards=arguments.train_shards,
-                model_config=arguments.model_config,
-                tpu_type=arguments.tpu_type,
-                per_replica_batch_size=arguments.per_replica_batch_size,
-                num_epochs=arguments.num_epochs,
-                max_steps=arguments.max_steps,
-                bf16=arguments.bf16,
-                mlm_probability=arguments.mlm_probability,
-                price_per_hour=arguments.price_per_hour,
-            )
-        )
+        # the estimate's settings that are the training's too (the shards give the data, not the tokenizer)
+        shared = [
+            name for name in EstimateArguments.__dataclass_fields__ if name in TrainingSettings.__dataclass_fields__
+        ]
+        settings = {name: getattr(arguments, name) for name in shared if name != "tokenizer"}
+        estimate = estimate_run(EstimateArguments(tpu_type=arguments.tpu_type, **settings))
         log.info("estimate of the training on the %s:\n%s", arguments.tpu_type, estimate_table(estimate))
         report["estimate"] = {key: estimate[key] for key in ("steps", "tokens", "model_flops", "hours", "cost")}
     if arguments.hub_repo_id:
