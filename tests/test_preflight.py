@@ -171,3 +171,12 @@ def test_preflight_refuses_every_bad_training_setting_the_train_step_refuses(tmp
     if setting in {f.name for f in dataclasses.fields(TrainArguments)}:  # and the train step says the same
         with pytest.raises(InvalidParameter, match=re.escape(message)):
             TrainArguments(**values)
+
+
+def test_preflight_for_a_tpu_estimates_that_run(tmp_path, wikitext_shards):
+    report = preflight(arguments(wikitext_shards, tmp_path / "out", tpu_type="v3-8", price_per_hour=8.0))
+    assert report["replicas"] == 8 and report["global_batch_size"] == 128
+    estimate = report["estimate"]
+    assert estimate["steps"] == report["total_steps"] == 10  # max_steps
+    assert estimate["tokens"] == 10 * 128 * 128
+    assert estimate["cost"] == pytest.approx(estimate["hours"] * 8.0)
