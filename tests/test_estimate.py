@@ -108,7 +108,9 @@ def test_the_estimate_from_a_cpu_run_predicts_its_training_time_within_a_quarter
     # the estimate is of the steps' time: the run's four log windows (the first with the tracing), measured; not
     # the one-off start and the save, which vary with the machine's load (a loaded run took 87 s for 49 s of steps)
     history = summary["history"]
-    windows = [point["step"] - before for point, before in zip(history, [0] + [p["step"] for p in history[:-1]], strict=True)]
+    windows = [
+        point["step"] - before for point, before in zip(history, [0] + [p["step"] for p in history[:-1]], strict=True)
+    ]
     steps_seconds = sum(steps * 16 / point["samples_per_second"] for steps, point in zip(windows, history, strict=True))
     assert predicted == pytest.approx(steps_seconds, rel=0.25)
     assert json.loads((tmp_path / "model" / SUMMARY_FILE).read_text())["history"][-1]["projected_cost"] > 0
