@@ -25,9 +25,9 @@ from components.lib.corpus import CorpusArguments
 from components.lib.errors import InvalidParameter
 from components.lib.training import TrainingSettings
 from components.push import PushArguments
-from components.shards import ShardArguments, corpus_for_split
+from components.shards import ShardArguments
 from components.tokenizer import TokenizerArguments
-from pipelines.steps import STEPS, make_steps
+from pipelines.steps import PARAMETER_TYPES, STEPS, make_steps, split_source, type_name
 
 PIPELINE_NAME = "tpu-mlm-pretraining"
 DEFAULT_CPU_IMAGE = "tpu-mlm-cpu:latest"
@@ -173,9 +173,7 @@ def pipeline_parameters(defaults: dict[str, Any] | None = None) -> list[Pipeline
         default = (defaults or {}).get(name, setting.default)
         if default is MISSING:
             raise TypeError(f"{source.__name__}.{field_name}: a pipeline parameter needs a default")
-        type_ = {"str": str, "int": int, "float": float, "bool": bool}[
-            setting.type if isinstance(setting.type, str) else setting.type.__name__
-        ]
+        type_ = PARAMETER_TYPES[type_name(setting)]
         parameters.append(PipelineParameter(name, source, field_name, type_, default, setting.metadata))
     return parameters
 
@@ -213,10 +211,8 @@ def check_values(values: dict[str, Any]) -> None:
             continue  # no push, nothing to check
         own = {argument.name: argument for argument in fields(step.arguments)}
         given = {key: value for key, value in inputs[name].items() if key in own}
-        if name == "shards":
-            given["corpus"], given["holdout_fraction"], given["holdout"] = corpus_for_split(
-                "validation", given["corpus"], inputs["shards"]["validation_corpus"], given["holdout_fraction"]
-            )
+        if name == "shards":  # the stricter of its two splits
+            given = split_source({**given, "split": "validation"}, inputs["shards"]["validation_corpus"])
         folders = {*step.artifacts, "output"}  # what the step gets from artifacts, not parameters
         placeholders = {key: f"/placeholder/{key}" for key in own if key in folders or own[key].default is MISSING}
         try:

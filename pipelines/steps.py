@@ -16,7 +16,7 @@ an ``inspect.Signature`` attached compiles, but its embedded copy has no paramet
 
 import linecache
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,22 @@ from components.shards import ShardArguments, corpus_for_split, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from components.train import TrainArguments, train
 
-PARAMETER_TYPES = ("str", "int", "float", "bool")  # what a KFP parameter can be
+PARAMETER_TYPES = {"str": str, "int": int, "float": float, "bool": bool}  # what a KFP parameter can be
+
+
+def type_name(argument: Field) -> str:
+    """A dataclass field's type by name (its annotation is a string where the module defers annotations)."""
+    return argument.type if isinstance(argument.type, str) else argument.type.__name__
+
+
+def split_source(settings: dict[str, Any], validation_corpus: str) -> dict[str, Any]:
+    """The shards settings of a pipeline split: its corpus and hold-out (``corpus_for_split``)."""
+    corpus, holdout_fraction, holdout = corpus_for_split(
+        settings["split"], settings["corpus"], validation_corpus, settings["holdout_fraction"]
+    )
+    return {**settings, "corpus": corpus, "holdout_fraction": holdout_fraction, "holdout": holdout}
+
+
 ARTIFACT_TYPES = ("Input", "Output", "Artifact", "Dataset", "Model", "Metrics", "Markdown", "HTML")
 
 
@@ -45,9 +60,7 @@ def run_tokenizer(tokenizer: Any, output_root: str, **settings: Any) -> None:
 
 def run_shards(tokenizer: Any, shards: Any, output_root: str, validation_corpus: str, **settings: Any) -> None:
     shards.uri = storage.relocate(shards.uri, output_root)
-    settings["corpus"], settings["holdout_fraction"], settings["holdout"] = corpus_for_split(
-        settings["split"], settings["corpus"], validation_corpus, settings["holdout_fraction"]
-    )
+    settings = split_source(settings, validation_corpus)
     manifest = write_shards(ShardArguments(output=shards.uri, tokenizer=tokenizer.uri, **settings))
     shards.metadata.update({key: manifest[key] for key in ("split", "num_records", "bytes_read")})
 
@@ -135,13 +148,12 @@ class Step:
         for argument in fields(self.arguments):
             if argument.name in omitted:
                 continue
-            type_name = argument.type if isinstance(argument.type, str) else argument.type.__name__
-            if type_name not in PARAMETER_TYPES:
+            if type_name(argument) not in PARAMETER_TYPES:
                 raise TypeError(
-                    f"{self.arguments.__name__}.{argument.name}: a component parameter is one of {PARAMETER_TYPES}, "
-                    f"not {type_name}"
+                    f"{self.arguments.__name__}.{argument.name}: a component parameter is one of "
+                    f"{tuple(PARAMETER_TYPES)}, not {type_name(argument)}"
                 )
-            parameters.append((argument.name, type_name, argument.default))
+            parameters.append((argument.name, type_name(argument), argument.default))
         return parameters
 
 

@@ -20,7 +20,7 @@ from pipelines.pipeline import (
     pipeline_parameters,
 )
 from pipelines.run_local import LOCAL_DEFAULTS, RunLocalArguments
-from pipelines.steps import STEPS, component_source, make_component
+from pipelines.steps import STEPS, component_source, make_component, type_name
 
 ARGUMENTS = [
     *(step.arguments for step in STEPS.values()),
@@ -52,8 +52,7 @@ def declarations() -> dict[str, list[tuple[type, object, object]]]:
         own = vars(cls).get("__annotations__", {})
         for declared in fields(cls):
             if declared.name in own:
-                type_name = declared.type if isinstance(declared.type, str) else declared.type.__name__
-                found.setdefault(declared.name, []).append((cls, type_name, declared.default))
+                found.setdefault(declared.name, []).append((cls, type_name(declared), declared.default))
     return found
 
 
