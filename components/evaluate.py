@@ -26,6 +26,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, check_probability, max_predictions, unigram_perplexity
 from components.lib.masking import Masking, masked_dataset, naming_corrupt_shards
+from components.lib.pytorch_weights import load_tf_masked_lm
 from components.lib.results import METRICS_FILE, REPORT_FILE, display_token, metrics_table
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import TOKENIZER_FILE, fingerprint
@@ -105,7 +106,7 @@ def fill_mask_examples(model: Any, tokenizer: Any, sentences: list[str], top_k: 
 def load_model(uri: str, local_dir: Path, parameter: str = "model", strategy: Any = None) -> tuple[Any, Any, str]:
     """Model (in ``strategy``'s scope when given), tokenizer and tokenizer fingerprint of a saved model folder
     (local or gs://)."""
-    from transformers import AutoTokenizer, TFAutoModelForMaskedLM
+    from transformers import AutoTokenizer
 
     if not storage.exists(storage.join(uri, "config.json")):
         raise InvalidParameter(parameter, uri, "is not a saved model folder (no config.json in it)")
@@ -113,7 +114,7 @@ def load_model(uri: str, local_dir: Path, parameter: str = "model", strategy: An
     if not (local_dir / TOKENIZER_FILE).exists():
         raise InvalidParameter(parameter, uri, f"holds no tokenizer ({TOKENIZER_FILE}) beside the model")
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        model = TFAutoModelForMaskedLM.from_pretrained(local_dir)
+        model = load_tf_masked_lm(local_dir, parameter, uri)
     tokenizer = AutoTokenizer.from_pretrained(local_dir)
     return model, tokenizer, fingerprint((local_dir / TOKENIZER_FILE).read_bytes())
 

@@ -9,8 +9,9 @@ LayerNorm and biases excluded from decay.
 Checkpoints (model, optimizer state, step) are written every ``--checkpoint_every_steps``; a restarted job
 (Vertex AI restarts preempted TPU jobs) resumes from the last one with the learning-rate schedule intact.
 TensorBoard logs carry loss, learning rate, samples/s, tokens/s and, where the accelerator's peak is known,
-model FLOPs utilization (MFU). The output is a ``save_pretrained`` folder (config, TF weights, tokenizer)
-and ``training_summary.json``, written last.
+model FLOPs utilization (MFU). The output is a ``save_pretrained`` folder (config, TF weights, the same
+weights in PyTorch's layout as ``model.safetensors``, tokenizer) and ``training_summary.json``, written last;
+every checkpoint pushed to the Hub is such a folder too.
 
     python -m components.train --tokenizer /tmp/tok --train_shards /tmp/shards/train --model_config tiny \\
         --per_replica_batch_size 16 --max_steps 200 --output /tmp/model
@@ -38,6 +39,7 @@ from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, masked_lm_loss, max_predictions
 from components.lib.masking import Masking, masked_dataset, naming_corrupt_shards
 from components.lib.modeling import training_flops_per_token
+from components.lib.pytorch_weights import save_model_folder
 from components.lib.results import HISTORY_FILE, SUMMARY_FILE
 from components.lib.training import CHECKPOINT_IDENTITY_FILE, TrainingPlan, TrainingSettings, plan_training
 
@@ -283,7 +285,7 @@ def _at_checkpoint(
     state.manager.save(checkpoint_number=step)
     if pusher is not None:
         staging = Path(tempfile.mkdtemp(prefix="hub-checkpoint-"))
-        _save_pretrained(state.model, plan.tokenizer, staging)  # here: the push runs while training goes on
+        save_model_folder(state.model, plan.tokenizer, staging)  # here: the push runs while training goes on
         pusher.submit(staging, f"Training checkpoint at step {step} of {plan.total_steps}")
     if validation is not None:
         dataset, score = validation
@@ -404,15 +406,10 @@ def _format_point(point: dict[str, float], total_steps: int) -> str:
 def _save_model(model: Any, tokenizer: Any, output: str, summary: dict[str, Any]) -> None:
     """Publishes the ``save_pretrained`` folder with the tokenizer; the summary goes last, marking it done."""
     with tempfile.TemporaryDirectory() as staging:
-        _save_pretrained(model, tokenizer, Path(staging))
+        save_model_folder(model, tokenizer, Path(staging))
         Path(staging, SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
         storage.upload_folder(Path(staging), output, last=[SUMMARY_FILE])
     log.info("saved the model to %s", output)
-
-
-def _save_pretrained(model: Any, tokenizer: Any, folder: Path) -> None:
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,6 +21,7 @@ JOBS = {
     "evaluate": ("components.evaluate", "Loss, perplexity, masked accuracy and fill-mask examples."),
     "report": ("components.report", "The run report: metrics, loss curve, throughput, fill-mask examples (HTML)."),
     "push": ("components.push", "Push model, tokenizer and model card to the Hugging Face Hub."),
+    "export": ("components.export", "Add PyTorch weights (transformers 5) to a model saved with TF weights only."),
 }
 
 

@@ -145,6 +145,7 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
     ("eval_batch_size", EvaluateArguments, "batch_size"),
     ("hub_repo_id", PipelineSettings, "hub_repo_id"),
     ("hub_private", PushArguments, "private"),
+    ("hub_license", PushArguments, "license"),
     ("hf_token_secret", CorpusArguments, "hf_token_secret"),
     ("output_root", PipelineSettings, "output_root"),
 )

@@ -121,7 +121,7 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("per_replica_batch_size", "num_epochs", "max_steps", "learning_rate", "warmup_fraction", "weight_decay"),
         *("mlm_probability", "bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),
         *("checkpoint_every_steps", "log_every_steps", "eval_batches", "accelerator", "replicas"),
-        *("tpu_price_per_hour", "checkpoint_dir", "eval_batch_size", "hub_repo_id", "hub_private"),
+        *("tpu_price_per_hour", "checkpoint_dir", "eval_batch_size", "hub_repo_id", "hub_private", "hub_license"),
         *("hf_token_secret", "output_root"),
     ]
 
@@ -166,6 +166,7 @@ def test_the_readme_table_of_parameters_is_the_code_s():
         ({"xla": "maybe"}, "--xla='maybe': must be one of ('auto', 'on', 'off')"),
         ({"max_length": 4}, "--max-length=4: must be from 8 to 8192 tokens"),
         ({"hub_repo_id": "no-namespace"}, "--hub-repo-id='no-namespace': must be a Hub repository id"),
+        ({"hub_repo_id": "me/m", "hub_license": "Apache 2"}, "--hub-license='Apache 2': must be a Hub license id"),
         ({"tokenizer_samples": 3}, "--tokenizer-samples=3: is not a parameter of the pipeline"),
     ],
 )

@@ -8,6 +8,7 @@ from transformers import pipeline
 
 from components.lib.accelerators import TPU_TYPES
 from components.lib.errors import InvalidParameter
+from components.lib.pytorch_weights import TF_LOADING
 from components.lib.shard_set import gather_parts
 from components.lib.storage import relocate
 from components.shards import ShardArguments, write_shards
@@ -189,7 +190,7 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     assert "masked-token accuracy" in Path(artifacts["evaluation report"]).read_text()
     run_report = Path(artifacts["run report"]).read_text()
     assert "data:image/png;base64," in run_report and f"{metrics['perplexity']:.2f}" in run_report
-    fill = pipeline("fill-mask", model=artifacts["model"], framework="tf", dtype=None)
+    fill = pipeline("fill-mask", model=artifacts["model"], framework="tf", dtype=None, model_kwargs=TF_LOADING)
     assert len(fill("The function returns a <mask> of values.", top_k=3)) == 3
     repo = hub.repos["user/local-run"]
     assert len(repo.commits) == 1 and {"README.md", "tf_model.h5", "tokenizer.json"} <= set(repo.files)

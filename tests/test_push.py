@@ -13,6 +13,7 @@ from transformers import TFAutoModelForMaskedLM, pipeline
 from components.evaluate import EvaluateArguments, evaluate
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, check_secret_name
+from components.lib.pytorch_weights import TF_LOADING
 from components.push import PushArguments
 from components.train import TrainArguments, train
 from pipelines.pipeline import compile_pipeline
@@ -64,13 +65,15 @@ def test_push_uploads_model_tokenizer_and_card_in_one_commit_and_loads_back(tmp_
     card = hub.file("user/tiny-roberta", "README.md").decode()
     metrics = json.loads(Path(evaluation, "metrics.json").read_text())
     assert f"| perplexity | {metrics['perplexity']:.2f} |" in card
-    assert 'pipeline("fill-mask", model="user/tiny-roberta", framework="tf", dtype=None)' in card
+    assert (
+        'pipeline("fill-mask", model="user/tiny-roberta", framework="tf", dtype=None, model_kwargs=TF_LOADING)' in card
+    )
     assert "| learning_rate | 0.0001 |" in card
     assert "- training corpus: `" in card and "valid.txt" in card
 
     folder = snapshot_download("user/tiny-roberta", token=HUB_TOKEN, endpoint=hub.url, cache_dir=str(tmp_path))
-    assert TFAutoModelForMaskedLM.from_pretrained(folder).config.vocab_size == 5000
-    fill = pipeline("fill-mask", model=folder, framework="tf", dtype=None)
+    assert TFAutoModelForMaskedLM.from_pretrained(folder, **TF_LOADING).config.vocab_size == 5000
+    fill = pipeline("fill-mask", model=folder, framework="tf", dtype=None, model_kwargs=TF_LOADING)
     assert len(fill("The game was <mask> in 2010 .", top_k=2)) == 2
 
     again = push(hub, model, evaluation, "--repo_id", "user/tiny-roberta", "--private")

@@ -18,6 +18,7 @@ from components.lib import storage
 from components.lib.accelerators import select_strategy
 from components.lib.errors import InvalidParameter
 from components.lib.modeling import PRESETS, model_config
+from components.lib.pytorch_weights import TF_LOADING
 from components.lib.results import SUMMARY_FILE
 from components.lib.shard_set import read_manifest
 from components.report import ReportArguments, write_report
@@ -75,7 +76,7 @@ def test_summary_history_tensorboard_and_mfu(trained):
     assert summary["total_steps"] == 150 and summary["resumed_from_step"] == 0
     assert [point["step"] for point in summary["history"]] == list(range(10, 151, 10))
     assert summary["samples"] == 150 * 16 and summary["tokens"] == 150 * 16 * 128
-    model = TFAutoModelForMaskedLM.from_pretrained(model_dir)
+    model = TFAutoModelForMaskedLM.from_pretrained(model_dir, **TF_LOADING)
     model(model.dummy_inputs)
     # the parameters the model has, counted from its variables (the summary counts them from the config)
     assert summary["num_parameters"] == sum(int(np.prod(variable.shape)) for variable in model.trainable_variables)
@@ -100,11 +101,11 @@ def test_summary_history_tensorboard_and_mfu(trained):
 @pytest.mark.slow
 def test_the_output_loads_in_the_fill_mask_pipeline(trained, wikitext_shards):
     model_dir, _ = trained
-    model = TFAutoModelForMaskedLM.from_pretrained(model_dir)
+    model = TFAutoModelForMaskedLM.from_pretrained(model_dir, **TF_LOADING)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     assert model.config.vocab_size == len(tokenizer)
     assert (model.config.pad_token_id, model.config.bos_token_id, model.config.eos_token_id) == (1, 0, 2)
-    fill = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None)
+    fill = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None, model_kwargs=TF_LOADING)
     predictions = fill(f"The game was released in {tokenizer.mask_token} .", top_k=3)
     assert len(predictions) == 3
     assert all(p["token_str"] in p["sequence"] for p in predictions)

@@ -142,7 +142,7 @@ class Corpus:
             self.total_bytes = sum(len(line.encode("utf-8")) + 1 for line in embedded_lines())
         elif source.startswith(HUB_PREFIX):
             self.kind = "hub"
-            self._hub_args = _parse_hub_name(source)
+            self._hub_args = parse_hub_name(source)
         else:
             self.kind = "files"
             self.files = _resolve_files(source)
@@ -338,7 +338,7 @@ def embedded_lines() -> list[str]:
     return [line for key in sorted(topics) for line in topics[key].splitlines()]
 
 
-def _parse_hub_name(source: str) -> tuple[str, str | None, str]:
+def parse_hub_name(source: str) -> tuple[str, str | None, str]:
     parts = source[len(HUB_PREFIX) :].split(":")
     if not parts[0] or len(parts) > 3 or any(not part for part in parts):
         raise InvalidParameter("corpus", source, "a Hub dataset is written hf:NAME[:CONFIG[:SPLIT]]")

@@ -124,6 +124,27 @@ def push_folder(
     return commit
 
 
+def download_repo(parameter: str, repo_id: str, folder: Path, token: str, retries: int = DEFAULT_RETRIES) -> Path:
+    """The files of the model repository ``repo_id`` in ``folder``; a repository that does not exist, or that
+    the token may not read, is refused naming ``parameter``."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    check_repo_id(parameter, repo_id)
+    try:
+        with_retries(
+            lambda: snapshot_download(repo_id, token=token or None, local_dir=folder),
+            f"downloading the Hub repository {repo_id}",
+            retries,
+        )
+    except (RepositoryNotFoundError, GatedRepoError) as error:
+        reason = "a token in HF_TOKEN that may read it" if not token else "a token that may read it"
+        raise InvalidParameter(
+            parameter, f"hf:{repo_id}", f"no such Hub model repository, or it needs {reason}"
+        ) from error
+    return folder
+
+
 class BackgroundPush:
     """Pushes folders to a Hub repository from a background thread while training goes on: at most one push
     in flight (the next one waits for it, so commits keep their order), each folder deleted once pushed. A

@@ -1,0 +1,123 @@
+"""Add PyTorch weights to a model saved with TF weights only, so transformers 5 and the PyTorch tools load it.
+
+Models trained before the project wrote ``model.safetensors`` hold ``tf_model.h5`` alone. This job reads
+such a model, a local or ``gs://`` folder or a Hub repository (``hf:namespace/name``), converts its weights
+into PyTorch's names and layouts (numpy only, no torch), makes its config name the PyTorch class and its
+model card's usage section the current one, and writes the whole model to ``--output``: a folder (the same
+one is fine) or a Hub repository, in one commit. Running it again writes the same bytes, and makes no new
+Hub commit. A Hub repository is read with ``HF_TOKEN`` when set; writing to one needs it (or
+``--hf_token_secret``).
+
+    python -m components.export --model gs://bucket/run/model --output hf:me/my-roberta
+    python -m components.export --model hf:me/old-roberta --output hf:me/old-roberta
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.lib import storage
+from components.lib.corpus import HUB_PREFIX
+from components.lib.errors import InvalidParameter
+from components.lib.hub import (
+    DEFAULT_RETRIES,
+    check_repo_id,
+    check_secret_name,
+    create_repo,
+    download_repo,
+    hub_token,
+    push_folder,
+)
+from components.lib.jobs import run_job
+from components.lib.model_card import CARD_FILE, USAGE_HEADING, usage_section
+from components.lib.pytorch_weights import add_pytorch_weights
+from components.lib.results import SUMMARY_FILE
+
+
+@dataclass
+class ExportArguments:
+    model: str = field(metadata={"help": "Model folder (local or gs://) or Hub repository hf:namespace/name."})
+    output: str = field(metadata={"help": "Folder (local or gs://; the model's own is fine) or hf:namespace/name."})
+    private: bool = field(
+        default=True, metadata={"help": "Create a new output repository as private (--no_private: public)."}
+    )
+    hf_token_secret: str = field(
+        default="", metadata={"help": "Secret Manager secret holding the token; else HF_TOKEN is used."}
+    )
+    commit_message: str = field(default="Add PyTorch weights (model.safetensors) for transformers 5")
+    retries: int = field(
+        default=DEFAULT_RETRIES, metadata={"help": "Tries again after transient Hub errors (1, 2, 4 ... s apart)."}
+    )
+
+    def __post_init__(self) -> None:
+        for parameter in ("model", "output"):
+            location = getattr(self, parameter)
+            if location.startswith(HUB_PREFIX):
+                check_repo_id(parameter, location.removeprefix(HUB_PREFIX))
+            else:
+                storage.check_uri(parameter, location)
+        if not 0 <= self.retries <= 10:
+            raise InvalidParameter("retries", self.retries, "must be from 0 to 10")
+        if self.hf_token_secret:
+            check_secret_name(self.hf_token_secret)
+
+
+def export(arguments: ExportArguments) -> dict[str, Any]:
+    """Reads the model, adds its PyTorch weights and writes it to the output; returns what was written."""
+    to_hub = arguments.output.startswith(HUB_PREFIX)
+    output_repo = arguments.output.removeprefix(HUB_PREFIX)
+    token = hub_token("output", output_repo, arguments.hf_token_secret) if to_hub else _read_token(arguments)
+    with tempfile.TemporaryDirectory() as staging:
+        folder = _fetch(arguments.model, Path(staging, "model"), token, arguments.retries)
+        written = add_pytorch_weights(folder, "model", arguments.model)
+        # the card's code names the repository it describes: the output's, else the source's
+        _update_card(folder, output_repo if to_hub else arguments.model.removeprefix(HUB_PREFIX))
+        result: dict[str, Any] = {"model": arguments.model, "output": arguments.output, "weights": written}
+        if to_hub:
+            create_repo(output_repo, token, arguments.private, arguments.retries)
+            commit = push_folder(folder, output_repo, token, arguments.commit_message, retries=arguments.retries)
+            result.update(commit=commit.oid, commit_url=commit.commit_url)
+        else:
+            storage.upload_folder(folder, arguments.output, last=[SUMMARY_FILE])
+    return result
+
+
+def _read_token(arguments: ExportArguments) -> str:
+    """The token for reading a Hub repository, when one is at hand: private repositories need it."""
+    if arguments.hf_token_secret:
+        return hub_token("model", arguments.model, arguments.hf_token_secret)
+    return os.environ.get("HF_TOKEN", "").strip()
+
+
+def _fetch(model: str, folder: Path, token: str, retries: int) -> Path:
+    """A local copy of the model's files, from its folder or its Hub repository."""
+    if model.startswith(HUB_PREFIX):
+        return download_repo("model", model.removeprefix(HUB_PREFIX), folder, token, retries)
+    if not storage.exists(storage.join(model, "config.json")):
+        raise InvalidParameter("model", model, "is not a saved model folder (no config.json in it)")
+    return storage.download_folder(model, folder)
+
+
+def _update_card(folder: Path, name: str) -> None:
+    """The model card's usage section made the current one (an older card's TF snippet would now load
+    ``model.safetensors`` and fail); a card of another layout gets the section added at its end."""
+    card = folder / CARD_FILE
+    if not card.exists():
+        return
+    text = card.read_text()
+    kept = text.split(USAGE_HEADING)[0].rstrip("\n")
+    card.write_text(kept + "\n\n" + "\n".join(usage_section(name)) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(ExportArguments, export, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The model card a pushed model's repository gets as its README.md: the metadata Hub users filter by, what was
+trained on what and how, the evaluation, and how to use the model, transformers 5 (PyTorch) first.
+
+The usage section's code blocks run as they are (the tests run each in its environment against a Hub stand-in).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.lib.corpus import HUB_PREFIX, parse_hub_name
+from components.lib.results import loss_summary, metrics_table
+
+CARD_FILE = "README.md"
+USAGE_HEADING = "## How to use"
+
+
+def model_card(
+    repo_id: str, summary: dict[str, Any], config: dict[str, Any], metrics: dict | None, license_id: str = ""
+) -> str:
+    """The repository's README.md: metadata the Hub filters by, what was trained on what, how, with which
+    results, and how to use it: transformers 5 (PyTorch) first, then TF with the transformers 4.57 it needs."""
+    from huggingface_hub import ModelCardData
+
+    train_arguments = summary["arguments"]
+    hyperparameters = {key: train_arguments[key] for key in CARD_HYPERPARAMETERS}
+    hyperparameters.update(global_batch_size=summary["global_batch_size"], total_steps=summary["total_steps"])
+    source = summary["corpus"]["source"]
+    metadata = ModelCardData(
+        library_name="transformers",
+        pipeline_tag="fill-mask",
+        license=license_id or None,
+        datasets=[hub_dataset_name(source)] if source.startswith(HUB_PREFIX) else None,
+        tags=["roberta", "masked-language-modeling", "safetensors", "pytorch", "tensorflow", "tpu-mlm-pipeline"],
+    )
+    lines = [
+        "---",
+        metadata.to_yaml(),
+        "---",
+        "",
+        f"# {repo_id.split('/')[-1]}",
+        "",
+        f"A {config.get('model_type', 'roberta')} masked language model pre-trained from scratch with "
+        "tpu-mlm-pipeline (Kubeflow Pipelines on Vertex AI, TensorFlow on TPUs). The repository holds the weights "
+        "twice: `model.safetensors` for PyTorch (transformers 5, sentence-transformers, ONNX exporters) and "
+        "`tf_model.h5` for TensorFlow; they are the same float32 numbers.",
+        "",
+        "## Model",
+        "",
+        f"- hidden size {config['hidden_size']}, {config['num_hidden_layers']} layers, "
+        f"{config['num_attention_heads']} attention heads, intermediate size {config['intermediate_size']}",
+        f"- {summary['num_parameters']:,} parameters, vocabulary of {config['vocab_size']:,} Unigram pieces",
+        f"- tokenizer fingerprint `{summary['tokenizer_fingerprint']}`",
+        f"- license: {license_id or 'not stated by the publisher'}",
+        "",
+        "## Training",
+        "",
+        f"- {summary['total_steps']:,} steps, {summary['samples']:,} samples, {summary['tokens']:,} tokens on "
+        f"{summary['replicas']} {summary['accelerator'].upper()} replica(s)",
+        f"- training corpus: `{source}` (shards `{train_arguments['train_shards']}`)",
+        f"- training loss: {loss_summary(summary)}",
+        "",
+        "| hyperparameter | value |",
+        "|---|---|",
+        *[f"| {key} | {value} |" for key, value in hyperparameters.items()],
+    ]
+    if metrics:
+        lines += ["", f"## Evaluation on `{metrics['split']}`", "", *metrics_table(metrics)]
+    lines += ["", *usage_section(repo_id)]
+    return "\n".join(lines) + "\n"
+
+
+CARD_HYPERPARAMETERS = (
+    "model_config",
+    "per_replica_batch_size",
+    "learning_rate",
+    "warmup_fraction",
+    "weight_decay",
+    "mlm_probability",
+    "bf16",
+    "seed",
+)
+# The card's code: each block runs as it is, in its own environment (the tests run them against a Hub stand-in).
+PYTORCH_FILL_MASK = """from transformers import pipeline
+
+fill = pipeline("fill-mask", model="{repo_id}")
+print(fill("The history of the <mask> begins in the early twentieth century."))"""
+PYTORCH_EMBEDDINGS = """import torch
+from transformers import AutoModel, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}")
+model = AutoModel.from_pretrained("{repo_id}", add_pooling_layer=False)  # the encoder; MLM training has no pooler
+batch = tokenizer(["A first sentence.", "And a second, longer one."], padding=True, return_tensors="pt")
+with torch.no_grad():
+    hidden = model(**batch).last_hidden_state
+mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+embeddings = (hidden * mask).sum(dim=1) / mask.sum(dim=1)  # mean over the real tokens: one vector a sentence
+print(embeddings.shape)"""
+TF_FILL_MASK = """import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"  # transformers' TF models need Keras 2 (tf-keras)
+from transformers import pipeline
+
+# use_safetensors=False: model.safetensors holds the PyTorch weights, which transformers 4.57's TF loading cannot
+# read; dtype=None: its default dtype is looked up on torch, which a TF-only setup lacks
+fill = pipeline(
+    "fill-mask", model="{repo_id}", framework="tf", dtype=None, model_kwargs={{"use_safetensors": False}}
+)
+print(fill("The history of the <mask> begins in the early twentieth century."))"""
+
+
+def hub_dataset_name(source: str) -> str:
+    """The Hub dataset an ``hf:NAME[:CONFIG[:SPLIT]]`` corpus names, as the card's ``datasets`` lists it."""
+    return parse_hub_name(source)[0]
+
+
+def usage_section(repo_id: str) -> list[str]:
+    def block(code: str) -> list[str]:
+        return ["```python", code.format(repo_id=repo_id), "```"]
+
+    return [
+        USAGE_HEADING,
+        "",
+        "With transformers 5 and PyTorch (`pip install transformers torch`). A private repository needs a token "
+        "first (`hf auth login`, or `HF_TOKEN`).",
+        "",
+        *block(PYTORCH_FILL_MASK),
+        "",
+        "Sentence embeddings (mean pooling of the encoder's last hidden states; a pre-trained encoder's embeddings "
+        "are a starting point for fine-tuning, for example with sentence-transformers, more than an end):",
+        "",
+        *block(PYTORCH_EMBEDDINGS),
+        "",
+        "With TensorFlow, which only transformers 4.57 and older have "
+        "(`pip install transformers==4.57.6 tensorflow==2.20.0 tf-keras==2.20.1`):",
+        "",
+        *block(TF_FILL_MASK),
+    ]
