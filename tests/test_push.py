@@ -8,11 +8,13 @@ import pytest
 import yaml
 from conftest import HUB_TOKEN, PROJECT_ROOT
 from huggingface_hub import snapshot_download
-from transformers import TFAutoModelForMaskedLM, pipeline
+from pytorch_env import pytorch_python, run_pytorch
+from transformers import TFAutoModelForMaskedLM
 
 from components.evaluate import EvaluateArguments, evaluate
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, check_secret_name
+from components.lib.model_card import CARD_HYPERPARAMETERS, USAGE_HEADING, model_card
 from components.lib.pytorch_weights import TF_LOADING
 from components.push import PushArguments
 from components.train import TrainArguments, train
@@ -59,25 +61,60 @@ def test_push_uploads_model_tokenizer_and_card_in_one_commit_and_loads_back(tmp_
     assert HUB_TOKEN not in result.stdout + result.stderr
     repo = hub.repos["user/tiny-roberta"]
     assert repo.private and len(repo.commits) == 1
-    assert {"README.md", "config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json"} <= set(repo.files)
+    expected = {
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "tf_model.h5",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
+    assert expected <= set(repo.files)
     assert not any(name.startswith(("checkpoints", "logs")) for name in repo.files)
 
     card = hub.file("user/tiny-roberta", "README.md").decode()
     metrics = json.loads(Path(evaluation, "metrics.json").read_text())
     assert f"| perplexity | {metrics['perplexity']:.2f} |" in card
-    assert (
-        'pipeline("fill-mask", model="user/tiny-roberta", framework="tf", dtype=None, model_kwargs=TF_LOADING)' in card
-    )
     assert "| learning_rate | 0.0001 |" in card
     assert "- training corpus: `" in card and "valid.txt" in card
+    assert "https://github.com/" not in card
+    metadata = yaml.safe_load(card.split("---\n")[1])
+    assert metadata["library_name"] == "transformers" and metadata["pipeline_tag"] == "fill-mask"
+    assert "license" not in metadata and "datasets" not in metadata  # none set, and a file corpus is no Hub dataset
 
     folder = snapshot_download("user/tiny-roberta", token=HUB_TOKEN, endpoint=hub.url, cache_dir=str(tmp_path))
     assert TFAutoModelForMaskedLM.from_pretrained(folder, **TF_LOADING).config.vocab_size == 5000
-    fill = pipeline("fill-mask", model=folder, framework="tf", dtype=None, model_kwargs=TF_LOADING)
-    assert len(fill("The game was <mask> in 2010 .", top_k=2)) == 2
+    # transformers 5 straight from the Hub (the stand-in), every weight in place
+    answer = run_pytorch(
+        {"model": "user/tiny-roberta", "sentences": ["The game was <mask> in 2010 ."], "top_k": 2}, hub.env
+    )
+    assert answer["loading"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
+    assert len(answer["fill_mask"][0]) == 2
 
     again = push(hub, model, evaluation, "--repo_id", "user/tiny-roberta", "--private")
     assert again.returncode == 0 and len(repo.commits) == 1, "unchanged content made a new commit"
+
+
+@pytest.mark.slow
+def test_the_model_card_s_code_runs_as_it_is_against_the_hub(hub, model_and_evaluation):
+    """Each block of the card's usage section, copied as a user would: PyTorch ones under transformers 5, the TF
+    one here (transformers 4.57); all read the pushed repository from the Hub stand-in."""
+    model, evaluation = model_and_evaluation
+    assert push(hub, model, evaluation, "--repo_id", "user/card").returncode == 0
+    card = hub.file("user/card", "README.md").decode()
+    usage = card.split(USAGE_HEADING)[1]
+    blocks = re.findall(r"```python\n(.*?)```", usage, flags=re.DOTALL)
+    assert len(blocks) == 3
+    pytorch_fill, embeddings, tf_fill = blocks
+    assert "'token_str'" in ran_output(pytorch_fill, pytorch_python(), hub.env)
+    assert "torch.Size([2, 64])" in ran_output(embeddings, pytorch_python(), hub.env)
+    assert "'token_str'" in ran_output(tf_fill, sys.executable, hub.env)
+
+
+def ran_output(code: str, python, env: dict) -> str:
+    ran = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    return ran.stdout
 
 
 @pytest.mark.slow
@@ -144,3 +181,22 @@ def test_no_secret_value_lands_in_the_compiled_pipeline(tmp_path, monkeypatch):
         assert parameters["hf_token_secret"]["defaultValue"] == ""
         secrets = [name for name in parameters if "token" in name.replace("tokenizer", "")]
         assert secrets == ["hf_token_secret"]
+
+
+def test_the_card_s_metadata_names_the_license_and_a_hub_corpus():
+    summary = {
+        "arguments": {key: 1 for key in CARD_HYPERPARAMETERS} | {"train_shards": "gs://b/shards"},
+        "corpus": {"source": "hf:wikitext:wikitext-103-raw-v1"},
+        **{"global_batch_size": 2048, "total_steps": 650, "samples": 1, "tokens": 128, "replicas": 8},
+        **{"accelerator": "tpu", "num_parameters": 1, "tokenizer_fingerprint": "sha256:0"},
+        **{"first_loss": 9.0, "last_loss": 2.0, "history": [{"step": 1}, {"step": 650}], "steps_this_run": 650},
+    }
+    config = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+    card = model_card("me/roberta", summary, {**config, "vocab_size": 25000}, None, "apache-2.0")
+    metadata = yaml.safe_load(card.split("---\n")[1])
+    assert metadata["license"] == "apache-2.0" and metadata["datasets"] == ["wikitext"]
+    assert {"pytorch", "tensorflow", "safetensors"} <= set(metadata["tags"])
+    assert "- license: apache-2.0" in card
+    assert card.index('pipeline("fill-mask", model="me/roberta")') < card.index('framework="tf"')  # PyTorch first
+    with pytest.raises(InvalidParameter, match=r"--license='Apache 2\.0': must be a Hub license id"):
+        PushArguments(model="/tmp/m", repo_id="me/m", license="Apache 2.0")
