@@ -72,7 +72,7 @@ def export(arguments: ExportArguments) -> dict[str, Any]:
     """Reads the model, adds its PyTorch weights and writes it to the output; returns what was written."""
     to_hub = arguments.output.startswith(HUB_PREFIX)
     output_repo = arguments.output.removeprefix(HUB_PREFIX)
-    token = hub_token("output", output_repo, arguments.hf_token_secret) if to_hub else _read_token(arguments)
+    token = hub_token("output", arguments.output, arguments.hf_token_secret) if to_hub else _read_token(arguments)
     with tempfile.TemporaryDirectory() as staging:
         folder = _fetch(arguments.model, Path(staging, "model"), token, arguments.retries)
         written = add_pytorch_weights(folder, "model", arguments.model)

@@ -90,14 +90,15 @@ def wikitext_tokenizer(tmp_path_factory: pytest.TempPathFactory, wikitext: Path)
     return output
 
 
-def run_module(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    """Runs ``python -m module args`` as the containers do, from the project root."""
+def run_module(module: str, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """Runs ``python -m module args`` as the containers do, from the project root, in this process's environment
+    or ``env``."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        env={**(env or os.environ), "PYTHONPATH": str(PROJECT_ROOT)},
         **kwargs,
     )
 

@@ -192,6 +192,24 @@ CASES = {
         "--hf-token-secret='hf_abc123': must be a Secret Manager name: projects/PROJECT/secrets/NAME[/versions/V]",
         hub_token=HUB_TOKEN,
     ),
+    # exporting a model trained before the PyTorch weights
+    "a model folder without TF weights": Case(
+        "export",
+        "--model {no_tf_weights} --output {out}",
+        "--model='…': holds no TF model weights (tf_model.h5)",
+    ),
+    "a Hub model repository that does not exist": Case(
+        "export",
+        "--model hf:user/missing --output {out}",
+        "--model='hf:user/missing': no such Hub model repository, or it needs a token that may read it",
+        hub_token=HUB_TOKEN,
+    ),
+    "an export to the Hub without a token": Case(
+        "export",
+        "--model {no_tf_weights} --output hf:user/model",
+        "--output='hf:user/model': a Hub push needs a write token in HF_TOKEN, which is not set",
+        hub_token="",
+    ),
     # the pipeline: compiling, submitting, running locally
     "an unknown TPU type": Case(
         "compile",
@@ -261,7 +279,11 @@ def inputs(tmp_path_factory, embedded_tokenizer) -> dict[str, str]:
     other_tokenizer = str(root / "other-tokenizer")
     train_tokenizer(TokenizerArguments(output=other_tokenizer, vocab_size=1000))
     template = compile_pipeline(str(root / "pipeline.yaml"), target="vertex", tpu_image="tpu:1")
+    no_tf_weights = root / "no-tf-weights"  # a model folder without its weights
+    no_tf_weights.mkdir()
+    (no_tf_weights / "config.json").write_text('{"model_type": "roberta"}')
     return {
+        "no_tf_weights": str(no_tf_weights),
         "data": str(data),
         "tokenizer": embedded_tokenizer,
         "other_tokenizer": other_tokenizer,

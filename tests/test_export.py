@@ -1,0 +1,105 @@
+"""tpu-mlm export: a model saved with TF weights only (as the project saved them before) gets the PyTorch weights
+the train step now writes, from a folder, a bucket or a Hub repository, into a folder or a Hub repository."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import HUB_TOKEN, run_module
+from huggingface_hub import HfApi
+from pytorch_env import run_pytorch
+
+from components.lib import storage
+from components.lib.model_card import USAGE_HEADING
+from components.lib.pytorch_weights import WEIGHTS_FILE
+from components.train import TrainArguments, train
+
+OLD_CARD = """---
+library_name: transformers
+---
+
+# old-roberta
+
+Trained long ago.
+
+## How to use
+
+```python
+fill = pipeline("fill-mask", model="user/old-roberta", framework="tf", dtype=None)
+```
+"""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, embedded_shards) -> dict[str, Path]:
+    """The train step's model folder, and the same folder as the project saved it before: TF weights only."""
+    root = tmp_path_factory.mktemp("export")
+    train(
+        TrainArguments(
+            tokenizer=embedded_shards["tokenizer"],
+            train_shards=embedded_shards["train"],
+            output=str(root / "model"),
+            model_config="tiny",
+            per_replica_batch_size=8,
+            max_steps=5,
+            accelerator="cpu",
+        )
+    )
+    shutil.copytree(root / "model", root / "tf-only", ignore=shutil.ignore_patterns("checkpoints", "logs"))
+    (root / "tf-only" / WEIGHTS_FILE).unlink()
+    return {"model": root / "model", "tf-only": root / "tf-only"}
+
+
+def export(*args: str, env: dict | None = None):
+    """Runs the job as a user would, in this process's environment or ``env`` (a Hub stand-in's)."""
+    result = run_module("components.export", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.mark.slow
+def test_a_tf_only_folder_gets_the_weights_the_train_step_writes_and_a_rerun_changes_nothing(tmp_path, models):
+    output = tmp_path / "exported"
+    export("--model", str(models["tf-only"]), "--output", str(output))
+    assert (output / WEIGHTS_FILE).read_bytes() == (models["model"] / WEIGHTS_FILE).read_bytes()
+    assert {p.name for p in models["tf-only"].iterdir()} | {WEIGHTS_FILE} == {p.name for p in output.iterdir()}
+    before = {p.name: p.read_bytes() for p in output.iterdir()}
+    export("--model", str(output), "--output", str(output))  # in place, again
+    assert {p.name: p.read_bytes() for p in output.iterdir()} == before
+    answer = run_pytorch({"model": str(output)})
+    assert answer["loading"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
+
+
+@pytest.mark.slow
+def test_a_hub_repository_is_exported_in_place_in_one_commit_its_card_made_current(tmp_path, hub, models, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)  # the commit URLs this process parses
+    api = HfApi(endpoint=hub.url, token=HUB_TOKEN)
+    api.create_repo("user/old-roberta", private=True)
+    (tmp_path / "README.md").write_text(OLD_CARD)
+    api.upload_folder(repo_id="user/old-roberta", folder_path=models["tf-only"])
+    api.upload_file(repo_id="user/old-roberta", path_or_fileobj=str(tmp_path / "README.md"), path_in_repo="README.md")
+    repo = hub.repos["user/old-roberta"]
+    assert WEIGHTS_FILE not in repo.files and len(repo.commits) == 2
+
+    export("--model", "hf:user/old-roberta", "--output", "hf:user/old-roberta", env=hub.env)
+    assert len(repo.commits) == 3
+    assert hub.file("user/old-roberta", WEIGHTS_FILE) == (models["model"] / WEIGHTS_FILE).read_bytes()
+    card = hub.file("user/old-roberta", "README.md").decode()
+    assert card.startswith(OLD_CARD.split(USAGE_HEADING)[0]) and card.count(USAGE_HEADING) == 1
+    assert 'pipeline("fill-mask", model="user/old-roberta")' in card and '"use_safetensors": False' in card
+
+    export("--model", "hf:user/old-roberta", "--output", "hf:user/old-roberta", env=hub.env)
+    assert len(repo.commits) == 3, "an export of an exported repository made a new commit"
+    answer = run_pytorch({"model": "user/old-roberta"}, hub.env)
+    assert answer["loading"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
+
+
+@pytest.mark.slow
+def test_a_bucket_folder_is_exported_to_a_new_hub_repository(gcs, hub, models):
+    storage.upload_folder(models["tf-only"], gcs + "/model")
+    export("--model", gcs + "/model", "--output", "hf:user/from-bucket", "--no_private", env=hub.env)  # gcs's too
+    repo = hub.repos["user/from-bucket"]
+    assert not repo.private and len(repo.commits) == 1
+    assert hub.file("user/from-bucket", WEIGHTS_FILE) == (models["model"] / WEIGHTS_FILE).read_bytes()
