@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import run_module
+from pytorch_env import run_pytorch
 from transformers import pipeline
 
 from components.lib.accelerators import TPU_TYPES
@@ -192,8 +193,12 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     assert "data:image/png;base64," in run_report and f"{metrics['perplexity']:.2f}" in run_report
     fill = pipeline("fill-mask", model=artifacts["model"], framework="tf", dtype=None, model_kwargs=TF_LOADING)
     assert len(fill("The function returns a <mask> of values.", top_k=3)) == 3
+    # the model folder loads in transformers 5 (PyTorch) as it is
+    answer = run_pytorch({"model": artifacts["model"]})
+    assert answer["loading"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
     repo = hub.repos["user/local-run"]
-    assert len(repo.commits) == 1 and {"README.md", "tf_model.h5", "tokenizer.json"} <= set(repo.files)
+    assert len(repo.commits) == 1
+    assert {"README.md", "model.safetensors", "tf_model.h5", "tokenizer.json"} <= set(repo.files)
     assert hub.file("user/local-run", "tf_model.h5") == Path(artifacts["model"], "tf_model.h5").read_bytes()
     assert f"{metrics['perplexity']:.2f}" in hub.file("user/local-run", "README.md").decode()
     # the unigram baseline: the training shards count every token they hold, and the model card shows it

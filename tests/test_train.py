@@ -406,6 +406,8 @@ def test_checkpoints_sync_to_the_hub_through_the_real_client(tmp_path, wikitext_
         "Training checkpoint at step 20 of 20",
     ]
     assert {"config.json", "tf_model.h5", "tokenizer.json"} <= set(repo.files)
+    assert all("model.safetensors" in commit["files"] for commit in repo.commits)  # PyTorch weights at every one
+    assert hub.file("user/tiny-checkpoints", "model.safetensors") == (tmp_path / "m" / "model.safetensors").read_bytes()
     folder = snapshot_download(
         "user/tiny-checkpoints", token=hub.env["HF_TOKEN"], endpoint=hub.url, cache_dir=str(tmp_path / "cache")
     )
