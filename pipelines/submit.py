@@ -39,7 +39,13 @@ class SubmitArguments:
     parameters: str = field(default="{}", metadata={"help": "Pipeline parameter values as a JSON object."})
     labels: str = field(default="", metadata={"help": "Run labels, key=value,key=value."})
     display_name: str = field(default="tpu-mlm-pretraining", metadata={"help": "Name of the run."})
-    enable_caching: bool = field(default=True, metadata={"help": "Reuse the results of unchanged steps."})
+    enable_caching: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Unset: each step as compiled (tokenizer, shards, evaluation and report reuse unchanged results; "
+            "preflight, training and the push always run). true: every step reuses; false: none does."
+        },
+    )
     dry_run: bool = field(
         default=False, metadata={"help": "Print the job, and an estimate of the TPU run, instead of submitting it."}
     )
@@ -98,12 +104,14 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
         raise InvalidParameter("parameters", arguments.parameters, "must be a JSON object of name: value")
     template = yaml.safe_load(Path(arguments.template).read_text())
     check_parameters(template, values)
+    # only when asked: aiplatform's enable_caching overrides every task's compiled setting, training's included
+    caching = {} if arguments.enable_caching is None else {"enable_caching": arguments.enable_caching}
     return aiplatform.PipelineJob(
         display_name=arguments.display_name,
         template_path=arguments.template,
         pipeline_root=arguments.pipeline_root,
         parameter_values=values,
-        enable_caching=arguments.enable_caching,
+        **caching,
         labels=parse_labels(arguments.labels),
         project=arguments.project,
         location=arguments.region,

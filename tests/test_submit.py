@@ -43,8 +43,8 @@ def arguments(template_path, **overrides) -> SubmitArguments:
     return SubmitArguments(**{**values, **overrides})
 
 
-def test_submit_sends_one_request_with_template_root_parameters_and_service_account(template, monkeypatch, gcs):
-    sent = []
+def fake_create_pipeline_job(sent: list):
+    """Vertex AI's API call, intercepted at the client: the request is kept, nothing is sent."""
 
     def create_pipeline_job(self, request=None, *, parent=None, pipeline_job=None, pipeline_job_id=None, **_):
         sent.append({"parent": parent, "job": pipeline_job, "id": pipeline_job_id})
@@ -52,7 +52,12 @@ def test_submit_sends_one_request_with_template_root_parameters_and_service_acco
             name=f"{parent}/pipelineJobs/{pipeline_job_id}", display_name=pipeline_job.display_name
         )
 
-    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", create_pipeline_job)
+    return create_pipeline_job
+
+
+def test_submit_sends_one_request_with_template_root_parameters_and_service_account(template, monkeypatch, gcs):
+    sent = []
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", fake_create_pipeline_job(sent))
     result = submit(arguments(template), credentials=AnonymousCredentials())
 
     (request,) = sent
@@ -68,6 +73,21 @@ def test_submit_sends_one_request_with_template_root_parameters_and_service_acco
     assert spec["pipelineInfo"]["name"] == "tpu-mlm-pretraining"
     assert "train-step" in spec["root"]["dag"]["tasks"]
     assert result["job"].endswith(request["id"])
+
+
+@pytest.mark.parametrize("enable_caching", [None, True, False])
+def test_the_request_keeps_each_step_s_compiled_caching_unless_asked(template, monkeypatch, gcs, enable_caching):
+    sent = []
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", fake_create_pipeline_job(sent))
+    submit(arguments(template, enable_caching=enable_caching), credentials=AnonymousCredentials())
+    (job,) = (request["job"] for request in sent)
+    tasks = dict(job.pipeline_spec)["root"]["dag"]["tasks"]
+    cached = {name for name, task in tasks.items() if task.get("cachingOptions", {}).get("enableCache")}
+    if enable_caching is None:  # as compiled: the data steps reuse results; preflight and training always run
+        assert {"tokenizer-step", "shards-step", "merge-shards-step", "evaluate-step"} <= cached
+        assert not {"train-step", "preflight-step"} & cached
+    else:
+        assert cached == (set(tasks) if enable_caching else set())
 
 
 def test_dry_run_prints_the_job_and_sends_nothing(template, monkeypatch):
