@@ -175,6 +175,24 @@ def test_strategy_selection(caplog):
     assert "this machine has no TPU device" in caplog.text and os.environ["TPU_LOAD_LIBRARY"] == "0"
 
 
+def test_tpu_chips_are_found_by_device_file_or_by_google_s_pci_vendor(tmp_path):
+    from components.lib.accelerators import NO_TPU_DEVICE, tpu_devices
+
+    assert tpu_devices(str(tmp_path)) == []
+    nic = tmp_path / "sys/bus/pci/devices/0000:00:03.0"
+    nic.mkdir(parents=True)
+    (nic / "vendor").write_text("0x8086\n")  # another vendor's device: not a TPU
+    assert tpu_devices(str(tmp_path)) == []
+    chip = tmp_path / "sys/bus/pci/devices/0000:00:04.0"
+    chip.mkdir()
+    (chip / "vendor").write_text("0x1ae0\n")  # a TPU VM whose chips have device files of another name
+    assert tpu_devices(str(tmp_path)) == [str(chip)]
+    (tmp_path / "dev/vfio").mkdir(parents=True)
+    (tmp_path / "dev/vfio/0").write_text("")
+    assert tpu_devices(str(tmp_path)) == sorted([str(chip), str(tmp_path / "dev/vfio/0")])
+    assert "/dev/accel*" in NO_TPU_DEVICE and "/dev/vfio/N" in NO_TPU_DEVICE and "0x1ae0" in NO_TPU_DEVICE
+
+
 def test_xla_is_never_nested_inside_the_tpu_step():
     from components.train import _use_xla
 

@@ -24,7 +24,12 @@ GIB = 1024**3
 ACCELERATORS = ("auto", "tpu", "gpu", "cpu")
 # How the TPU image points TensorFlow at libtpu (see containers/tpu.Dockerfile).
 TPU_RUNTIME_VARIABLES = ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "NEXT_PLUGGABLE_DEVICE_USE_C_API", "TPU_LIBRARY_PATH")
-NO_TPU_DEVICE = "this machine has no TPU device: no /dev/accel* (TPU v2-v4) and no /dev/vfio/N (TPU v5e and later)"
+# Google's PCI vendor id: how JAX and torch_xla find TPU chips whatever their device files are called
+TPU_PCI_VENDOR = "0x1ae0"
+NO_TPU_DEVICE = (
+    "this machine has no TPU device: no /dev/accel* (TPU v2-v4), no /dev/vfio/N (TPU v5e and later) and no PCI "
+    f"device of Google's vendor id {TPU_PCI_VENDOR} under /sys/bus/pci/devices"
+)
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> 
     logical devices under ``MirroredStrategy``: the distributed values, datasets, reductions and checkpoints a
     TPU run has, to rehearse a TPU's global batch on a laptop."""
     try_tpu = accelerator in ("auto", "tpu")
-    if try_tpu and tpu == "local" and not tpu_device_files():
+    if try_tpu and tpu == "local" and not tpu_devices():
         if accelerator == "tpu":
             raise InvalidParameter("accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({NO_TPU_DEVICE})")
         log.info("accelerator auto: %s", NO_TPU_DEVICE)
@@ -132,9 +137,15 @@ def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> 
     return tf.distribute.OneDeviceStrategy("/cpu:0"), "cpu"
 
 
-def tpu_device_files() -> list[str]:
-    """The device files through which libtpu reaches the TPU chips of a TPU VM; none elsewhere."""
-    return sorted(glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*"))
+def tpu_devices(root: str = "/") -> list[str]:
+    """What shows this machine's TPU chips: the device files libtpu opens and the PCI devices of Google's vendor
+    id; none off a TPU VM. ``root``: another root to look under (the tests' stand-in of a TPU VM)."""
+    files = glob.glob(os.path.join(root, "dev/accel*")) + glob.glob(os.path.join(root, "dev/vfio/[0-9]*"))
+    for vendor_file in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
+        with contextlib.suppress(OSError), open(vendor_file) as vendor:
+            if vendor.read().strip().lower() == TPU_PCI_VENDOR:
+                files.append(os.path.dirname(vendor_file))
+    return sorted(files)
 
 
 def skip_tpu_runtime() -> None:
