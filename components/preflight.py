@@ -31,6 +31,11 @@ from components.lib.training import TrainingSettings, plan_training
 log = logging.getLogger("tpu_mlm.preflight")
 
 WRITE_ROLES = ("write", "admin", "fineGrained")
+# The TPU job's hard limit when none is given: twice the estimated training time (the estimate assumes 40% MFU; a
+# run at half that still ends) plus an hour (TPU start, XLA compiles, validation, checkpoints, the final save);
+# never under 2 hours (a short run's start alone can take tens of minutes), never over Vertex AI's own default of
+# 7 days, which is what an unbounded job would get.
+TIMEOUT_FLOOR_HOURS, TIMEOUT_CAP_HOURS = 2.0, 168.0
 
 
 @dataclass(kw_only=True)
@@ -43,10 +48,23 @@ class PreflightArguments(TrainingSettings):
         metadata={"help": f"The TPU the train step will get, {sorted(TPU_TYPES)}: its replicas and memory."},
     )
     hf_token_secret: str = field(default="", metadata={"help": "Secret Manager secret holding the Hub token."})
+    tpu_job_timeout_hours: float = field(
+        default=0.0,
+        metadata={
+            "help": "Hard limit of the TPU training job, in hours; 0: twice the estimated training time plus an "
+            "hour (at least 2 h, at most 168 h). A limit below the estimate is refused."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         storage.check_uri("output", self.output)
+        if not 0 <= self.tpu_job_timeout_hours <= TIMEOUT_CAP_HOURS:
+            raise InvalidParameter(
+                "tpu_job_timeout_hours",
+                self.tpu_job_timeout_hours,
+                f"must be from 0 (derived) to {TIMEOUT_CAP_HOURS:g}",
+            )
         if self.tpu_type:
             tpu = tpu_type(self.tpu_type)
             if self.replicas not in (0, tpu.replicas):
@@ -123,6 +141,22 @@ def check_memory(arguments: PreflightArguments, config: Any, max_length: int) ->
     }
 
 
+def tpu_job_timeout(hours: float, estimated_hours: float) -> int:
+    """The TPU job's hard limit in seconds: ``hours`` when given (refused below the estimate), else derived from
+    the estimate."""
+    if hours:
+        if hours < estimated_hours:
+            raise InvalidParameter(
+                "tpu_job_timeout_hours",
+                hours,
+                f"is below the estimated {estimated_hours:.2f} h of training; raise it or train fewer steps",
+            )
+        return round(hours * 3600)
+    derived = min(max(2 * estimated_hours + 1, TIMEOUT_FLOOR_HOURS), TIMEOUT_CAP_HOURS)
+    log.info("TPU job timeout: %.1f h (twice the estimated %.2f h, plus an hour)", derived, estimated_hours)
+    return round(derived * 3600)
+
+
 def preflight(arguments: PreflightArguments) -> dict[str, Any]:
     started = time.perf_counter()
     replicas = arguments.training_replicas
@@ -146,6 +180,7 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         estimate = estimate_run(EstimateArguments(tpu_type=arguments.tpu_type, **settings))
         log.info("estimate of the training on the %s:\n%s", arguments.tpu_type, estimate_table(estimate))
         report["estimate"] = {key: estimate[key] for key in ("steps", "tokens", "model_flops", "hours", "cost")}
+        report["tpu_job_timeout_seconds"] = tpu_job_timeout(arguments.tpu_job_timeout_hours, estimate["hours"])
     if arguments.hub_repo_id:
         token = hub_token("hub_repo_id", arguments.hub_repo_id, arguments.hf_token_secret)
         report["hub_user"] = check_hub_write(arguments.hub_repo_id, token)

@@ -24,6 +24,7 @@ from components.lib.accelerators import TPU_TYPES, TpuType
 from components.lib.corpus import CorpusArguments
 from components.lib.errors import InvalidParameter
 from components.lib.training import TrainingSettings
+from components.preflight import PreflightArguments
 from components.push import PushArguments
 from components.shards import ShardArguments
 from components.tokenizer import TokenizerArguments
@@ -50,6 +51,10 @@ def check_target(target: str, tpu_type: str) -> None:
         raise InvalidParameter("tpu_type", tpu_type, f"must be one of {sorted(TPU_TYPES)}")
 
 
+# The TPU job's limit where no preflight sets one (the component reused on its own): a day, not GCPC's 7 days.
+STANDALONE_TIMEOUT = "86400s"
+
+
 def tpu_training_job(train_component: Any, tpu: TpuType) -> Any:
     """The train component as a Vertex AI custom job on the TPU ``tpu``.
 
@@ -57,6 +62,7 @@ def tpu_training_job(train_component: Any, tpu: TpuType) -> Any:
       job restarts, and training resumes from its last checkpoint; it does not retry a job that failed.
     * No ``disk_spec``: a TPU VM brings its own boot disk (Cloud TPU supports balanced persistent disks for
       v2-v5e), while the helper's default ``pd-ssd`` is not among them.
+    * A hard limit: the pipeline passes the one preflight derives from the run's estimate.
     * The job runs as the pipeline run's service account (resolved by Vertex AI at run time), not as Vertex
       AI's custom-code service agent, so it has the run's access to the bucket and Secret Manager."""
     from google_cloud_pipeline_components._placeholders import SERVICE_ACCOUNT_PLACEHOLDER
@@ -71,6 +77,7 @@ def tpu_training_job(train_component: Any, tpu: TpuType) -> Any:
         boot_disk_type="",
         restart_job_on_worker_restart=True,
         service_account=SERVICE_ACCOUNT_PLACEHOLDER,
+        timeout=STANDALONE_TIMEOUT,  # the pipeline passes preflight's, derived from the run's estimate
     )
     # TPU v5e takes machine type + topology, no accelerator fields, which the helper cannot say
     job.component_spec.inputs["worker_pool_specs"].default[0]["machine_spec"] = tpu.machine_spec
@@ -142,6 +149,7 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
         for setting in fields(TrainingSettings)
         if setting.name not in NOT_PIPELINE_PARAMETERS
     ),
+    ("tpu_job_timeout_hours", PreflightArguments, "tpu_job_timeout_hours"),
     ("eval_batch_size", EvaluateArguments, "batch_size"),
     ("hub_repo_id", PipelineSettings, "hub_repo_id"),
     ("hub_private", PushArguments, "private"),
@@ -264,7 +272,11 @@ def build_pipeline(
         checked = step("preflight", tpu_type=tpu.name if vertex else "", **data).set_display_name("preflight")
         checked.set_caching_options(False)  # the token and the storage are checked anew on every run
         # the TPU's peak for MFU, known here whatever the TPU VM's environment says
-        trained = step("train", train_component, peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0, **data)
+        # on a TPU: the job's hard limit, which preflight derived from its estimate (Vertex AI's default is 7 days)
+        limit = {"timeout": checked.outputs["Output"]} if vertex else {}
+        trained = step(
+            "train", train_component, peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0, **limit, **data
+        )
         trained.set_display_name("train").after(checked)
         trained.set_caching_options(False)
         model = trained.outputs["model"]

@@ -67,9 +67,10 @@ def run_shards(tokenizer: Any, shards: Any, output_root: str, validation_corpus:
 
 def run_preflight(
     tokenizer: Any, train_shards: Any, eval_shards: Any, report: Any, output_root: str, **settings: Any
-) -> None:
+) -> str:
+    """Returns the TPU job's timeout as the custom job takes it ("7200s"); "" without a TPU type."""
     report.uri = storage.relocate(report.uri, output_root)
-    preflight(
+    checked = preflight(
         PreflightArguments(
             tokenizer=tokenizer.uri,
             train_shards=train_shards.uri,
@@ -78,6 +79,7 @@ def run_preflight(
             **settings,
         )
     )
+    return f"{checked['tpu_job_timeout_seconds']}s" if "tpu_job_timeout_seconds" in checked else ""
 
 
 def run_train(
@@ -181,6 +183,7 @@ STEPS = {
                 "report": "Output[Artifact]",
             },
             OUTPUT_ROOT,
+            returns="str",
         ),
         Step(
             "train",

@@ -121,7 +121,8 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("per_replica_batch_size", "num_epochs", "max_steps", "learning_rate", "warmup_fraction", "weight_decay"),
         *("mlm_probability", "bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),
         *("checkpoint_every_steps", "log_every_steps", "eval_batches", "accelerator", "replicas"),
-        *("tpu_price_per_hour", "checkpoint_dir", "eval_batch_size", "hub_repo_id", "hub_private", "hub_license"),
+        *("tpu_price_per_hour", "checkpoint_dir", "tpu_job_timeout_hours", "eval_batch_size", "hub_repo_id"),
+        *("hub_private", "hub_license"),
         *("hf_token_secret", "output_root"),
     ]
 

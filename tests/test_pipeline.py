@@ -76,7 +76,12 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     # preflight checks every training setting the train step gets, for this TPU
     preflight_inputs = dag_tasks(spec)["preflight-step"]["inputs"]["parameters"]
     assert preflight_inputs["tpu_type"]["runtimeValue"]["constant"] == tpu_type
-    trained = {name for name in train_inputs if name not in ("peak_tflops",)}
+    # a bounded job: its limit is the one preflight derived from the run's estimate, never GCPC's 7 days
+    assert train_inputs["timeout"] == {
+        "taskOutputParameter": {"outputParameterKey": "Output", "producerTask": "preflight-step"}
+    }
+    assert job_inputs["timeout"]["defaultValue"] == "86400s" and "604800s" not in yaml.safe_dump(spec)
+    trained = {name for name in train_inputs if name not in ("peak_tflops", "timeout")}
     assert trained - {"tokenizer", "train_shards", "eval_shards"} <= set(preflight_inputs)
 
     executors = spec["deploymentSpec"]["executors"]

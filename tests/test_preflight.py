@@ -180,3 +180,15 @@ def test_preflight_for_a_tpu_estimates_that_run(tmp_path, wikitext_shards):
     assert estimate["steps"] == report["total_steps"] == 10  # max_steps
     assert estimate["tokens"] == 10 * 128 * 128
     assert estimate["cost"] == pytest.approx(estimate["hours"] * 8.0)
+    assert report["tpu_job_timeout_seconds"] == 2 * 3600  # 10 steps: the floor
+
+
+def test_the_tpu_job_s_limit_is_derived_from_the_estimate_or_checked_against_it():
+    from components.preflight import tpu_job_timeout
+
+    assert tpu_job_timeout(0, 0.05) == 2 * 3600  # a short run gets the floor: its start alone takes minutes
+    assert tpu_job_timeout(0, 10.0) == 21 * 3600  # twice the estimate, plus an hour
+    assert tpu_job_timeout(0, 500.0) == 168 * 3600  # never over Vertex AI's default
+    assert tpu_job_timeout(5, 3.0) == 5 * 3600
+    with pytest.raises(InvalidParameter, match=r"--tpu-job-timeout-hours=1: is below the estimated 3.00 h"):
+        tpu_job_timeout(1, 3.0)
