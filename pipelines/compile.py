@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.lib.accelerators import tpu_runtime_env
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from pipelines.pipeline import DEFAULT_CPU_IMAGE, TARGETS, TPU_TYPES, compile_pipeline
@@ -23,6 +24,14 @@ class CompileArguments:
     )
     cpu_image: str = field(default=DEFAULT_CPU_IMAGE, metadata={"help": "Image of the CPU steps."})
     tpu_image: str = field(default="", metadata={"help": "Image of the train step on TPUs (vertex target)."})
+    tpu_env: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Changes to the TPU job's environment, KEY=VALUE (KEY= drops one of the job's defaults, and an "
+            "image's own value then applies); the defaults are Google's TF TPU CI settings (PJRT runtime, "
+            "TF_XLA_FLAGS). No image rebuild needed."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.target == "vertex" and not self.tpu_image:
@@ -31,6 +40,7 @@ class CompileArguments:
             raise InvalidParameter(
                 "cpu_image", self.cpu_image, "is a local image name; the vertex target needs its URI in a registry"
             )
+        tpu_runtime_env(self.tpu_env)
 
 
 def compile_command(arguments: CompileArguments) -> dict[str, Any]:
@@ -40,6 +50,7 @@ def compile_command(arguments: CompileArguments) -> dict[str, Any]:
         cpu_image=arguments.cpu_image,
         tpu_image=arguments.tpu_image,
         tpu_type=arguments.tpu_type,
+        tpu_env=tpu_runtime_env(arguments.tpu_env),
     )
     return {"compiled": path, "target": arguments.target, "tpu_type": arguments.tpu_type}
 

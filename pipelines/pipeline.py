@@ -20,7 +20,7 @@ from typing import Any
 from kfp import compiler, dsl
 
 from components.evaluate import EvaluateArguments
-from components.lib.accelerators import TPU_TYPES, TpuType
+from components.lib.accelerators import TPU_RUNTIME_ENV, TPU_TYPES, TpuType
 from components.lib.corpus import CorpusArguments
 from components.lib.errors import InvalidParameter
 from components.lib.training import TrainingSettings
@@ -55,7 +55,7 @@ def check_target(target: str, tpu_type: str) -> None:
 STANDALONE_TIMEOUT = "86400s"
 
 
-def tpu_training_job(train_component: Any, tpu: TpuType) -> Any:
+def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str]) -> Any:
     """The train component as a Vertex AI custom job on the TPU ``tpu``.
 
     * ``restart_job_on_worker_restart``: when Vertex AI restarts the worker (VM maintenance, a crash), the whole
@@ -63,6 +63,7 @@ def tpu_training_job(train_component: Any, tpu: TpuType) -> Any:
     * No ``disk_spec``: a TPU VM brings its own boot disk (Cloud TPU supports balanced persistent disks for
       v2-v5e), while the helper's default ``pd-ssd`` is not among them.
     * A hard limit: the pipeline passes the one preflight derives from the run's estimate.
+    * ``env``: the TPU runtime's settings (``TPU_RUNTIME_ENV`` and the compile's changes), not baked in the image.
     * The job runs as the pipeline run's service account (resolved by Vertex AI at run time), not as Vertex
       AI's custom-code service agent, so it has the run's access to the bucket and Secret Manager."""
     from google_cloud_pipeline_components._placeholders import SERVICE_ACCOUNT_PLACEHOLDER
@@ -78,6 +79,7 @@ def tpu_training_job(train_component: Any, tpu: TpuType) -> Any:
         restart_job_on_worker_restart=True,
         service_account=SERVICE_ACCOUNT_PLACEHOLDER,
         timeout=STANDALONE_TIMEOUT,  # the pipeline passes preflight's, derived from the run's estimate
+        env=[{"name": name, "value": value} for name, value in sorted(env.items())],
     )
     # TPU v5e takes machine type + topology, no accelerator fields, which the helper cannot say
     job.component_spec.inputs["worker_pool_specs"].default[0]["machine_spec"] = tpu.machine_spec
@@ -232,13 +234,18 @@ def check_values(values: dict[str, Any]) -> None:
 
 
 def build_pipeline(
-    target: str = "local", cpu_image: str = DEFAULT_CPU_IMAGE, tpu_image: str = "", tpu_type: str = "v3-8"
+    target: str = "local",
+    cpu_image: str = DEFAULT_CPU_IMAGE,
+    tpu_image: str = "",
+    tpu_type: str = "v3-8",
+    tpu_env: dict[str, str] | None = None,
 ) -> Any:
     check_target(target, tpu_type)
     vertex = target == "vertex"
     tpu = TPU_TYPES[tpu_type]
     steps = make_steps(cpu_image, tpu_image or cpu_image)
-    train_component = tpu_training_job(steps["train"], tpu) if vertex else steps["train"]
+    env = TPU_RUNTIME_ENV if tpu_env is None else tpu_env
+    train_component = tpu_training_job(steps["train"], tpu, env) if vertex else steps["train"]
     parameters = pipeline_parameters(target_defaults(target, tpu))
 
     def step(name: str, component: Any = None, **arguments: Any) -> Any:

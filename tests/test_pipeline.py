@@ -7,7 +7,7 @@ from conftest import run_module
 from pytorch_env import run_pytorch
 from transformers import pipeline
 
-from components.lib.accelerators import TPU_TYPES
+from components.lib.accelerators import TPU_RUNTIME_ENV, TPU_TYPES
 from components.lib.errors import InvalidParameter
 from components.lib.pytorch_weights import TF_LOADING
 from components.lib.shard_set import gather_parts
@@ -39,6 +39,29 @@ EXPECTED_MACHINES = {
 }
 
 
+def test_the_tpu_job_s_runtime_settings_change_at_compile_time_and_the_job_parses_as_vertex_ai_s(tmp_path):
+    from google.cloud.aiplatform_v1.types import CustomJobSpec
+    from google.protobuf.json_format import ParseDict
+
+    output = tmp_path / "pipeline.yaml"
+    changes = ["--tpu_env", "NEXT_PLUGGABLE_DEVICE_USE_C_API=false", "TF_CPP_MIN_LOG_LEVEL=0", "TF_XLA_FLAGS="]
+    args = ["--target", "vertex", "--cpu_image", CPU_IMAGE, "--tpu_image", TPU_IMAGE, "--output", str(output)]
+    result = run_module("pipelines.compile", *args, *changes)
+    assert result.returncode == 0, result.stderr
+    inputs = yaml.safe_load(output.read_text())["components"]["comp-train-step"]["inputDefinitions"]["parameters"]
+    (worker_pool,) = inputs["worker_pool_specs"]["defaultValue"]
+    env = {item["name"]: item["value"] for item in worker_pool["container_spec"]["env"]}
+    expected = {**TPU_RUNTIME_ENV, "NEXT_PLUGGABLE_DEVICE_USE_C_API": "false", "TF_CPP_MIN_LOG_LEVEL": "0"}
+    assert env == {name: value for name, value in expected.items() if name != "TF_XLA_FLAGS"}
+    # what Vertex AI gets: the job spec with the limit preflight hands on
+    spec = {"worker_pool_specs": [worker_pool], "scheduling": {"timeout": "7200s"}, "service_account": "sa@p.iam"}
+    job = ParseDict(spec, CustomJobSpec()._pb)
+    assert [variable.name for variable in job.worker_pool_specs[0].container_spec.env] == sorted(env)
+    assert job.scheduling.timeout.seconds == 7200
+    bad = run_module("pipelines.compile", *args, "--tpu_env", "NO_EQUALS")
+    assert bad.returncode == 2 and "error: --tpu-env='NO_EQUALS': must be KEY=VALUE" in bad.stderr
+
+
 def test_every_tpu_type_has_its_expected_machine():
     assert sorted(TPU_TYPES) == sorted(EXPECTED_MACHINES)
 
@@ -55,6 +78,9 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     assert worker_pool["container_spec"]["image_uri"] == TPU_IMAGE
     assert "from pipelines.steps import run_train" in worker_pool["container_spec"]["command"][-1]
     assert job_inputs["restart_job_on_worker_restart"]["defaultValue"] is True
+    # the TPU runtime's settings are the job's environment (Google's TF TPU CI defaults), not only the image's
+    env = {item["name"]: item["value"] for item in worker_pool["container_spec"]["env"]}
+    assert env == TPU_RUNTIME_ENV and "--tf_mlir_enable_mlir_bridge=true" in env["TF_XLA_FLAGS"]
     assert job_inputs["service_account"]["defaultValue"] == "{{$.pipeline_service_account}}"
 
     # the TPU defaults: a TPU or a failed step (never a CPU run), bf16, the TPU's replicas and peak

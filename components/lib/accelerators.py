@@ -13,6 +13,7 @@ import glob
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,33 @@ GIB = 1024**3
 ACCELERATORS = ("auto", "tpu", "gpu", "cpu")
 # How the TPU image points TensorFlow at libtpu (see containers/tpu.Dockerfile).
 TPU_RUNTIME_VARIABLES = ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "NEXT_PLUGGABLE_DEVICE_USE_C_API", "TPU_LIBRARY_PATH")
+# The TPU job's runtime settings by default, as Google's own TensorFlow TPU CI sets them (GoogleCloudPlatform/
+# ml-auto-solutions, dags/solutions_team/configs/tensorflow/common.py): TensorFlow's PJRT runtime from libtpu.so
+# (the only one v5e has) and the MLIR bridge's XLA flags. They are the custom job's environment, so a run can
+# change them (compile --tpu_env KEY=VALUE) without rebuilding the image.
+TPU_RUNTIME_ENV = {
+    "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
+    "TF_XLA_FLAGS": "--tf_mlir_enable_mlir_bridge=true --tf_xla_sparse_core_disable_table_stacking=true "
+    "--tf_mlir_enable_convert_control_to_data_outputs_pass=true --tf_mlir_enable_merge_control_flow_pass=true",
+}
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def tpu_runtime_env(changes: list[str], parameter: str = "tpu_env") -> dict[str, str]:
+    """The TPU job's environment: the defaults with ``KEY=VALUE`` changes (``KEY=`` drops a default)."""
+    env = dict(TPU_RUNTIME_ENV)
+    for change in changes:
+        name, equals, value = change.partition("=")
+        if not equals or not ENV_NAME.match(name):
+            raise InvalidParameter(parameter, change, "must be KEY=VALUE (KEY= drops a default), KEY a variable name")
+        if value:
+            env[name] = value
+        else:
+            env.pop(name, None)
+    return env
+
+
 # Google's PCI vendor id: how JAX and torch_xla find TPU chips whatever their device files are called
 TPU_PCI_VENDOR = "0x1ae0"
 NO_TPU_DEVICE = (
