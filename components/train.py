@@ -352,32 +352,37 @@ def _next_multiple(step: int, every: int) -> int:
 
 
 def _train_function(model: Any, optimizer: Any, strategy: Any, xla: bool, predictions: int) -> Any:
-    """A graph function running ``steps`` optimizer steps on batches from a distributed iterator and
-    returning their mean loss."""
+    """A function running ``steps`` optimizer steps on batches from a distributed iterator in one call into the
+    graph and returning their mean loss. The loss is summed on each replica's device and read once per call
+    (on a TPU, no cross-replica reduction or host transfer each step)."""
     import tensorflow as tf
 
     replicas = strategy.num_replicas_in_sync
+    with strategy.scope():
+        mean_loss = tf.keras.metrics.Mean("train_loss")  # a variable per replica, summed across them on reading
 
-    def replica_step(batch: dict[str, Any]) -> Any:
+    def replica_step(batch: dict[str, Any]) -> None:
         with tf.GradientTape() as tape:
             loss = masked_lm_loss(model, batch, predictions)
             scaled = loss / replicas  # gradients are summed over replicas
         gradients = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return loss
+        mean_loss.update_state(loss)
 
     if xla:
         replica_step = tf.function(replica_step, jit_compile=True)
 
     @tf.function
-    def train_steps(iterator: Any, steps: Any) -> Any:
-        total = tf.constant(0.0)
+    def train_steps(iterator: Any, steps: Any) -> None:
         for _ in tf.range(steps):
-            per_replica = strategy.run(replica_step, args=(next(iterator),))
-            total += strategy.reduce("MEAN", per_replica, axis=None)
-        return total / tf.cast(steps, tf.float32)
+            strategy.run(replica_step, args=(next(iterator),))
 
-    return train_steps
+    def run(iterator: Any, steps: Any) -> Any:
+        mean_loss.reset_state()
+        train_steps(iterator, steps)
+        return mean_loss.result()
+
+    return run
 
 
 def _write_summaries(writer: Any, point: dict[str, float]) -> None:

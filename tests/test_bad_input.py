@@ -110,8 +110,8 @@ CASES = {
     "an unknown model preset": Case(
         "train",
         "--tokenizer {tokenizer} --train_shards {shards} --model_config roberta-huge --output {out}",
-        "--model-config='roberta-huge': unknown preset; use one of ['roberta-base', 'roberta-large', 'tiny'], a "
-        "config.json path or URI, or a Hub model name",
+        "--model-config='roberta-huge': unknown preset; use one of ['mini', 'roberta-base', 'roberta-large', "
+        "'tiny'], a config.json path or URI, or a Hub model name",
     ),
     "a fill-mask sentence without <mask>": Case(
         "evaluate",

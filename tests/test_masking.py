@@ -63,3 +63,16 @@ def test_training_stream_repeats_shuffles_and_keeps_full_batches(wikitext_shards
     first_epoch = np.concatenate(batches)[: manifest["num_records"]]
     _, original, _, _ = collect(wikitext_shards["validation"], seed=0)
     assert not np.array_equal(first_epoch[:, :1], original[: len(first_epoch), :1])  # shuffled
+
+
+def test_batches_reach_the_device_as_int32(wikitext_shards):
+    """A TPU has no 64-bit integer arithmetic: what the model gets is int32, from the shards' int64 features."""
+    manifest = read_manifest(wikitext_shards["validation"])
+    dataset = masked_dataset(
+        wikitext_shards["validation"], manifest, 8, Masking.from_manifest(manifest), training=False
+    )
+    assert {name: spec.dtype for name, spec in dataset.element_spec.items()} == {
+        "input_ids": tf.int32,
+        "attention_mask": tf.int32,
+        "labels": tf.int32,
+    }

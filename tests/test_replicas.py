@@ -66,7 +66,9 @@ def reference_metrics(model, dataset) -> dict:
         weights = tf.cast(masked, tf.float32)
         loss_sum += float(tf.reduce_sum(losses * weights))
         tokens += float(tf.reduce_sum(weights))
-        correct += float(tf.reduce_sum(tf.cast(tf.argmax(logits, -1) == labels, tf.float32) * weights))
+        correct += float(
+            tf.reduce_sum(tf.cast(tf.argmax(logits, -1, output_type=labels.dtype) == labels, tf.float32) * weights)
+        )
     return {"loss": loss_sum / tokens, "masked_accuracy": correct / tokens, "masked_tokens": int(tokens)}
 
 

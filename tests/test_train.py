@@ -251,11 +251,13 @@ def test_presets_take_vocabulary_and_special_ids_from_the_shards(wikitext_shards
     )
     large = model_config("roberta-large", manifest)
     assert (large.hidden_size, large.num_hidden_layers, large.num_attention_heads) == (1024, 24, 16)
-    for config in (base, large, model_config("tiny", manifest)):
+    mini = model_config("mini", manifest)  # the first local run's: no dropout
+    assert (mini.hidden_size, mini.hidden_dropout_prob, mini.attention_probs_dropout_prob) == (128, 0.0, 0.0)
+    for config in (base, large, mini, model_config("tiny", manifest)):
         assert config.vocab_size == manifest["vocab_size"] == WIKITEXT_VOCAB_SIZE
         assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (1, 0, 2)
         assert config.max_position_embeddings >= manifest["max_length"] + 2
-    assert set(PRESETS) == {"tiny", "roberta-base", "roberta-large"}
+    assert set(PRESETS) == {"tiny", "mini", "roberta-base", "roberta-large"}
 
 
 def test_a_config_json_with_too_few_positions_is_refused(tmp_path, wikitext_shards):

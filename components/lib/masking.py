@@ -40,7 +40,8 @@ class Masking:
 
 def mask_tokens(batch: dict[str, Any], seed: Any, masking: Masking) -> dict[str, Any]:
     """Masks a parsed batch; ``seed`` (two int64) makes the result reproducible. Adds ``labels``: the
-    original id where a token was chosen, -100 elsewhere."""
+    original id where a token was chosen, -100 elsewhere. Every tensor leaves as int32, what TPUs take (TFRecord
+    features are int64; a TPU has no 64-bit integer arithmetic)."""
     import tensorflow as tf
 
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
@@ -53,10 +54,10 @@ def mask_tokens(batch: dict[str, Any], seed: Any, masking: Masking) -> dict[str,
     random_ids = tf.random.stateless_uniform(shape, random_seed, 0, masking.vocab_size, dtype=tf.int64)
     masked = tf.where(chosen & (action < 0.8), tf.constant(masking.mask_token_id, tf.int64), input_ids)
     masked = tf.where(chosen & (action >= 0.8) & (action < 0.9), random_ids, masked)
+    labels = tf.where(chosen, input_ids, tf.constant(IGNORE_INDEX, tf.int64))
     return {
-        "input_ids": masked,
-        "attention_mask": attention_mask,
-        "labels": tf.where(chosen, input_ids, tf.constant(IGNORE_INDEX, tf.int64)),
+        name: tf.cast(value, tf.int32)
+        for name, value in (("input_ids", masked), ("attention_mask", attention_mask), ("labels", labels))
     }
 
 

@@ -1,6 +1,6 @@
 """Model configurations and their arithmetic: parameters and model FLOPs.
 
-Model configs: presets that need no network (``tiny`` for local runs, ``roberta-base`` and
+Model configs: presets that need no network (``tiny`` for tests, ``mini`` for the first local run, ``roberta-base`` and
 ``roberta-large`` with their published sizes), a ``config.json`` (local or ``gs://``), or a Hub model name.
 The vocabulary size, the special-token ids and the position embeddings always come from the tokenizer and
 the shards, never from the preset (the reference recipe left ``pad_token_id`` wrong).
@@ -30,6 +30,17 @@ _ROBERTA = {
 }
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {**_ROBERTA, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256},
+    # the first local run's (run-local): wider than tiny, and without dropout, which only slows a run of minutes
+    # on a small corpus that it cannot overfit in that time
+    "mini": {
+        **_ROBERTA,
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 512,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    },
     "roberta-base": {
         **_ROBERTA,
         "hidden_size": 768,
