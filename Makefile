@@ -1,5 +1,5 @@
 # make install   create .venv with the pinned dependencies (pyproject.toml + constraints.txt)
-# make run       the whole pipeline under kfp.local on the embedded corpus (tiny model, a few minutes)
+# make run       the whole pipeline under kfp.local on the embedded corpus (mini model, about 3 minutes)
 # make prepare   only the data steps: tokenizer, train and validation shards into outputs/
 # make docs      write the README's table of pipeline parameters from the dataclasses
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)

@@ -56,7 +56,7 @@ LOCAL_DEFAULTS = {
     "max_length": 32,
     "model_config": "mini",
     "per_replica_batch_size": 64,
-    "max_steps": 900,
+    "max_steps": 700,
     "learning_rate": 2e-3,  # higher for a small model
     "warmup_fraction": 0.1,
     "log_every_steps": 50,
