@@ -3,7 +3,8 @@
 Models trained before the project wrote ``model.safetensors`` hold ``tf_model.h5`` alone. This job reads
 such a model, a local or ``gs://`` folder or a Hub repository (``hf:namespace/name``), converts its weights
 into PyTorch's names and layouts (numpy only, no torch), makes its config name the PyTorch class and its
-model card's usage section the current one, and writes the whole model to ``--output``: a folder (the same
+model card's usage section the current one (a train step's folder, which has no card, gets the push step's
+card without evaluation results), and writes the whole model to ``--output``: a folder (the same
 one is fine) or a Hub repository, in one commit. Running it again writes the same bytes, and makes no new
 Hub commit. A Hub repository is read with ``HF_TOKEN`` when set; writing to one needs it (or
 ``--hf_token_secret``).
@@ -14,6 +15,7 @@ Hub commit. A Hub repository is read with ``HF_TOKEN`` when set; writing to one 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -35,7 +37,7 @@ from components.lib.hub import (
     push_folder,
 )
 from components.lib.jobs import run_job
-from components.lib.model_card import CARD_FILE, USAGE_HEADING, usage_section
+from components.lib.model_card import CARD_FILE, USAGE_HEADING, model_card, usage_section
 from components.lib.pytorch_weights import add_pytorch_weights
 from components.lib.results import SUMMARY_FILE
 
@@ -50,7 +52,10 @@ class ExportArguments:
     hf_token_secret: str = field(
         default="", metadata={"help": "Secret Manager secret holding the token; else HF_TOKEN is used."}
     )
-    commit_message: str = field(default="Add PyTorch weights (model.safetensors) for transformers 5")
+    commit_message: str = field(
+        default="Add PyTorch weights (model.safetensors) for transformers 5",
+        metadata={"help": "The Hub commit's message."},
+    )
     retries: int = field(
         default=DEFAULT_RETRIES, metadata={"help": "Tries again after transient Hub errors (1, 2, 4 ... s apart)."}
     )
@@ -59,9 +64,14 @@ class ExportArguments:
         for parameter in ("model", "output"):
             location = getattr(self, parameter)
             if location.startswith(HUB_PREFIX):
-                check_repo_id(parameter, location.removeprefix(HUB_PREFIX))
+                try:
+                    check_repo_id(parameter, location.removeprefix(HUB_PREFIX))
+                except InvalidParameter as error:  # the value as typed, hf: included
+                    raise InvalidParameter(parameter, location, error.expected) from None
             else:
                 storage.check_uri(parameter, location)
+        if not self.output.startswith(HUB_PREFIX) and storage.exists(self.output) and not storage.isdir(self.output):
+            raise InvalidParameter("output", self.output, "is a file; name a folder (the model's own is fine)")
         if not 0 <= self.retries <= 10:
             raise InvalidParameter("retries", self.retries, "must be from 0 to 10")
         if self.hf_token_secret:
@@ -106,9 +116,13 @@ def _fetch(model: str, folder: Path, token: str, retries: int) -> Path:
 
 def _update_card(folder: Path, name: str) -> None:
     """The model card's usage section made the current one (an older card's TF snippet would now load
-    ``model.safetensors`` and fail); a card of another layout gets the section added at its end."""
+    ``model.safetensors`` and fail; a card of another layout gets the section added at its end); a train
+    step's folder, which has none, gets the whole card the push step writes, without evaluation results."""
     card = folder / CARD_FILE
     if not card.exists():
+        if (folder / SUMMARY_FILE).exists():
+            summary = json.loads((folder / SUMMARY_FILE).read_text())
+            card.write_text(model_card(name, summary, json.loads((folder / "config.json").read_text()), None))
         return
     text = card.read_text()
     kept = text.split(USAGE_HEADING)[0].rstrip("\n")

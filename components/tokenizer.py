@@ -79,7 +79,7 @@ def build_tokenizer(lowercase: bool = False) -> Any:
 
 def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
     """Trains the tokenizer, saves it under ``arguments.output`` and returns the summary."""
-    from tokenizers import processors, trainers
+    from tokenizers import AddedToken, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     corpus = Corpus(arguments.corpus_spec, sample_bytes=arguments.sample_bytes or None)
@@ -117,7 +117,9 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
         eos_token="</s>",
         unk_token="<unk>",
         pad_token="<pad>",
-        mask_token="<mask>",
+        # lstrip, as roberta-base's: "a <mask> of" masks the word with its boundary, "▁word" as training masked
+        # it, instead of leaving a bare "▁" before the mask that training never showed the model
+        mask_token=AddedToken("<mask>", lstrip=True, special=True, normalized=False),
         cls_token="<s>",
         sep_token="</s>",
         model_max_length=512,

@@ -34,6 +34,18 @@ def test_an_epoch_of_the_shards_on_a_v3_8(embedded_shards):
     assert "manifest.json" in table and "40% MFU (assumed, not measured)" in table and "$" in table
 
 
+@pytest.mark.parametrize(("tpu", "on_demand", "spot"), [("v3-8", 8.00, 2.04), ("v5e-8", 9.60, 1.959)])
+def test_without_a_price_the_run_is_priced_at_list_prices_on_demand_and_spot(tpu, on_demand, spot):
+    result = estimate_run(EstimateArguments(model_config="roberta-base", tpu_type=tpu, max_steps=650))
+    assert result["cost"] == pytest.approx(on_demand * result["hours"])
+    assert result["spot_cost"] == pytest.approx(spot * result["hours"])
+    table = estimate_table(result)
+    assert f"${on_demand:,.2f} an hour on demand" in table and f"${spot:,.2f} Spot" in table
+    assert "Cloud TPU list prices, us-central1" in table and "Vertex AI's own rates differ" in table
+    given = estimate_run(EstimateArguments(model_config="roberta-base", tpu_type=tpu, max_steps=650, price_per_hour=3))
+    assert given["cost"] == pytest.approx(3 * result["hours"]) and "spot_cost" not in given
+
+
 def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_byte(tmp_path, embedded_tokenizer):
     from components.lib.corpus import embedded_lines
 

@@ -1,6 +1,7 @@
 """tpu-mlm export: a model saved with TF weights only (as the project saved them before) gets the PyTorch weights
 the train step now writes, from a folder, a bucket or a Hub repository, into a folder or a Hub repository."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -9,7 +10,9 @@ from conftest import HUB_TOKEN, run_module
 from huggingface_hub import HfApi
 from pytorch_env import run_pytorch
 
+from components.export import ExportArguments
 from components.lib import storage
+from components.lib.errors import InvalidParameter
 from components.lib.model_card import USAGE_HEADING
 from components.lib.pytorch_weights import WEIGHTS_FILE
 from components.train import TrainArguments, train
@@ -103,3 +106,24 @@ def test_a_bucket_folder_is_exported_to_a_new_hub_repository(gcs, hub, models):
     repo = hub.repos["user/from-bucket"]
     assert not repo.private and len(repo.commits) == 1
     assert hub.file("user/from-bucket", WEIGHTS_FILE) == (models["model"] / WEIGHTS_FILE).read_bytes()
+    card = hub.file("user/from-bucket", "README.md").decode()  # a train step's folder has none: the push's card
+    assert "pipeline_tag: fill-mask" in card and 'pipeline("fill-mask", model="user/from-bucket")' in card
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"model": "hf:bad", "output": "/tmp/x"}, "--model='hf:bad': must be a Hub repository id"),
+        ({"model": "/tmp/m", "output": "hf:a/b/c"}, "--output='hf:a/b/c': must be a Hub repository id"),
+        ({"model": "/tmp/m", "output": "s3://b/m"}, "--output='s3://b/m': unsupported URI scheme"),
+    ],
+)
+def test_bad_locations_are_refused_as_typed(values, message):
+    with pytest.raises(InvalidParameter, match=re.escape(message)):
+        ExportArguments(**values)
+
+
+def test_an_output_that_is_a_file_is_refused_before_any_work(tmp_path):
+    (tmp_path / "tf_model.h5").write_bytes(b"")
+    with pytest.raises(InvalidParameter, match=r"--output='.*tf_model.h5': is a file; name a folder"):
+        ExportArguments(model=str(tmp_path), output=str(tmp_path / "tf_model.h5"))

@@ -76,7 +76,9 @@ def test_push_uploads_model_tokenizer_and_card_in_one_commit_and_loads_back(tmp_
     metrics = json.loads(Path(evaluation, "metrics.json").read_text())
     assert f"| perplexity | {metrics['perplexity']:.2f} |" in card
     assert "| learning_rate | 0.0001 |" in card
-    assert "- training corpus: `" in card and "valid.txt" in card
+    corpus_line = next(line for line in card.splitlines() if line.startswith("- training corpus: "))
+    assert corpus_line == "- training corpus: `valid.txt`"  # the file's name, never its folder or bucket
+    assert "- samples of 128 tokens" in card
     assert "https://github.com/" not in card
     metadata = yaml.safe_load(card.split("---\n")[1])
     assert metadata["library_name"] == "transformers" and metadata["pipeline_tag"] == "fill-mask"

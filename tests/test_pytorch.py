@@ -118,6 +118,11 @@ def test_the_train_step_s_model_loads_in_transformers_5_and_predicts_as_the_tf_m
     assert first != second, "a model that predicts the same for every sentence shows nothing"
 
 
+def test_the_model_s_tokenizer_says_the_length_it_was_trained_on(trained, embedded_shards):
+    config = json.loads(Path(trained, "tokenizer_config.json").read_text())
+    assert config["model_max_length"] == read_manifest(embedded_shards["train"])["max_length"]
+
+
 def test_the_pytorch_weights_are_named_and_laid_out_for_pytorch(untrained):
     config = json.loads(Path(untrained, "config.json").read_text())
     assert config["architectures"] == ["RobertaForMaskedLM"]

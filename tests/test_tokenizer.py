@@ -80,3 +80,13 @@ def test_load_refuses_a_tokenizer_without_a_mask_token(tmp_path, embedded_tokeni
         load_tokenizer(str(tmp_path))
     with pytest.raises(InvalidParameter, match=r"--tokenizer=.*not a tokenizer folder"):
         load_tokenizer(str(tmp_path / "missing"))
+
+
+def test_the_mask_takes_the_word_boundary_before_it_as_training_masked_whole_pieces(embedded_tokenizer):
+    """ "a <mask> of" must give the model what training gave it, a masked "▁word" piece, not a bare "▁" then
+    the mask (the mask token strips the space on its left, as roberta-base's does)."""
+    from transformers import AutoTokenizer
+
+    tokens = AutoTokenizer.from_pretrained(embedded_tokenizer).tokenize("The function returns a <mask> of values.")
+    mask = next(index for index, token in enumerate(tokens) if token.strip() == "<mask>")
+    assert tokens[mask - 1] == "\u2581a", tokens  # without lstrip: [..., "▁a", "▁", "<mask>", ...]

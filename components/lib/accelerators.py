@@ -73,6 +73,8 @@ class TpuType:
     replicas: int
     peak_tflops_per_replica: float  # dense bf16
     memory_gib_per_replica: float  # HBM
+    list_price_per_hour: float  # USD, Cloud TPU on demand (PRICES)
+    spot_list_price_per_hour: float  # USD, Cloud TPU Spot
 
     @property
     def machine_spec(self) -> dict[str, Any]:
@@ -89,15 +91,22 @@ class TpuType:
 # v3: 123 bf16 TFLOP/s and 32 GiB HBM per chip of two TensorCores (cloud.google.com/tpu/docs/v3);
 # v5e: 197 bf16 TFLOP/s and 16 GiB HBM per chip (cloud.google.com/tpu/docs/v5e). Vertex AI has no TensorFlow
 # training on v6e and later; v5p is left out until this pipeline's v5p machine spec is tried.
+# Prices: PRICES below.
 TPU_TYPES: dict[str, TpuType] = {
     tpu.name: tpu
     for tpu in (
-        TpuType("v3-8", "cloud-tpu", "TPU_V3", 8, "", 8, 61.5, 16.0),
-        TpuType("v5e-1", "ct5lp-hightpu-1t", "", 0, "1x1", 1, 197.0, 16.0),
-        TpuType("v5e-4", "ct5lp-hightpu-4t", "", 0, "2x2", 4, 197.0, 16.0),
-        TpuType("v5e-8", "ct5lp-hightpu-8t", "", 0, "2x4", 8, 197.0, 16.0),
+        TpuType("v3-8", "cloud-tpu", "TPU_V3", 8, "", 8, 61.5, 16.0, 8.00, 2.04),
+        TpuType("v5e-1", "ct5lp-hightpu-1t", "", 0, "1x1", 1, 197.0, 16.0, 1.20, 0.245),
+        TpuType("v5e-4", "ct5lp-hightpu-4t", "", 0, "2x2", 4, 197.0, 16.0, 4.80, 0.980),
+        TpuType("v5e-8", "ct5lp-hightpu-8t", "", 0, "2x4", 8, 197.0, 16.0, 9.60, 1.959),
     )
 }
+# Where the TPU prices come from, said wherever one is used: Vertex AI bills custom training at its own rates (its
+# CPU machines about 15% above Compute Engine's), which no stored copy of its price table gave.
+PRICES = (
+    "Cloud TPU list prices, us-central1, USD an hour (Cloud Billing catalog as mirrored by "
+    "skypilot-org/skypilot-catalog, 2026); Vertex AI's own rates differ, override with --price_per_hour"
+)
 # Peak dense bf16 (fp16 where the chip has no bf16) TFLOP/s of one GPU, from NVIDIA's data sheets.
 GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "L4": 121.0, "V100": 125.0, "T4": 65.0}
 # TPU_ACCELERATOR_TYPE (set on TPU VMs) prefix -> peak of one replica; used only when no peak was passed in.

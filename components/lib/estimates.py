@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import GIB, TPU_TYPES, tpu_type, training_memory
+from components.lib.accelerators import GIB, PRICES, TPU_TYPES, TpuType, tpu_type, training_memory
 from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.masked_lm import max_predictions
@@ -55,7 +55,8 @@ class EstimateArguments:
         default="", metadata={"help": "A previous run's training_summary.json (or model folder): its throughput."}
     )
     price_per_hour: float = field(
-        default=0.0, metadata={"help": "The TPU's price per hour (Vertex AI pricing page, your region)."}
+        default=0.0,
+        metadata={"help": "The TPU's price per hour; 0: its Cloud TPU list prices (us-central1, on demand and Spot)."},
     )
     json: bool = field(default=False, metadata={"help": "Print only the JSON, not the table."})
 
@@ -171,14 +172,25 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
             "verdict": memory.verdict,
             "largest_per_replica_batch": memory.largest_batch,
         },
-        "price_per_hour": arguments.price_per_hour or None,
-        "cost": hours * arguments.price_per_hour if arguments.price_per_hour else None,
+        **prices(arguments.price_per_hour, tpu, hours),
     }
     if arguments.from_run:
         result["from_run"] = scaled_from_run(arguments.from_run, flops_per_token * tokens, tpu.replicas)
-        if arguments.price_per_hour:
-            result["from_run"]["cost"] = result["from_run"]["hours"] * arguments.price_per_hour
+        result["from_run"]["cost"] = result["from_run"]["hours"] * result["price_per_hour"]
     return result
+
+
+def prices(price_per_hour: float, tpu: TpuType, hours: float) -> dict[str, Any]:
+    """The price and cost of ``hours`` on ``tpu``: the price given, else its list prices on demand and Spot."""
+    if price_per_hour:
+        return {"price_per_hour": price_per_hour, "cost": hours * price_per_hour, "price_source": "given"}
+    return {
+        "price_per_hour": tpu.list_price_per_hour,
+        "cost": hours * tpu.list_price_per_hour,
+        "spot_price_per_hour": tpu.spot_list_price_per_hour,
+        "spot_cost": hours * tpu.spot_list_price_per_hour,
+        "price_source": PRICES,
+    }
 
 
 def scaled_from_run(uri: str, model_flops: float, replicas: int) -> dict[str, Any]:
@@ -227,12 +239,14 @@ def estimate_table(result: dict[str, Any]) -> str:
                 f"replica {run['accelerator']} measured in {run['run']}",
             )
         )
-    if result["cost"] is None:
-        rows.append(("cost", "give --price_per_hour (Vertex AI pricing page, TPU, your region)"))
-    else:
-        rows.append(("cost", f"${result['cost']:,.2f} at ${result['price_per_hour']:,.2f} an hour"))
-        if "cost" in result.get("from_run", {}):
-            rows.append(("cost (measured rate)", f"${result['from_run']['cost']:,.2f}"))
+    cost = f"${result['cost']:,.2f} at ${result['price_per_hour']:,.2f} an hour"
+    if "spot_cost" in result:
+        cost += f" on demand, ${result['spot_cost']:,.2f} at ${result['spot_price_per_hour']:,.2f} Spot"
+    rows.append(("cost", cost))
+    if "cost" in result.get("from_run", {}):
+        rows.append(("cost (measured rate)", f"${result['from_run']['cost']:,.2f} on demand"))
+    if result["price_source"] != "given":
+        rows.append(("prices", result["price_source"]))
     rows.append(
         (
             "memory per replica",

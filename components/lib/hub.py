@@ -128,7 +128,7 @@ def download_repo(parameter: str, repo_id: str, folder: Path, token: str, retrie
     """The files of the model repository ``repo_id`` in ``folder``; a repository that does not exist, or that
     the token may not read, is refused naming ``parameter``."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     check_repo_id(parameter, repo_id)
     try:
@@ -142,6 +142,8 @@ def download_repo(parameter: str, repo_id: str, folder: Path, token: str, retrie
         raise InvalidParameter(
             parameter, f"hf:{repo_id}", f"no such Hub model repository, or it needs {reason}"
         ) from error
+    except LocalEntryNotFoundError as error:  # the Hub could not be reached (offline, a dropped connection)
+        raise ServiceFailed(f"downloading the Hub repository {repo_id}: the Hub could not be reached") from error
     return folder
 
 

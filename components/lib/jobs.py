@@ -23,9 +23,14 @@ def setup_logging() -> None:
 def parse_arguments(
     arguments_class: type[Arguments], argv: Sequence[str] | None, description: str, prog: str | None = None
 ) -> Arguments:
+    import argparse
+
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(arguments_class, description=description, prog=prog)
+    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        """Defaults shown, and the job's docstring as written: its usage examples keep their lines."""
+
+    parser = HfArgumentParser(arguments_class, description=description, prog=prog, formatter_class=Formatter)
     (arguments,) = parser.parse_args_into_dataclasses(args=argv)
     return arguments
 

@@ -24,6 +24,7 @@ def model_card(
 
     train_arguments = summary["arguments"]
     hyperparameters = {key: train_arguments[key] for key in CARD_HYPERPARAMETERS}
+    hyperparameters["model_config"] = public_name(hyperparameters["model_config"])
     hyperparameters.update(global_batch_size=summary["global_batch_size"], total_steps=summary["total_steps"])
     source = summary["corpus"]["source"]
     metadata = ModelCardData(
@@ -57,7 +58,9 @@ def model_card(
         "",
         f"- {summary['total_steps']:,} steps, {summary['samples']:,} samples, {summary['tokens']:,} tokens on "
         f"{summary['replicas']} {summary['accelerator'].upper()} replica(s)",
-        f"- training corpus: `{source}` (shards `{train_arguments['train_shards']}`)",
+        f"- samples of {summary['tokens'] // summary['samples']} tokens: the tokenizer's `model_max_length`, the "
+        "length the model was trained on (longer inputs meet position embeddings that training never used)",
+        f"- training corpus: `{public_name(source)}`",
         f"- training loss: {loss_summary(summary)}",
         "",
         "| hyperparameter | value |",
@@ -109,6 +112,20 @@ fill = pipeline(
 print(fill("The history of the <mask> begins in the early twentieth century."))"""
 
 
+def public_name(source: str) -> str:
+    """What a card shows of a corpus or config: a Hub name as it is, of files (local or in a bucket) only their
+    names, so that a published card names no folder or bucket."""
+    if source.startswith(HUB_PREFIX):
+        return source
+
+    def shown(part: str) -> str:
+        name = part.rstrip("/").rsplit("/", 1)[-1]
+        is_file = part.startswith(("/", ".", "gs://")) or "." in name or "*" in name
+        return name if is_file else part  # a Hub model name (namespace/name) stays whole
+
+    return ",".join(shown(part) for part in source.split(","))
+
+
 def hub_dataset_name(source: str) -> str:
     """The Hub dataset an ``hf:NAME[:CONFIG[:SPLIT]]`` corpus names, as the card's ``datasets`` lists it."""
     return parse_hub_name(source)[0]
@@ -121,13 +138,16 @@ def usage_section(repo_id: str) -> list[str]:
     return [
         USAGE_HEADING,
         "",
-        "With transformers 5 and PyTorch (`pip install transformers torch`). A private repository needs a token "
-        "first (`hf auth login`, or `HF_TOKEN`).",
+        "With transformers 5 and PyTorch (`pip install transformers torch`; without a GPU, "
+        "`pip install torch --index-url https://download.pytorch.org/whl/cpu` first avoids the CUDA packages). "
+        "A private repository needs a token first (`hf auth login`, or `HF_TOKEN`).",
         "",
         *block(PYTORCH_FILL_MASK),
         "",
         "Sentence embeddings (mean pooling of the encoder's last hidden states; a pre-trained encoder's embeddings "
-        "are a starting point for fine-tuning, for example with sentence-transformers, more than an end):",
+        "are a starting point for fine-tuning, for example with sentence-transformers, more than an end). "
+        "sentence-transformers loads the repository as it is and mean-pools the same way; an embeddings server "
+        "needs mean pooling named (text-embeddings-inference: `--pooling mean`):",
         "",
         *block(PYTORCH_EMBEDDINGS),
         "",

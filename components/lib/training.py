@@ -151,6 +151,9 @@ def plan_training(arguments: TrainingSettings, num_replicas: int) -> TrainingPla
     """Every check that can fail before the accelerator is used: tokenizer, shards, config, batch arithmetic."""
     tokenizer, tokenizer_fingerprint = load_tokenizer(arguments.tokenizer)
     manifest = read_manifest(arguments.train_shards, "train_shards")
+    # the saved model's tokenizer tells its users (sentence-transformers' max_seq_length, pipelines' truncation) the
+    # length it was trained on, which the tokenizer step could not know
+    tokenizer.model_max_length = manifest["max_length"]
     eval_manifest = read_manifest(arguments.eval_shards, "eval_shards") if arguments.eval_shards else None
     for parameter, shards in (("train_shards", manifest), ("eval_shards", eval_manifest)):
         if shards is None:
