@@ -3,10 +3,10 @@
 Models trained before the project wrote ``model.safetensors`` hold ``tf_model.h5`` alone. This job reads
 such a model, a local or ``gs://`` folder or a Hub repository (``hf:namespace/name``), converts its weights
 into PyTorch's names and layouts (numpy only, no torch), makes its config name the PyTorch class and its
-model card's usage section the current one (a train step's folder, which has no card, gets the push step's
-card without evaluation results), and writes the whole model to ``--output``: a folder (the same
-one is fine) or a Hub repository, in one commit. Running it again writes the same bytes, and makes no new
-Hub commit. A Hub repository is read with ``HF_TOKEN`` when set; writing to one needs it (or
+model card's usage section the current one, and writes the whole model to ``--output``: a folder (the same
+one is fine) or a Hub repository, in one commit. A train step's folder going to the Hub, which has no card,
+gets the push step's card without evaluation results. Running it again writes the same bytes, and makes no
+new Hub commit. A Hub repository is read with ``HF_TOKEN`` when set; writing to one needs it (or
 ``--hf_token_secret``).
 
     python -m components.export --model gs://bucket/run/model --output hf:me/my-roberta
@@ -87,7 +87,7 @@ def export(arguments: ExportArguments) -> dict[str, Any]:
         folder = _fetch(arguments.model, Path(staging, "model"), token, arguments.retries)
         written = add_pytorch_weights(folder, "model", arguments.model)
         # the card's code names the repository it describes: the output's, else the source's
-        _update_card(folder, output_repo if to_hub else arguments.model.removeprefix(HUB_PREFIX))
+        _update_card(folder, output_repo if to_hub else arguments.model.removeprefix(HUB_PREFIX), new=to_hub)
         result: dict[str, Any] = {"model": arguments.model, "output": arguments.output, "weights": written}
         if to_hub:
             create_repo(output_repo, token, arguments.private, arguments.retries)
@@ -114,13 +114,14 @@ def _fetch(model: str, folder: Path, token: str, retries: int) -> Path:
     return storage.download_folder(model, folder)
 
 
-def _update_card(folder: Path, name: str) -> None:
+def _update_card(folder: Path, name: str, new: bool) -> None:
     """The model card's usage section made the current one (an older card's TF snippet would now load
-    ``model.safetensors`` and fail; a card of another layout gets the section added at its end); a train
-    step's folder, which has none, gets the whole card the push step writes, without evaluation results."""
+    ``model.safetensors`` and fail; a card of another layout gets the section added at its end); with ``new``
+    (a Hub repository out), a train step's folder, which has none, gets the whole card the push step writes,
+    without evaluation results."""
     card = folder / CARD_FILE
     if not card.exists():
-        if (folder / SUMMARY_FILE).exists():
+        if new and (folder / SUMMARY_FILE).exists():
             summary = json.loads((folder / SUMMARY_FILE).read_text())
             card.write_text(model_card(name, summary, json.loads((folder / "config.json").read_text()), None))
         return

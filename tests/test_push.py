@@ -187,7 +187,7 @@ def test_no_secret_value_lands_in_the_compiled_pipeline(tmp_path, monkeypatch):
 
 def test_the_card_s_metadata_names_the_license_and_a_hub_corpus():
     summary = {
-        "arguments": {key: 1 for key in CARD_HYPERPARAMETERS} | {"train_shards": "gs://b/shards"},
+        "arguments": {key: 1 for key in CARD_HYPERPARAMETERS} | {"model_config": "gs://b/c/config.json"},
         "corpus": {"source": "hf:wikitext:wikitext-103-raw-v1"},
         **{"global_batch_size": 2048, "total_steps": 650, "samples": 1, "tokens": 128, "replicas": 8},
         **{"accelerator": "tpu", "num_parameters": 1, "tokenizer_fingerprint": "sha256:0"},
@@ -198,7 +198,7 @@ def test_the_card_s_metadata_names_the_license_and_a_hub_corpus():
     metadata = yaml.safe_load(card.split("---\n")[1])
     assert metadata["license"] == "apache-2.0" and metadata["datasets"] == ["wikitext"]
     assert {"pytorch", "tensorflow", "safetensors"} <= set(metadata["tags"])
-    assert "- license: apache-2.0" in card
+    assert "- license: apache-2.0" in card and "| model_config | config.json |" in card and "gs://" not in card
     assert card.index('pipeline("fill-mask", model="me/roberta")') < card.index('framework="tf"')  # PyTorch first
     with pytest.raises(InvalidParameter, match=r"--license='Apache 2\.0': must be a Hub license id"):
         PushArguments(model="/tmp/m", repo_id="me/m", license="Apache 2.0")
