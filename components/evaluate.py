@@ -26,7 +26,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, check_probability, max_predictions, unigram_perplexity
 from components.lib.masking import Masking, masked_dataset, naming_corrupt_shards
-from components.lib.pytorch_weights import load_tf_masked_lm
+from components.lib.pytorch_weights import check_model_folder, load_tf_masked_lm
 from components.lib.results import METRICS_FILE, REPORT_FILE, display_token, metrics_table
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import TOKENIZER_FILE, fingerprint
@@ -108,8 +108,7 @@ def load_model(uri: str, local_dir: Path, parameter: str = "model", strategy: An
     (local or gs://)."""
     from transformers import AutoTokenizer
 
-    if not storage.exists(storage.join(uri, "config.json")):
-        raise InvalidParameter(parameter, uri, "is not a saved model folder (no config.json in it)")
+    check_model_folder(parameter, uri)
     storage.download_folder(uri, local_dir)
     if not (local_dir / TOKENIZER_FILE).exists():
         raise InvalidParameter(parameter, uri, f"holds no tokenizer ({TOKENIZER_FILE}) beside the model")

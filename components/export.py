@@ -30,6 +30,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.hub import (
     DEFAULT_RETRIES,
     check_repo_id,
+    check_retries,
     check_secret_name,
     create_repo,
     download_repo,
@@ -38,7 +39,7 @@ from components.lib.hub import (
 )
 from components.lib.jobs import run_job
 from components.lib.model_card import CARD_FILE, USAGE_HEADING, model_card, usage_section
-from components.lib.pytorch_weights import add_pytorch_weights
+from components.lib.pytorch_weights import add_pytorch_weights, check_model_folder
 from components.lib.results import SUMMARY_FILE
 
 
@@ -72,8 +73,7 @@ class ExportArguments:
                 storage.check_uri(parameter, location)
         if not self.output.startswith(HUB_PREFIX) and storage.exists(self.output) and not storage.isdir(self.output):
             raise InvalidParameter("output", self.output, "is a file; name a folder (the model's own is fine)")
-        if not 0 <= self.retries <= 10:
-            raise InvalidParameter("retries", self.retries, "must be from 0 to 10")
+        check_retries(self.retries)
         if self.hf_token_secret:
             check_secret_name(self.hf_token_secret)
 
@@ -109,8 +109,7 @@ def _fetch(model: str, folder: Path, token: str, retries: int) -> Path:
     """A local copy of the model's files, from its folder or its Hub repository."""
     if model.startswith(HUB_PREFIX):
         return download_repo("model", model.removeprefix(HUB_PREFIX), folder, token, retries)
-    if not storage.exists(storage.join(model, "config.json")):
-        raise InvalidParameter("model", model, "is not a saved model folder (no config.json in it)")
+    check_model_folder("model", model)
     return storage.download_folder(model, folder)
 
 

@@ -20,7 +20,15 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
-from components.lib.hub import DEFAULT_RETRIES, check_repo_id, check_secret_name, create_repo, hub_token, push_folder
+from components.lib.hub import (
+    DEFAULT_RETRIES,
+    check_repo_id,
+    check_retries,
+    check_secret_name,
+    create_repo,
+    hub_token,
+    push_folder,
+)
 from components.lib.jobs import run_job
 from components.lib.model_card import CARD_FILE, model_card
 from components.lib.pytorch_weights import add_pytorch_weights, pytorch_weight_files
@@ -55,8 +63,7 @@ class PushArguments:
 
     def __post_init__(self) -> None:
         check_repo_id("repo_id", self.repo_id)
-        if not 0 <= self.retries <= 10:
-            raise InvalidParameter("retries", self.retries, "must be from 0 to 10")
+        check_retries(self.retries)
         storage.check_uri("model", self.model)
         if self.evaluation:
             storage.check_uri("evaluation", self.evaluation)

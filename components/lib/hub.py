@@ -36,6 +36,12 @@ def check_repo_id(parameter: str, repo_id: str) -> str:
     return repo_id
 
 
+def check_retries(retries: int) -> int:
+    if not 0 <= retries <= 10:
+        raise InvalidParameter("retries", retries, "must be from 0 to 10")
+    return retries
+
+
 def check_secret_name(secret: str) -> str:
     if not SECRET_NAME.match(secret):
         raise InvalidParameter(

@@ -23,6 +23,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from components.lib import storage
 from components.lib.errors import InvalidParameter
 
 log = logging.getLogger("tpu_mlm.pytorch_weights")
@@ -106,6 +107,12 @@ def add_pytorch_weights(folder: Path, parameter: str, uri: str) -> list[str]:
         config["architectures"] = [architecture]
         config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return write_pytorch_weights(model, folder)
+
+
+def check_model_folder(parameter: str, uri: str) -> None:
+    """Refuses, naming ``parameter``, a folder (local or gs://) that holds no saved model."""
+    if not storage.exists(storage.join(uri, "config.json")):
+        raise InvalidParameter(parameter, uri, "is not a saved model folder (no config.json in it)")
 
 
 def load_tf_masked_lm(folder: Path, parameter: str, uri: str) -> Any:
