@@ -65,6 +65,22 @@ def test_training_stream_repeats_shuffles_and_keeps_full_batches(wikitext_shards
     assert not np.array_equal(first_epoch[:, :1], original[: len(first_epoch), :1])  # shuffled
 
 
+def test_the_training_stream_is_the_same_in_every_run_for_a_seed(wikitext_shards):
+    """What a seed promises: the same batches, masked the same, from shards read by parallel readers."""
+    manifest = read_manifest(wikitext_shards["train"])
+    assert len(manifest["files"]) >= 3
+
+    def stream(seed: int) -> list[np.ndarray]:
+        dataset = masked_dataset(
+            wikitext_shards["train"], manifest, 32, Masking.from_manifest(manifest), training=True, seed=seed
+        )
+        return [np.concatenate([b["input_ids"].numpy(), b["labels"].numpy()]) for b in dataset.take(40)]
+
+    first, again, other = stream(3), stream(3), stream(4)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not np.array_equal(first[0], other[0])
+
+
 def test_batches_reach_the_device_as_int32(wikitext_shards):
     """A TPU has no 64-bit integer arithmetic: what the model gets is int32, from the shards' int64 features."""
     manifest = read_manifest(wikitext_shards["validation"])

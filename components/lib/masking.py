@@ -79,7 +79,8 @@ def masked_dataset(
 ) -> Any:
     """Batches of masked samples from the shard folder ``uri``.
 
-    Training: file order shuffled, samples shuffled, repeated forever, full batches only. Evaluation: one
+    Training: file order shuffled, samples shuffled, repeated forever, full batches only, the same batches in
+    every run for the same seed (parallel reads keep their order: a seed means a reproducible run). Evaluation: one
     deterministic pass, the last batch short unless ``drop_remainder`` (TPUs need full batches), masking
     identical in every run for the same seed."""
     import tensorflow as tf
@@ -94,7 +95,7 @@ def masked_dataset(
         lambda path: tf.data.TFRecordDataset(path, buffer_size=1 << 20),
         cycle_length=min(parallel_reads, len(files)),
         num_parallel_calls=autotune,
-        deterministic=not training,
+        deterministic=True,
     )
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed)
@@ -103,7 +104,7 @@ def masked_dataset(
     dataset = dataset.enumerate().map(
         lambda index, batch: mask_tokens(batch, tf.stack([tf.constant(seed, tf.int64), index]), masking),
         num_parallel_calls=autotune,
-        deterministic=not training,
+        deterministic=True,
     )
     return dataset.prefetch(autotune)
 
