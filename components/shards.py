@@ -161,15 +161,19 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
         "num_records": writer.total_records,
         "texts": text_count,
         "bytes_read": corpus.bytes_read,
+        "text_bytes": corpus.reading.text_bytes,
+        "non_utf8_bytes": corpus.reading.non_utf8_bytes,
         "tokens_written": writer.total_records * arguments.max_length,
         "tokens_dropped": packer.tokens_seen - writer.total_records * arguments.max_length,
         "token_counts": packer.token_counts.tolist(),
     }
     storage.write_text_atomic(part_uri, dumps(part_manifest))
     log.info(
-        "part %d: %s bytes read, %d texts, %d samples in %d files, %d tokens dropped, %.1f s (%.0f tokens/s)",
+        "part %d: %s bytes read (%s of text), %d texts, %d samples in %d files, %d tokens dropped, %.1f s "
+        "(%.0f tokens/s)",
         arguments.part,
         f"{corpus.bytes_read:,}",
+        f"{corpus.reading.text_bytes:,}",
         text_count,
         writer.total_records,
         len(writer.files),

@@ -133,6 +133,7 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
             "texts_read": counts["texts"],
             "bytes_read": counts["bytes"],
             "corpus_bytes_read": corpus.bytes_read,
+            "non_utf8_bytes": corpus.reading.non_utf8_bytes,
             "sampled": corpus.sampled,
             "seconds": round(time.perf_counter() - started, 3),
             "fingerprint": fingerprint(Path(staging, TOKENIZER_FILE).read_bytes()),

@@ -140,6 +140,7 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
     ("holdout_fraction", PipelineSettings, "holdout_fraction"),
     ("text_column", CorpusArguments, "text_column"),
     ("limit", CorpusArguments, "limit"),
+    ("max_non_utf8_fraction", CorpusArguments, "max_non_utf8_fraction"),
     ("vocab_size", TokenizerArguments, "vocab_size"),
     ("lowercase", TokenizerArguments, "lowercase"),
     ("tokenizer_sample_bytes", TokenizerArguments, "sample_bytes"),

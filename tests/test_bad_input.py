@@ -6,6 +6,7 @@ to run (temporary folders, tokenizer fingerprints). Cases that could reach the H
 pointed at the local Hub stand-in, so "nothing pushed" is checked where a push would land.
 """
 
+import gzip
 import re
 import shlex
 import shutil
@@ -14,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 import pytest
+from backports import zstd
 from conftest import HUB_TOKEN, PROJECT_ROOT
 from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
 
@@ -50,7 +52,8 @@ CASES = {
         "tokenizer",
         "--corpus {data}/missing/*.txt --output {out}",
         "--corpus='…/missing/*.txt': no file matches this path; expected 'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or "
-        "comma-separated local/gs:// paths or globs of .json, .jsonl, .parquet, .txt files",
+        "comma-separated local/gs:// paths or globs of .json, .jsonl, .parquet, .txt files (all but .parquet also "
+        ".gz/.bz2/.xz/.zst)",
     ),
     "a corpus of blank lines": Case(
         "tokenizer",
@@ -61,6 +64,31 @@ CASES = {
         "shards",
         "--tokenizer {tokenizer} --corpus {data}/rows.jsonl --text_column body --output {out}",
         "--text-column='body': …/rows.jsonl has no such column; it has ['text']",
+    ),
+    # compressed files and encodings
+    "a truncated compressed file": Case(
+        "shards",
+        "--tokenizer {tokenizer} --corpus {data}/cut.txt.gz --output {out}",
+        "--corpus='…/cut.txt.gz': cannot be decompressed (Compressed file ended before the end-of-stream marker was "
+        "reached): the file is truncated, or not .gz",
+    ),
+    "a compressed corpus of fewer files than parts": Case(
+        "shards",
+        "--tokenizer {tokenizer} --corpus {data}/rows.jsonl.zst --num_parts 2 --part 1 --output {out}",
+        "--num-parts=2: the corpus has 1 file(s), 1 of them compressed, and a compressed file cannot be cut into "
+        "parts: use num_parts <= 1, or a corpus of at least 2 files",
+    ),
+    "a compressed parquet file": Case(
+        "tokenizer",
+        "--corpus {data}/rows.parquet.gz --output {out}",
+        "--corpus='…/rows.parquet.gz': a parquet file is compressed inside (its codec); name the .parquet file itself",
+    ),
+    "text in another encoding than UTF-8": Case(
+        "tokenizer",
+        "--corpus {data}/latin1.txt --output {out}",
+        "--corpus='…/latin1.txt': 11.36% of its bytes are not UTF-8 (5 of 44 read), more than "
+        "max_non_utf8_fraction=0.001: re-encode it as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8) or raise "
+        "max_non_utf8_fraction to read it with those bytes replaced",
     ),
     # tokenizer and shard settings
     "a vocabulary smaller than the special tokens": Case(
@@ -270,6 +298,10 @@ def inputs(tmp_path_factory, embedded_tokenizer) -> dict[str, str]:
     (data / "tiny.txt").write_text("a few words\n")
     (data / "rows.jsonl").write_text('{"text": "hello"}\n')
     (data / "array.json").write_text('[\n{"text": "hello"}\n]\n')
+    (data / "cut.txt.gz").write_bytes(gzip.compress(b"a few words\n" * 1000)[:40])
+    (data / "rows.jsonl.zst").write_bytes(zstd.compress(b'{"text": "hello"}\n'))
+    (data / "rows.parquet.gz").write_bytes(gzip.compress(b"PAR1"))
+    (data / "latin1.txt").write_bytes("Un café crème et une crêpe, à la française.\n".encode("latin-1"))
     shards = str(root / "shards")
     write_shards(ShardArguments(output=shards, tokenizer=embedded_tokenizer, records_per_shard=2000))
     truncated = root / "truncated"

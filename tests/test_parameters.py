@@ -116,7 +116,8 @@ def test_every_pipeline_parameter_feeds_a_step_parameter_of_its_type():
 def test_the_pipeline_interface_is_the_documented_one():
     """Changing it changes every submitted run's parameters: this list moves with the README's."""
     assert [name for name, _, _ in PARAMETER_SOURCES] == [
-        *("corpus", "validation_corpus", "holdout_fraction", "text_column", "limit", "vocab_size", "lowercase"),
+        *("corpus", "validation_corpus", "holdout_fraction", "text_column", "limit", "max_non_utf8_fraction"),
+        *("vocab_size", "lowercase"),
         *("tokenizer_sample_bytes", "max_length", "records_per_shard", "num_parts", "model_config"),
         *("per_replica_batch_size", "num_epochs", "max_steps", "learning_rate", "warmup_fraction", "weight_decay"),
         *("mlm_probability", "bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),

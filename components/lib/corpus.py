@@ -6,9 +6,13 @@
   first run needs no network and no data;
 * ``hf:NAME[:CONFIG[:SPLIT]]``: a Hugging Face Hub dataset, streamed (``hf:wikitext:wikitext-103-raw-v1:train``);
 * paths or globs, comma-separated, local or ``gs://``: ``.txt`` (one document per line), ``.jsonl`` and
-  ``.parquet`` (with a text column).
+  ``.parquet`` (with a text column); text and JSON lines also compressed (``.txt.gz``, ``.jsonl.zst``,
+  ``.json.bz2``, ``.txt.xz``, ...), decompressed as they stream.
 
 Reading streams in bounded memory. Blank texts are skipped everywhere: they carry no text to learn from.
+Bytes that are not UTF-8 are replaced with U+FFFD and counted per file: a few give a warning, more than
+``max_non_utf8_fraction`` of a file's bytes an error (a corpus in another encoding would otherwise be learnt
+as replacement characters).
 
 **Parts.** ``Corpus(spec, num_parts=N, part=K)`` reads only part K's share, and the N parts together read
 each byte once, in the corpus's order (part 0's texts, then part 1's, ...):
@@ -16,7 +20,8 @@ each byte once, in the corpus's order (part 0's texts, then part 1's, ...):
 * files: the files laid end to end are cut into N equal byte ranges. With at least N files, each file goes
   whole to the part holding its middle byte (whole files, balanced by size, in order). With fewer, text and
   JSON-lines files are read by byte range: a part starts at the first line that starts inside its range and
-  ends with the line that crosses its end; parquet files by row group (the part holding its middle byte);
+  ends with the line that crosses its end; parquet files by row group (the part holding its middle byte).
+  A compressed file cannot be cut by byte range: a corpus with one needs at least N files;
 * ``hf:`` datasets: the dataset's own file shards (``IterableDataset.shard``), split further into parquet
   row groups (``reshard``) when there are fewer files than parts, else every N-th example (logged: each
   part then streams the whole dataset);
@@ -24,7 +29,9 @@ each byte once, in the corpus's order (part 0's texts, then part 1's, ...):
 
 **Samples.** ``Corpus(spec, sample_bytes=B)`` reads about B bytes spread over the whole corpus, the same in
 every run: windows of the files evenly spaced from start to end (lines cut as for parts), or the head of
-each of a Hub dataset's shards. The tokenizer trains on a sample so that its memory stays bounded.
+each of a Hub dataset's shards. The tokenizer trains on a sample so that its memory stays bounded. A
+compressed file's windows are placed in its text, whose size is estimated from how much the first MiB of the
+first compressed file expands; the file is decompressed in one pass up to its last window.
 """
 
 from __future__ import annotations
@@ -34,8 +41,9 @@ import itertools
 import json
 import logging
 import math
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.lib import storage
@@ -51,6 +59,8 @@ _CHUNK_BYTES = 1 << 20
 LINE_STEP = 4096  # past the end of its range, a reader finishes its last line in reads of this size
 _SAMPLE_WINDOWS = 1024  # a sample is read as at most this many windows ...
 _MIN_WINDOW = 1 << 16  # ... of at least this many bytes
+_UTF8_CHECK_BYTES = 1 << 16  # a file's share of bytes that are not UTF-8 is judged once this much is read
+_ESCAPED_BYTES = re.compile("[\udc80-\udcff]")  # what "surrogateescape" makes of a byte that is not UTF-8
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ class CorpusSpec:
     text_column: str = "text"
     limit: int | None = None
     hf_token_secret: str = ""  # Secret Manager secret with a Hub token, for private hf: datasets; else HF_TOKEN
+    max_non_utf8_fraction: float = 0.001
 
     def __post_init__(self) -> None:
         if not self.source or not self.source.strip():
@@ -69,6 +80,10 @@ class CorpusSpec:
             raise InvalidParameter("limit", self.limit, "must be a positive number of texts, or unset")
         if not self.text_column:
             raise InvalidParameter("text_column", self.text_column, "must name the column holding the text")
+        if not 0 <= self.max_non_utf8_fraction <= 1:
+            raise InvalidParameter(
+                "max_non_utf8_fraction", self.max_non_utf8_fraction, "must be a share of a file's bytes, 0 to 1"
+            )
 
     def describe(self) -> dict[str, Any]:
         return {"source": self.source, "text_column": self.text_column, "limit": self.limit}
@@ -82,7 +97,7 @@ class CorpusArguments:
         default=EMBEDDED,
         metadata={
             "help": "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet paths or "
-            "globs (local or gs://)."
+            "globs (local or gs://); .txt and .jsonl also as .gz, .zst, .bz2 or .xz."
         },
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
@@ -94,6 +109,13 @@ class CorpusArguments:
         default="",
         metadata={"help": "Secret Manager secret holding a Hub token (private hf: datasets, the push); else HF_TOKEN."},
     )
+    max_non_utf8_fraction: float = field(
+        default=0.001,
+        metadata={
+            "help": "Refuse a corpus file when more than this share of its bytes are not UTF-8; fewer are replaced "
+            "with U+FFFD and counted (a warning, and non_utf8_bytes in the manifest)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.limit < 0:
@@ -102,12 +124,14 @@ class CorpusArguments:
 
     @property
     def corpus_spec(self) -> CorpusSpec:
-        return CorpusSpec(self.corpus, self.text_column, self.limit or None, self.hf_token_secret)
+        return CorpusSpec(
+            self.corpus, self.text_column, self.limit or None, self.hf_token_secret, self.max_non_utf8_fraction
+        )
 
 
 EXPECTED_FORMS = (
     "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated local/gs:// paths or globs "
-    f"of {', '.join(sorted(FILE_FORMATS))} files"
+    f"of {', '.join(sorted(FILE_FORMATS))} files (all but .parquet also {'/'.join(storage.DECOMPRESSORS)})"
 )
 
 
@@ -121,25 +145,96 @@ class FileSlice:
     size: int
     start: int
     end: int
+    in_text: bool = False  # a sample's window of a compressed file: start and end are offsets in its text
+
+    @property
+    def compressed(self) -> bool:
+        return bool(storage.compression(self.uri))
+
+    @property
+    def width(self) -> int:
+        return self.end - self.start
+
+
+class Reading:
+    """What one pass over a corpus read: bytes from storage, the bytes of text they gave, and per file the bytes
+    that are not UTF-8 (each replaced with U+FFFD), held against ``max_non_utf8_fraction``."""
+
+    def __init__(self, max_non_utf8_fraction: float):
+        self.limit = max_non_utf8_fraction
+        self.bytes_read = 0
+        self.text_bytes = 0
+        self.non_utf8: dict[str, list[int]] = {}  # uri -> [bytes not UTF-8, bytes decoded]
+
+    @property
+    def non_utf8_bytes(self) -> int:
+        return sum(bad for bad, _ in self.non_utf8.values())
+
+    def read(self, count: int) -> None:
+        self.bytes_read += count
+
+    def decode_lines(self, block: bytes, uri: str) -> list[str]:
+        """The lines of ``block`` (whole lines of ``uri`` joined by "\\n")."""
+        counts = self.non_utf8.setdefault(uri, [0, 0])
+        counts[1] += len(block) + 1
+        self.text_bytes += len(block) + 1
+        try:
+            text = block.decode("utf-8")
+        except UnicodeDecodeError:
+            text = block.decode("utf-8", errors="surrogateescape")
+            counts[0] += len(_ESCAPED_BYTES.findall(text))
+            text = _ESCAPED_BYTES.sub("\ufffd", text)
+            if counts[1] >= _UTF8_CHECK_BYTES:
+                self._check(uri)
+        lines = text.split("\n")
+        if "\r" in text:  # Windows line ends
+            lines = [line.removesuffix("\r") for line in lines]
+        return lines
+
+    def finish_file(self, uri: str) -> None:
+        """Judges a file once this pass is done with it: an error above the limit, else a warning for any."""
+        self._check(uri)
+        bad, decoded = self.non_utf8.get(uri, (0, 0))
+        if bad:
+            log.warning(
+                "%s: %s byte(s) that are not UTF-8 replaced with U+FFFD (%.4f%% of %s bytes read)",
+                uri,
+                f"{bad:,}",
+                100 * bad / decoded,
+                f"{decoded:,}",
+            )
+
+    def _check(self, uri: str) -> None:
+        bad, decoded = self.non_utf8.get(uri, (0, 0))
+        if bad and bad > self.limit * decoded:
+            raise InvalidParameter(
+                "corpus",
+                uri,
+                f"{bad / decoded:.2%} of its bytes are not UTF-8 ({bad:,} of {decoded:,} read), more than "
+                f"max_non_utf8_fraction={self.limit}: re-encode it as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8) or "
+                "raise max_non_utf8_fraction to read it with those bytes replaced",
+            )
 
 
 class Corpus:
     """An opened corpus: validated up front, then iterated as many times as needed.
 
     ``fraction_done`` follows the current iteration over this reader's share (bytes for files, rows where
-    the total is known), for progress lines; ``None`` when the size is unknown. ``bytes_read`` counts the
-    bytes the last iteration read from the files (for ``hf:`` and ``embedded``, the text's UTF-8 bytes).
+    the total is known), for progress lines; ``None`` when the size is unknown. ``reading`` tells what the last
+    iteration read: ``bytes_read`` from the files (compressed bytes for a compressed file; for ``hf:`` and
+    ``embedded``, the text's UTF-8 bytes), ``text_bytes`` of text they gave, ``non_utf8_bytes`` replaced.
     """
 
     def __init__(self, spec: CorpusSpec, num_parts: int = 1, part: int = 0, sample_bytes: int | None = None):
         self.spec = spec
         self.num_parts, self.part, self.sample_bytes = num_parts, part, sample_bytes
         self.fraction_done: float | None = None
-        self.bytes_read = 0
+        self.reading = Reading(spec.max_non_utf8_fraction)
         source = spec.source.strip()
         if source == EMBEDDED:
             self.kind = "embedded"
             self.total_bytes = sum(len(line.encode("utf-8")) + 1 for line in embedded_lines())
+            self.text_total = self.total_bytes
         elif source.startswith(HUB_PREFIX):
             self.kind = "hub"
             self._hub_args = parse_hub_name(source)
@@ -147,6 +242,10 @@ class Corpus:
             self.kind = "files"
             self.files = _resolve_files(source)
             self.total_bytes = sum(size for _, _, size in self.files)
+            compressed = [uri for uri, _, _ in self.files if storage.compression(uri)]
+            # bytes of text per compressed byte, known only by reading: measured where a sample needs it
+            self.expansion = _expansion(compressed[0]) if compressed and sample_bytes else 1.0
+            self.text_total = sum(self._text_size(uri, size) for uri, _, size in self.files)
         if self.kind == "files":
             self.slices = self._plan_slices()
         self._check_first_text()
@@ -167,18 +266,26 @@ class Corpus:
         """Whether this reader reads a sample rather than all of its share."""
         if self.kind == "hub":  # its size is not known before reading
             return bool(self.sample_bytes)
-        return bool(self.sample_bytes) and self.sample_bytes < self.total_bytes
+        return bool(self.sample_bytes) and self.sample_bytes < self.text_total
+
+    def _text_size(self, uri: str, size: int) -> int:
+        """A file's bytes of text: its size, or for a compressed file an estimate (``expansion``)."""
+        return int(size * self.expansion) if storage.compression(uri) else size
 
     def describe_share(self) -> str:
-        planned = sum(piece.end - piece.start for piece in self.slices)
+        planned = sum(piece.width for piece in self.slices)
         what = f"a sample of {self.sample_bytes:,} bytes" if self.sample_bytes else f"part {self.part}"
         return (
             f"{what}: {planned:,} of the corpus's {self.total_bytes:,} bytes, "
             f"in {len(self.slices)} piece(s) of {len({piece.uri for piece in self.slices})} file(s)"
         )
 
+    @property
+    def bytes_read(self) -> int:
+        return self.reading.bytes_read
+
     def __iter__(self) -> Iterator[str]:
-        self.bytes_read = 0
+        self.reading = Reading(self.spec.max_non_utf8_fraction)
         texts = (text for text in self._raw_texts() if text.strip())
         if self.spec.limit is not None:
             texts = itertools.islice(texts, self.spec.limit)
@@ -200,13 +307,19 @@ class Corpus:
     def _plan_slices(self) -> list[FileSlice]:
         total = self.total_bytes
         if self.sampled:
-            windows = max(1, min(_SAMPLE_WINDOWS, self.sample_bytes // _MIN_WINDOW))
-            width = self.sample_bytes / windows
-            ranges = [(int(i * total / windows), int(i * total / windows + width)) for i in range(windows)]
-            return _file_slices(self.files, ranges)
+            return self._sample_slices()
         if self.num_parts == 1:
             return self._whole_files()
         bounds = [int(k * total / self.num_parts) for k in range(self.num_parts + 1)]
+        compressed = [uri for uri, _, _ in self.files if storage.compression(uri)]
+        if compressed and len(self.files) < self.num_parts:
+            raise InvalidParameter(
+                "num_parts",
+                self.num_parts,
+                f"the corpus has {len(self.files)} file(s), {len(compressed)} of them compressed, and a compressed "
+                f"file cannot be cut into parts: use num_parts <= {len(self.files)}, or a corpus of at least "
+                f"{self.num_parts} files",
+            )
         if len(self.files) >= self.num_parts:  # whole files, each to the part that holds its middle byte
             slices, offset = [], 0
             for uri, fmt, size in self.files:
@@ -215,6 +328,13 @@ class Corpus:
                 offset += size
             return slices
         return _file_slices(self.files, [(bounds[self.part], bounds[self.part + 1])])
+
+    def _sample_slices(self) -> list[FileSlice]:
+        """A sample's windows, spread evenly over the corpus's bytes of text (a compressed file's estimated)."""
+        sizes = {uri: size for uri, _, size in self.files}
+        text_files = [(uri, fmt, self._text_size(uri, size)) for uri, fmt, size in self.files]
+        windows = _file_slices(text_files, _sample_windows(self.sample_bytes, self.text_total))
+        return [replace(piece, size=sizes[piece.uri], in_text=True) if piece.compressed else piece for piece in windows]
 
     # -- readers -----------------------------------------------------------------------------------------------
 
@@ -230,7 +350,7 @@ class Corpus:
             chosen = list(range(count * self.part // self.num_parts, count * (self.part + 1) // self.num_parts))
         for done, index in enumerate(chosen):
             self.fraction_done = done / max(len(chosen), 1)
-            self.bytes_read += len(lines[index].encode("utf-8")) + 1
+            self._read_text(len(lines[index].encode("utf-8")) + 1)
             yield lines[index]
         self.fraction_done = 1.0
 
@@ -249,7 +369,7 @@ class Corpus:
                 text = row[self.spec.text_column] or ""
                 if total:
                     self.fraction_done = index / total
-                self.bytes_read += len(text.encode("utf-8"))
+                self._read_text(len(text.encode("utf-8")))
                 yield text
         finally:
             rows.close()
@@ -301,18 +421,46 @@ class Corpus:
                     break
 
     def _file_texts(self, slices: list[FileSlice]) -> Iterator[str]:
-        planned = max(sum(piece.end - piece.start for piece in slices), 1)
+        """The texts of the pieces, a file at a time (its pieces are next to each other)."""
+        planned = max(sum(piece.width for piece in slices), 1)
         done = 0
-        for piece in slices:
-            reader = _parquet_texts if piece.file_format == "parquet" else _line_texts
-            for text, piece_done in reader(piece, self.spec, self._count_read):
-                self.fraction_done = min((done + piece_done) / planned, 1.0)
-                yield text
-            done += piece.end - piece.start
+        for uri, group in itertools.groupby(slices, key=lambda piece: piece.uri):
+            pieces = list(group)
+            if pieces[0].compressed:  # one pass over the file, whatever its pieces
+                readers = [(_compressed_line_texts(pieces, self.spec, self.reading), pieces)]
+            else:
+                reader = _parquet_texts if pieces[0].file_format == "parquet" else _line_texts
+                readers = [(reader(piece, self.spec, self.reading), [piece]) for piece in pieces]
+            for texts, covered in readers:  # each tells how many bytes of its pieces it has done
+                for text, reader_done in texts:
+                    self.fraction_done = min((done + reader_done) / planned, 1.0)
+                    yield text
+                done += sum(piece.width for piece in covered)
+            self.reading.finish_file(uri)
         self.fraction_done = 1.0
 
-    def _count_read(self, count: int) -> None:
-        self.bytes_read += count
+    def _read_text(self, count: int) -> None:
+        self.reading.read(count)
+        self.reading.text_bytes += count
+
+
+def _sample_windows(sample_bytes: int, total: int) -> list[tuple[int, int]]:
+    """Byte ranges of about ``sample_bytes`` in all, evenly spaced over ``total`` bytes."""
+    windows = max(1, min(_SAMPLE_WINDOWS, sample_bytes // _MIN_WINDOW))
+    width = sample_bytes / windows
+    return [(int(i * total / windows), int(i * total / windows + width)) for i in range(windows)]
+
+
+def _expansion(uri: str) -> float:
+    """Bytes of text per compressed byte in the first MiB of a compressed file."""
+    text = 0
+    try:
+        with storage.DecompressedFile(uri) as f:
+            while f.compressed_bytes_read < _CHUNK_BYTES and (chunk := f.read(_CHUNK_BYTES)):
+                text += len(chunk)
+            return text / max(f.compressed_bytes_read, 1)
+    except storage.DECOMPRESSION_ERRORS as error:
+        raise _undecompressable(uri, error) from None
 
 
 def _part_of(offset: float, total: int, num_parts: int) -> int:
@@ -356,10 +504,16 @@ def _resolve_files(source: str) -> list[tuple[str, str, int]]:
         for uri in matches:
             if storage.isdir(uri):
                 raise InvalidParameter("corpus", uri, "is a folder; name its files, e.g. folder/*.txt")
-            suffix = "." + uri.rsplit(".", 1)[-1].lower() if "." in storage.basename(uri) else ""
+            compression = storage.compression(uri)
+            name = storage.basename(uri).removesuffix(compression) if compression else storage.basename(uri)
+            suffix = "." + name.rsplit(".", 1)[-1].lower() if "." in name else ""
             if suffix not in FILE_FORMATS:
                 raise InvalidParameter(
-                    "corpus", uri, f"unknown file type {suffix or '(none)'}; supported: {sorted(FILE_FORMATS)}"
+                    "corpus", uri, f"unknown file type {suffix + compression or '(none)'}; expected {EXPECTED_FORMS}"
+                )
+            if compression and FILE_FORMATS[suffix] == "parquet":
+                raise InvalidParameter(
+                    "corpus", uri, "a parquet file is compressed inside (its codec); name the .parquet file itself"
                 )
             files.append((uri, FILE_FORMATS[suffix], storage.size(uri)))
     return files
@@ -369,20 +523,20 @@ def _missing_column(spec: CorpusSpec, columns: list[str], where: str) -> Invalid
     return InvalidParameter("text_column", spec.text_column, f"{where} has no such column; it has {columns}")
 
 
-def _line_texts(piece: FileSlice, spec: CorpusSpec, count_read: Any) -> Iterator[tuple[str, int]]:
+def _line_texts(piece: FileSlice, spec: CorpusSpec, reading: Reading) -> Iterator[tuple[str, int]]:
     """(text, bytes of the piece done) for the lines of a text or JSON-lines piece, decoded a 1 MiB block at a
-    time; ``count_read`` is told each block's bytes read from storage."""
+    time; ``reading`` counts the bytes read from storage and decodes."""
     done = 0
-    for block, block_bytes in _line_blocks(piece.uri, piece.start, piece.end, count_read):
+    for block, block_bytes in _line_blocks(piece.uri, piece.start, piece.end, reading.read):
         done = min(done + block_bytes, piece.end - piece.start)
-        for line in block:
+        for line in reading.decode_lines(block, piece.uri):
             yield (_jsonl_text(line, spec, piece.uri) if piece.file_format == "jsonl" else line), done
 
 
-def _line_blocks(uri: str, start: int, end: int, count_read: Any) -> Iterator[tuple[list[str], int]]:
-    """The lines of the file that start in ``[start, end)``, a block of whole lines at a time (splitting on
-    "\\n", which never falls inside a UTF-8 character), with the bytes of the range each block covers. A line
-    that starts before ``start`` belongs to the range before; the line that crosses ``end`` is read whole."""
+def _line_blocks(uri: str, start: int, end: int, count_read: Any) -> Iterator[tuple[bytes, int]]:
+    """The lines of the file that start in ``[start, end)``, a block of whole lines at a time (joined by "\\n",
+    which never falls inside a UTF-8 character), with the bytes of the range each block covers. A line that
+    starts before ``start`` belongs to the range before; the line that crosses ``end`` is read whole."""
     with storage.open_file(uri, "rb") as f:
         position = max(start - 1, 0)  # file offset of buffer[0]
         if position:
@@ -407,21 +561,67 @@ def _line_blocks(uri: str, start: int, end: int, count_read: Any) -> Iterator[tu
                 stop = buffer.find(b"\n", end - 1 - position)  # the newline ending the line that crosses `end`
                 if stop >= 0 or not chunk:
                     if buffer:
-                        yield _decode_lines(buffer if stop < 0 else buffer[:stop]), end - position
+                        yield (buffer if stop < 0 else buffer[:stop]), end - position
                     return
                 continue  # that line goes on past this read
             cut = buffer.rfind(b"\n")
             if cut >= 0:
-                yield _decode_lines(buffer[:cut]), cut + 1
+                yield buffer[:cut], cut + 1
                 position, buffer = position + cut + 1, buffer[cut + 1 :]
 
 
-def _decode_lines(block: bytes) -> list[str]:
-    text = block.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if "\r" in text:  # Windows line ends
-        lines = [line.removesuffix("\r") for line in lines]
-    return lines
+def _compressed_line_texts(pieces: list[FileSlice], spec: CorpusSpec, reading: Reading) -> Iterator[tuple[str, int]]:
+    """(text, bytes of the pieces done) for the lines of a compressed text or JSON-lines file, decompressed in
+    one pass: all of it for a whole file, else the lines that start in the pieces' ranges of its text (a
+    sample's windows), stopping after the last. Progress goes by compressed bytes read."""
+    uri, size = pieces[0].uri, pieces[0].size
+    whole = not pieces[0].in_text
+    width = sum(piece.width for piece in pieces)
+    windows = [(piece.start, piece.end) for piece in pieces]
+    rest, counted, offset = b"", 0, 0  # the unfinished line; compressed bytes counted; text offset of `rest`
+    try:
+        with storage.DecompressedFile(uri) as f:
+            while windows:
+                chunk = f.read(_CHUNK_BYTES)
+                reading.read(f.compressed_bytes_read - counted)
+                counted = f.compressed_bytes_read
+                block = rest + chunk
+                cut = block.rfind(b"\n") if chunk else len(block)
+                if cut < 0:
+                    rest = block
+                    continue
+                block, rest, start, offset = block[:cut], block[cut + 1 :], offset, offset + cut + 1
+                if not whole:
+                    block, windows = _lines_in_windows(block, start, windows)
+                if block or (chunk and whole):
+                    done = min(counted, size) * width // max(size, 1)
+                    for line in reading.decode_lines(block, uri):
+                        yield (_jsonl_text(line, spec, uri) if pieces[0].file_format == "jsonl" else line), done
+                if not chunk:
+                    return
+    except storage.DECOMPRESSION_ERRORS as error:
+        raise _undecompressable(uri, error) from None
+
+
+def _lines_in_windows(block: bytes, start: int, windows: list[tuple[int, int]]) -> tuple[bytes, list]:
+    """The lines of ``block`` (whose first byte is at ``start``) that start in the first of ``windows``
+    (byte ranges, in order), and the windows that remain after it."""
+    kept, position = [], start
+    for line in block.split(b"\n"):
+        while windows and position >= windows[0][1]:
+            windows = windows[1:]
+        if not windows:
+            break
+        if position >= windows[0][0]:
+            kept.append(line)
+        position += len(line) + 1
+    return b"\n".join(kept), windows
+
+
+def _undecompressable(uri: str, error: Exception) -> InvalidParameter:
+    return InvalidParameter(
+        "corpus", uri, f"cannot be decompressed ({error}): the file is truncated, or not {storage.compression(uri)}"
+    )
 
 
 def _jsonl_text(line: str, spec: CorpusSpec, uri: str) -> str:
@@ -438,7 +638,7 @@ def _jsonl_text(line: str, spec: CorpusSpec, uri: str) -> str:
     return row[spec.text_column] or ""
 
 
-def _parquet_texts(piece: FileSlice, spec: CorpusSpec, count_read: Any) -> Iterator[tuple[str, int]]:
+def _parquet_texts(piece: FileSlice, spec: CorpusSpec, reading: Reading) -> Iterator[tuple[str, int]]:
     """The texts of the row groups of a parquet piece; a row group counts as read when it is."""
     import pyarrow.parquet as pq
 
@@ -456,7 +656,7 @@ def _parquet_texts(piece: FileSlice, spec: CorpusSpec, count_read: Any) -> Itera
             if not piece.start <= middle < piece.end:
                 continue
             table = parquet.read_row_group(index, columns=[spec.text_column])
-            count_read(int(group_size * scale))
+            reading.read(int(group_size * scale))
             done = min(done + int(group_size * scale), piece.end - piece.start)
             for text in table.column(0).to_pylist():
                 yield text or "", done

@@ -103,7 +103,7 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
     corpus = None
     if arguments.tokenizer or not arguments.corpus_bytes:
         corpus = Corpus(CorpusSpec(arguments.corpus), sample_bytes=1_000_000)
-    corpus_bytes = arguments.corpus_bytes or getattr(corpus, "total_bytes", 0)
+    corpus_bytes = arguments.corpus_bytes or getattr(corpus, "text_total", 0)  # compressed files: estimated
     if not corpus_bytes:
         raise InvalidParameter("corpus_bytes", 0, f"the size of {arguments.corpus} is not known here; give it")
     tokens_per_byte, how = DEFAULT_TOKENS_PER_BYTE, "assumed (measured on WikiText-2)"
@@ -120,6 +120,11 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
         "corpus_bytes": corpus_bytes,
         "tokens_per_byte": round(tokens_per_byte, 4),
         "source": f"{corpus_bytes:,} bytes x {tokens_per_byte:.3f} tokens per byte, {how}"
+        + (
+            f" (compressed files: {corpus.expansion:.2f} bytes of text per byte, measured on the first)"
+            if corpus is not None and getattr(corpus, "expansion", 1.0) != 1.0 and not arguments.corpus_bytes
+            else ""
+        )
         + (f", {arguments.holdout_fraction:.0%} held out" if arguments.holdout_fraction else ""),
     }
 

@@ -45,6 +45,8 @@ def merge_manifests(output: str) -> dict[str, Any]:
         num_records=sum(part["num_records"] for part in parts),
         texts=sum(part["texts"] for part in parts),
         bytes_read=sum(part.get("bytes_read", 0) for part in parts),
+        text_bytes=sum(part.get("text_bytes", 0) for part in parts),
+        non_utf8_bytes=sum(part.get("non_utf8_bytes", 0) for part in parts),
         tokens_written=sum(part["tokens_written"] for part in parts),
         tokens_dropped=sum(part["tokens_dropped"] for part in parts),
     )
@@ -82,6 +84,8 @@ PART_KEYS = (
     "num_records",
     "texts",
     "bytes_read",
+    "text_bytes",
+    "non_utf8_bytes",
     "tokens_written",
     "tokens_dropped",
     "token_counts",

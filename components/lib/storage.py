@@ -7,8 +7,11 @@ Writes that must never be seen half-done go to a temporary name and are renamed 
 
 from __future__ import annotations
 
+import bz2
 import functools
+import gzip
 import io
+import lzma
 import os
 import posixpath
 import uuid
@@ -16,10 +19,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from backports import zstd
+
 from components.lib.errors import InvalidParameter
 
 REMOTE_SCHEMES = ("gs",)
 TEMP_SUFFIX = ".partial"
+# compressed files, by suffix: the standard library's readers (zstd: its backport of Python 3.14's, PEP 784;
+# python-zstandard's stream reader ends a truncated file without an error)
+DECOMPRESSORS: dict[str, Any] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".zst": zstd.open}
+# what they raise on a truncated or corrupt file
+DECOMPRESSION_ERRORS = (EOFError, OSError, lzma.LZMAError, zstd.ZstdError)
 
 
 @functools.cache
@@ -101,10 +111,12 @@ def open_file(uri: str, mode: str = "rb") -> Any:
 
 
 class _RandomAccessFile(io.RawIOBase):
-    """A ``GFile`` as a standard binary file, for readers (pyarrow) that need the full ``io`` interface."""
+    """A ``GFile`` as a standard binary file, for readers (pyarrow, decompressors) that need the full ``io``
+    interface. ``bytes_read`` counts the bytes read from storage."""
 
     def __init__(self, uri: str):
         self._file = gfile().GFile(uri, "rb")
+        self.bytes_read = 0
 
     def readable(self) -> bool:
         return True
@@ -115,6 +127,7 @@ class _RandomAccessFile(io.RawIOBase):
     def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
         data = self._file.read(len(buffer))
         buffer[: len(data)] = data
+        self.bytes_read += len(data)
         return len(data)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
@@ -131,6 +144,29 @@ class _RandomAccessFile(io.RawIOBase):
 
 def open_random_access(uri: str) -> io.BufferedReader:
     return io.BufferedReader(_RandomAccessFile(uri), buffer_size=1 << 20)
+
+
+def compression(uri: str) -> str:
+    """The compression suffix of ``uri`` (".gz", ".zst", ".bz2", ".xz"), or ""."""
+    suffix = "." + basename(uri).rsplit(".", 1)[-1].lower() if "." in basename(uri) else ""
+    return suffix if suffix in DECOMPRESSORS else ""
+
+
+class DecompressedFile(io.BufferedReader):
+    """The decompressed bytes of a compressed file, streamed; ``compressed_bytes_read`` counts the bytes read
+    from storage (the decompressor reads ahead, so it runs a little ahead of what was returned)."""
+
+    def __init__(self, uri: str):
+        self._raw_file = _RandomAccessFile(uri)
+        super().__init__(DECOMPRESSORS[compression(uri)](self._raw_file, "rb"), buffer_size=1 << 16)
+
+    @property
+    def compressed_bytes_read(self) -> int:
+        return self._raw_file.bytes_read
+
+    def close(self) -> None:
+        super().close()
+        self._raw_file.close()
 
 
 def read_bytes(uri: str) -> bytes:
