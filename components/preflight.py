@@ -55,6 +55,13 @@ class PreflightArguments(TrainingSettings):
             "hour (at least 2 h, at most 168 h). A limit below the estimate is refused."
         },
     )
+    allow_tight_memory: bool = field(
+        default=False,
+        metadata={
+            "help": "Start a run whose memory estimate is tight (its high end above the TPU's memory) instead of "
+            "refusing it: XLA may fit it, or the job may die of out-of-memory at compile."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -103,7 +110,8 @@ def check_writable(parameter: str, folder: str) -> None:
 
 def check_memory(arguments: PreflightArguments, config: Any, max_length: int) -> dict[str, Any]:
     """The memory estimate of one replica; a run that cannot fit the TPU's memory is refused with a batch
-    that fits, a run near the limit gets a warning."""
+    that fits, and so is a tight one unless ``allow_tight_memory``: an out-of-memory at XLA compile comes only
+    after the TPU was provisioned and everything before it was paid."""
     tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
     estimate = training_memory(
         config,
@@ -113,6 +121,7 @@ def check_memory(arguments: PreflightArguments, config: Any, max_length: int) ->
         arguments.bf16,
         max_predictions(max_length, arguments.mlm_probability),
         tpu.memory_gib_per_replica if tpu else None,
+        arguments.gradient_accumulation_steps,
     )
     if estimate.verdict == "does not fit":
         advice = f"a per-replica batch of {estimate.largest_batch} fits"
@@ -124,6 +133,14 @@ def check_memory(arguments: PreflightArguments, config: Any, max_length: int) ->
             f"needs at least {estimate.low / GIB:.1f} GiB per replica ({estimate.parameters / GIB:.1f} GiB weights "
             f"and optimizer state, the rest activations), more than a {tpu.name} replica's "
             f"{tpu.memory_gib_per_replica:.0f} GiB; {advice}",
+        )
+    if estimate.verdict == "tight" and not arguments.allow_tight_memory:
+        raise InvalidParameter(
+            "per_replica_batch_size",
+            arguments.per_replica_batch_size,
+            f"may not fit: {estimate.low / GIB:.1f}-{estimate.high / GIB:.1f} GiB per replica of a {tpu.name}'s "
+            f"{tpu.memory_gib_per_replica:.0f} GiB; use {estimate.largest_batch} or less (raise "
+            "gradient_accumulation_steps to keep the global batch), or allow_tight_memory=true to try it",
         )
     if estimate.verdict == "tight":
         log.warning(

@@ -75,10 +75,12 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
     strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
     plan = plan_training(arguments, strategy.num_replicas_in_sync)
     log.info(
-        "%s strategy, %d replica(s), global batch %d, %d steps",
+        "%s strategy, %d replica(s), global batch %d (%d micro-batch(es) of %d per replica), %d steps",
         kind,
         strategy.num_replicas_in_sync,
         plan.global_batch_size,
+        plan.accumulation,
+        arguments.per_replica_batch_size,
         plan.total_steps,
     )
     token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
@@ -157,7 +159,9 @@ def _training_loop(
 
     iterator, validation = _datasets(arguments, plan, strategy, state)
     predictions = max_predictions(plan.manifest["max_length"], arguments.mlm_probability)
-    train_steps = _train_function(state.model, state.optimizer, strategy, _use_xla(arguments.xla, kind), predictions)
+    train_steps = _train_function(
+        state.model, state.optimizer, strategy, _use_xla(arguments.xla, kind), predictions, plan.accumulation
+    )
     shard_sources = (
         ("train_shards", arguments.train_shards, plan.manifest),
         ("eval_shards", arguments.eval_shards, plan.eval_manifest),
@@ -203,7 +207,7 @@ def _datasets(
     dataset = masked_dataset(
         arguments.train_shards,
         plan.manifest,
-        plan.global_batch_size,
+        plan.micro_batch_size,
         masking,
         training=True,
         seed=arguments.seed + state.start_step,
@@ -215,7 +219,7 @@ def _datasets(
     batches = masked_dataset(
         arguments.eval_shards,
         plan.eval_manifest,
-        plan.global_batch_size,
+        plan.micro_batch_size,
         masking,
         training=False,
         drop_remainder=True,  # TPUs need full batches
@@ -351,23 +355,31 @@ def _next_multiple(step: int, every: int) -> int:
     return (step // every + 1) * every
 
 
-def _train_function(model: Any, optimizer: Any, strategy: Any, xla: bool, predictions: int) -> Any:
+def _train_function(
+    model: Any, optimizer: Any, strategy: Any, xla: bool, predictions: int, accumulation: int = 1
+) -> Any:
     """A function running ``steps`` optimizer steps on batches from a distributed iterator in one call into the
-    graph and returning their mean loss. The loss is summed on each replica's device and read once per call
-    (on a TPU, no cross-replica reduction or host transfer each step)."""
+    graph and returning their mean loss. Each step sums the gradients of ``accumulation`` micro-batches, one
+    backward pass at a time, so that only one micro-batch's activations are held. The loss is summed on each
+    replica's device and read once per call (on a TPU, no cross-replica reduction or host transfer each step)."""
     import tensorflow as tf
 
     replicas = strategy.num_replicas_in_sync
     with strategy.scope():
         mean_loss = tf.keras.metrics.Mean("train_loss")  # a variable per replica, summed across them on reading
 
-    def replica_step(batch: dict[str, Any]) -> None:
-        with tf.GradientTape() as tape:
-            loss = masked_lm_loss(model, batch, predictions)
-            scaled = loss / replicas  # gradients are summed over replicas
-        gradients = tape.gradient(scaled, model.trainable_variables)
+    def replica_step(batches: tuple[dict[str, Any], ...]) -> None:
+        gradients = None
+        for batch in batches:
+            with tf.GradientTape() as tape:
+                loss = masked_lm_loss(model, batch, predictions)
+                scaled = loss / (replicas * accumulation)  # gradients are summed over replicas and micro-batches
+            micro = tape.gradient(scaled, model.trainable_variables)
+            if accumulation > 1:  # summed as dense tensors (the embeddings' gradient comes as IndexedSlices)
+                micro = [tf.convert_to_tensor(g) for g in micro]
+            gradients = micro if gradients is None else [total + g for total, g in zip(gradients, micro, strict=True)]
+            mean_loss.update_state(loss)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        mean_loss.update_state(loss)
 
     if xla:
         replica_step = tf.function(replica_step, jit_compile=True)
@@ -375,7 +387,7 @@ def _train_function(model: Any, optimizer: Any, strategy: Any, xla: bool, predic
     @tf.function
     def train_steps(iterator: Any, steps: Any) -> None:
         for _ in tf.range(steps):
-            strategy.run(replica_step, args=(next(iterator),))
+            strategy.run(replica_step, args=(tuple(next(iterator) for _ in range(accumulation)),))
 
     def run(iterator: Any, steps: Any) -> Any:
         mean_loss.reset_state()

@@ -20,7 +20,7 @@ from typing import Any
 from kfp import compiler, dsl
 
 from components.evaluate import EvaluateArguments
-from components.lib.accelerators import TPU_RUNTIME_ENV, TPU_TYPES, TpuType
+from components.lib.accelerators import TPU_RUNTIME_ENV, TPU_TYPES, TpuType, tpu_batch
 from components.lib.corpus import CorpusArguments
 from components.lib.errors import InvalidParameter
 from components.lib.training import TrainingSettings
@@ -153,6 +153,7 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
         if setting.name not in NOT_PIPELINE_PARAMETERS
     ),
     ("tpu_job_timeout_hours", PreflightArguments, "tpu_job_timeout_hours"),
+    ("allow_tight_memory", PreflightArguments, "allow_tight_memory"),
     ("eval_batch_size", EvaluateArguments, "batch_size"),
     ("hub_repo_id", PipelineSettings, "hub_repo_id"),
     ("hub_private", PushArguments, "private"),
@@ -173,8 +174,11 @@ ALSO_FEEDS = {
 
 def target_defaults(target: str, tpu: TpuType) -> dict[str, Any]:
     """The defaults a target changes: a TPU run wants the TPU (a TPU that does not start fails the step, never
-    a CPU run), bfloat16 and the TPU's replica count."""
-    return {"accelerator": "tpu", "bf16": True, "replicas": tpu.replicas} if target == "vertex" else {}
+    a CPU run), bfloat16, the TPU's replica count, and a micro-batch that fits accumulated to the recipe's
+    global batch."""
+    if target != "vertex":
+        return {}
+    return {"accelerator": "tpu", "bf16": True, "replicas": tpu.replicas, **tpu_batch(tpu)}
 
 
 def pipeline_parameters(defaults: dict[str, Any] | None = None) -> list[PipelineParameter]:

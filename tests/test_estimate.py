@@ -3,11 +3,13 @@ import json
 import pytest
 from conftest import run_module
 
+from components.lib.accelerators import TPU_TYPES
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
 from components.lib.results import SUMMARY_FILE
 from components.lib.shard_set import read_manifest
 from components.train import TrainArguments, train
+from pipelines.pipeline import target_defaults
 
 
 def test_roberta_base_counts_as_the_readme_says():
@@ -32,6 +34,16 @@ def test_an_epoch_of_the_shards_on_a_v3_8(embedded_shards):
     assert result["memory"]["verdict"] == "fits"
     table = estimate_table(result)
     assert "manifest.json" in table and "40% MFU (assumed, not measured)" in table and "$" in table
+
+
+@pytest.mark.parametrize("tpu", sorted(TPU_TYPES))
+def test_the_tpu_defaults_fit_every_tpu_type_at_the_recipe_s_global_batch(tpu):
+    result = estimate_run(EstimateArguments(model_config="roberta-base", tpu_type=tpu, max_steps=100))
+    assert result["memory"]["verdict"] == "fits" and result["global_batch_size"] == 2048
+    vertex = target_defaults("vertex", TPU_TYPES[tpu])  # what a compiled Vertex pipeline trains with
+    assert vertex["per_replica_batch_size"] == result["per_replica_batch_size"] == 128
+    assert vertex["gradient_accumulation_steps"] == result["gradient_accumulation_steps"]
+    assert "micro-batch(es) of 128" in estimate_table(result)
 
 
 @pytest.mark.parametrize(("tpu", "on_demand", "spot"), [("v3-8", 8.00, 2.04), ("v5e-8", 9.60, 1.959)])

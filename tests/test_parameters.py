@@ -40,6 +40,8 @@ DIFFERENT_ON_PURPOSE = {
     "train_shards": "the training needs them; the estimate and the evaluation's baseline do without",
     "evaluation": "a push may go without evaluation results; a report may not",
     "tpu_type": "preflight also checks runs on no TPU; the estimate is of a TPU",
+    "per_replica_batch_size": "the estimate is of a TPU run: 0 takes the vertex target's micro-batch",
+    "gradient_accumulation_steps": "the estimate is of a TPU run: 0 accumulates to the recipe's global batch",
 }
 
 
@@ -119,10 +121,12 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("corpus", "validation_corpus", "holdout_fraction", "text_column", "limit", "max_non_utf8_fraction"),
         *("vocab_size", "lowercase"),
         *("tokenizer_sample_bytes", "max_length", "records_per_shard", "num_parts", "model_config"),
-        *("per_replica_batch_size", "num_epochs", "max_steps", "learning_rate", "warmup_fraction", "weight_decay"),
+        *("per_replica_batch_size", "gradient_accumulation_steps", "num_epochs", "max_steps", "learning_rate"),
+        *("warmup_fraction", "weight_decay"),
         *("mlm_probability", "bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),
         *("checkpoint_every_steps", "log_every_steps", "eval_batches", "accelerator", "replicas"),
-        *("tpu_price_per_hour", "checkpoint_dir", "tpu_job_timeout_hours", "eval_batch_size", "hub_repo_id"),
+        *("tpu_price_per_hour", "checkpoint_dir", "tpu_job_timeout_hours", "allow_tight_memory", "eval_batch_size"),
+        *("hub_repo_id",),
         *("hub_private", "hub_license"),
         *("hf_token_secret", "output_root"),
     ]

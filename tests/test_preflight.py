@@ -137,7 +137,7 @@ def test_memory_estimate_of_roberta_base_on_a_v3_core():
     assert bf16.per_sample_high - bf16.per_sample_low == 12 * 5 * 12 * 128 * 128
     assert fp32.per_sample_high - fp32.per_sample_low == 2 * (bf16.per_sample_high - bf16.per_sample_low)
     assert fp32.verdict == "does not fit"  # what the pipeline's old default of bf16=false asked of a v3 core
-    assert bf16.verdict == "tight"  # the reference recipe's setting: a warning, not a refusal
+    assert bf16.verdict == "tight"  # the reference recipe's setting: refused by preflight unless allowed
     largest = fp32.largest_batch
     assert largest % 8 == 0 and estimate(largest, bf16=False).verdict == "fits"
     assert estimate(largest + 8, bf16=False).verdict != "fits"
@@ -181,6 +181,21 @@ def test_preflight_for_a_tpu_estimates_that_run(tmp_path, wikitext_shards):
     assert estimate["tokens"] == 10 * 128 * 128
     assert estimate["cost"] == pytest.approx(estimate["hours"] * 8.0)
     assert report["tpu_job_timeout_seconds"] == 2 * 3600  # 10 steps: the floor
+
+
+def test_preflight_refuses_a_batch_the_estimate_calls_tight_unless_allowed(tmp_path, wikitext_shards):
+    tight = {"tpu_type": "v3-8", "model_config": "roberta-base", "per_replica_batch_size": 256, "bf16": True}
+    tight["eval_shards"] = ""  # the validation shards hold fewer samples than a batch of 2048
+    with pytest.raises(InvalidParameter) as error:
+        preflight(arguments(wikitext_shards, tmp_path / "out", **tight))
+    assert error.value.parameter == "per_replica_batch_size" and error.value.value == 256
+    assert re.search(r"may not fit: .* GiB per replica of a v3-8's 16 GiB; use \d+ or less", error.value.expected)
+    assert "allow_tight_memory=true" in error.value.expected
+    allowed = preflight(arguments(wikitext_shards, tmp_path / "allowed", allow_tight_memory=True, **tight))
+    assert allowed["memory"]["verdict"] == "tight"
+    accumulated = {**tight, "per_replica_batch_size": 128, "gradient_accumulation_steps": 2}
+    report = preflight(arguments(wikitext_shards, tmp_path / "accumulated", **accumulated))
+    assert report["global_batch_size"] == 2048 and report["memory"]["verdict"] == "fits"  # the same global batch
 
 
 def test_the_tpu_job_s_limit_is_derived_from_the_estimate_or_checked_against_it():

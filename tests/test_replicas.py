@@ -55,6 +55,18 @@ def test_two_cpu_replicas_train_validate_at_each_checkpoint_and_save(tmp_path, e
     assert tf.train.latest_checkpoint(str(tmp_path / "model" / "checkpoints")).endswith("ckpt-12")
 
 
+def test_two_cpu_replicas_accumulate_micro_batches_into_the_global_batch(tmp_path, embedded_shards):
+    command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "4")
+    command += ["--gradient_accumulation_steps", "3", "--num_epochs", "1", "--log_every_steps", "5"]
+    result = run_module(*command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "model" / SUMMARY_FILE).read_text())
+    samples = read_manifest(embedded_shards["train"])["num_records"]
+    assert summary["global_batch_size"] == 24 and summary["total_steps"] == samples // 24  # an epoch of steps
+    assert "global batch 24 (3 micro-batch(es) of 4 per replica)" in result.stderr
+    assert all(point["loss"] > 0 for point in summary["history"])
+
+
 def reference_metrics(model, dataset) -> dict:
     """Today's figures computed the way they were before the masked-positions head: full logits everywhere."""
     loss_sum = tokens = correct = 0.0

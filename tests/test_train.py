@@ -388,6 +388,46 @@ def test_the_masked_positions_loss_equals_the_full_logits_loss(wikitext_shards):
     assert int(tf.reduce_max(tf.reduce_sum(tf.cast(batch["labels"] >= 0, tf.int32), axis=1))) <= 45
 
 
+def test_accumulated_micro_batches_step_by_the_mean_of_their_gradients(wikitext_shards):
+    """Gradient accumulation: one optimizer step over two micro-batches moves the weights by the mean of the two
+    steps each micro-batch alone would take (plain SGD, linear in the gradient), from the same weights."""
+    from components.lib.masked_lm import max_predictions
+    from components.lib.masking import Masking, masked_dataset
+    from components.train import _train_function
+
+    manifest = read_manifest(wikitext_shards["validation"])
+    config = model_config("tiny", manifest)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0  # the same forward pass every time
+    stream = masked_dataset(wikitext_shards["validation"], manifest, 8, Masking.from_manifest(manifest), training=False)
+    first, second = list(stream.take(2))
+    strategy = tf.distribute.get_strategy()
+    initial = TFAutoModelForMaskedLM.from_config(config)
+    initial(first)
+    start = initial.get_weights()
+
+    def one_step(batches: list, accumulation: int) -> list[np.ndarray]:
+        model = TFAutoModelForMaskedLM.from_config(config)
+        model(first)
+        model.set_weights(start)
+        optimizer = tf.keras.optimizers.SGD(learning_rate=0.5)
+        dataset = tf.data.Dataset.from_tensors(batches[0])
+        for batch in batches[1:]:
+            dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
+        run = _train_function(model, optimizer, strategy, False, max_predictions(128, 0.15), accumulation)
+        loss = run(iter(dataset), tf.constant(1))
+        assert np.isfinite(float(loss))
+        return model.get_weights()
+
+    alone = [one_step([first], 1), one_step([second], 1)]
+    accumulated = one_step([first, second], 2)
+    moved = 0.0
+    for index, weights in enumerate(accumulated):
+        expected = (alone[0][index] + alone[1][index]) / 2
+        np.testing.assert_allclose(weights, expected, rtol=1e-4, atol=1e-6)
+        moved = max(moved, float(np.abs(weights - start[index]).max()))
+    assert moved > 1e-3  # the step did move the weights
+
+
 @pytest.mark.slow
 def test_checkpoints_sync_to_the_hub_through_the_real_client(tmp_path, wikitext_shards, hub):
     from huggingface_hub import snapshot_download

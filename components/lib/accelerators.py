@@ -113,6 +113,21 @@ GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "L4": 121.0, "V100": 125.0, "T4
 _TPU_ENV_PEAKS = {"v3": 61.5, "v5litepod": 197.0, "v5e": 197.0}
 
 
+# The reference recipe's global batch (256 per replica on a v3-8), kept on every TPU type by accumulating
+# micro-batches of TPU_MICRO_BATCH per replica: roberta-base in bf16 at 128 tokens and 256 per replica is
+# "tight" on a 16 GiB replica by training_memory; 128 fits a v3-8's and a v5e's with room.
+RECIPE_GLOBAL_BATCH = 2048
+TPU_MICRO_BATCH = 128
+
+
+def tpu_batch(tpu: TpuType) -> dict[str, int]:
+    """The per-replica micro-batch and accumulation that make the recipe's global batch on ``tpu``."""
+    return {
+        "per_replica_batch_size": TPU_MICRO_BATCH,
+        "gradient_accumulation_steps": max(1, RECIPE_GLOBAL_BATCH // (TPU_MICRO_BATCH * tpu.replicas)),
+    }
+
+
 def tpu_type(name: str) -> TpuType:
     if name not in TPU_TYPES:
         raise InvalidParameter("tpu_type", name, f"must be one of {sorted(TPU_TYPES)}")
@@ -297,6 +312,7 @@ def training_memory(
     bf16: bool,
     predictions: int,
     available_gib: float | None = None,
+    accumulation: int = 1,
 ) -> MemoryEstimate:
     """Memory of one replica training an encoder: 16 bytes a parameter (fp32 weights and gradients, Adam's m
     and v; mixed precision keeps fp32 variables), and the activations kept for the backward pass, after
@@ -304,14 +320,14 @@ def training_memory(
     layer ``34*s*h`` bytes at 2-byte precision with the attention scores recomputed (their eq. 2, the low
     estimate) and ``s*h*(34 + 5*a*s/h)`` with them kept (eq. 1, the high one), twice that in fp32; plus the LM
     head's fp32 logits and their gradient at the masked positions. Without XLA's fusions, which only a TPU
-    shows."""
+    shows. Accumulating micro-batches adds the gradients' running sum: 4 bytes a parameter."""
     s, h, a = max_length, config.hidden_size, config.num_attention_heads
     scale = 1 if bf16 else 2
     head = predictions * config.vocab_size * 4 * 2 + s * h * 2 * scale
     low = config.num_hidden_layers * 34 * s * h * scale + head
     high = low + config.num_hidden_layers * 5 * a * s * s * scale
     return MemoryEstimate(
-        parameters=16 * num_parameters,
+        parameters=(16 + 4 * (accumulation > 1)) * num_parameters,
         per_sample_low=low,
         per_sample_high=high,
         batch=per_replica_batch_size,

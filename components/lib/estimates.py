@@ -9,7 +9,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import GIB, PRICES, TPU_TYPES, TpuType, tpu_type, training_memory
+from components.lib.accelerators import (
+    GIB,
+    PRICES,
+    RECIPE_GLOBAL_BATCH,
+    TPU_MICRO_BATCH,
+    TPU_TYPES,
+    TpuType,
+    tpu_batch,
+    tpu_type,
+    training_memory,
+)
 from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.masked_lm import max_predictions
@@ -32,7 +42,15 @@ DEFAULT_TOKENS_PER_BYTE = 0.312
 class EstimateArguments:
     model_config: str = field(default="roberta-base", metadata={"help": "As for the train step."})
     tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {sorted(TPU_TYPES)}."})
-    per_replica_batch_size: int = field(default=256, metadata={"help": "As for the train step."})
+    per_replica_batch_size: int = field(
+        default=0, metadata={"help": f"As for the train step; 0: the TPU defaults' {TPU_MICRO_BATCH}."}
+    )
+    gradient_accumulation_steps: int = field(
+        default=0,
+        metadata={
+            "help": f"As for the train step; 0: as many as make the recipe's global batch of {RECIPE_GLOBAL_BATCH}."
+        },
+    )
     num_epochs: int = field(default=1, metadata={"help": "As for the train step."})
     max_steps: int = field(default=0, metadata={"help": "As for the train step (> 0 wins over num_epochs)."})
     bf16: bool = field(default=True, metadata={"help": "Mixed bfloat16, as the vertex target trains."})
@@ -61,8 +79,12 @@ class EstimateArguments:
     json: bool = field(default=False, metadata={"help": "Print only the JSON, not the table."})
 
     def __post_init__(self) -> None:
-        tpu_type(self.tpu_type)
-        for parameter in ("per_replica_batch_size", "num_epochs", "max_length"):
+        defaults = tpu_batch(tpu_type(self.tpu_type))
+        if not self.per_replica_batch_size and not self.gradient_accumulation_steps:
+            self.per_replica_batch_size = defaults["per_replica_batch_size"]
+            self.gradient_accumulation_steps = defaults["gradient_accumulation_steps"]
+        self.gradient_accumulation_steps = self.gradient_accumulation_steps or 1
+        for parameter in ("per_replica_batch_size", "gradient_accumulation_steps", "num_epochs", "max_length"):
             if getattr(self, parameter) < 1:
                 raise InvalidParameter(parameter, getattr(self, parameter), "must be a positive whole number")
         if not 0 < self.mfu <= 1:
@@ -135,12 +157,13 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
     data = data_size(arguments)
     config = model_config(arguments.model_config, {**data, "max_length": data["max_length"]})
     parameters = count_parameters(config)
-    global_batch = arguments.per_replica_batch_size * tpu.replicas
+    global_batch = arguments.per_replica_batch_size * tpu.replicas * arguments.gradient_accumulation_steps
     if data["samples"] is not None and global_batch > data["samples"]:
         raise InvalidParameter(
             "per_replica_batch_size",
             arguments.per_replica_batch_size,
-            f"x {tpu.replicas} replicas = global batch {global_batch}, more than the {data['samples']:,} samples",
+            f"x {tpu.replicas} replicas x {arguments.gradient_accumulation_steps} micro-batches = global batch "
+            f"{global_batch}, more than the {data['samples']:,} samples",
         )
     steps = arguments.max_steps or arguments.num_epochs * (data["samples"] // global_batch)
     tokens = steps * global_batch * data["max_length"]
@@ -155,12 +178,15 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
         arguments.bf16,
         max_predictions(data["max_length"], arguments.mlm_probability),
         tpu.memory_gib_per_replica,
+        arguments.gradient_accumulation_steps,
     )
     result: dict[str, Any] = {
         "data": data,
         "tpu_type": tpu.name,
         "replicas": tpu.replicas,
         "global_batch_size": global_batch,
+        "per_replica_batch_size": arguments.per_replica_batch_size,
+        "gradient_accumulation_steps": arguments.gradient_accumulation_steps,
         "steps": steps,
         "samples": steps * global_batch,
         "tokens": tokens,
@@ -224,7 +250,8 @@ def estimate_table(result: dict[str, Any]) -> str:
         ("data", data["source"]),
         (
             "global batch",
-            f"{result['global_batch_size']:,} ({result['replicas']} replicas of the {result['tpu_type']})",
+            f"{result['global_batch_size']:,} ({result['replicas']} replicas of the {result['tpu_type']} x "
+            f"{result['gradient_accumulation_steps']} micro-batch(es) of {result['per_replica_batch_size']})",
         ),
         ("steps", f"{result['steps']:,}"),
         ("samples", f"{result['samples']:,} of {data['max_length']} tokens"),

@@ -36,7 +36,15 @@ class TrainingSettings:
         metadata={"help": f"Preset {sorted(PRESETS)}, a config.json path/URI, or a Hub model name."},
     )
     per_replica_batch_size: int = field(
-        default=256, metadata={"help": "Samples per replica and step (a v3-8's 8 replicas: a global batch 8x this)."}
+        default=256,
+        metadata={"help": "Samples per replica and micro-batch: what must fit a replica's memory."},
+    )
+    gradient_accumulation_steps: int = field(
+        default=1,
+        metadata={
+            "help": "Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x "
+            "replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting."
+        },
     )
     num_epochs: int = field(default=1, metadata={"help": "Passes over the training shards."})
     max_steps: int = field(default=0, metadata={"help": "Total optimizer steps; overrides num_epochs when > 0."})
@@ -107,6 +115,7 @@ class TrainingSettings:
             storage.check_uri("eval_shards", self.eval_shards)
         for parameter in (
             "per_replica_batch_size",
+            "gradient_accumulation_steps",
             "num_epochs",
             "steps_per_execution",
             "shuffle_buffer",
@@ -143,8 +152,14 @@ class TrainingPlan:
     config: Any
     tokenizer: Any
     total_steps: int
-    global_batch_size: int
+    global_batch_size: int  # samples per optimizer step
     checkpoint_identity: dict[str, Any]
+    accumulation: int = 1  # micro-batches per optimizer step
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per micro-batch over all replicas: what the input streams batch."""
+        return self.global_batch_size // self.accumulation
 
 
 def plan_training(arguments: TrainingSettings, num_replicas: int) -> TrainingPlan:
@@ -173,26 +188,28 @@ def plan_training(arguments: TrainingSettings, num_replicas: int) -> TrainingPla
                 f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
             )
     config = model_config(arguments.model_config, manifest)
-    global_batch = arguments.per_replica_batch_size * num_replicas
+    accumulation = arguments.gradient_accumulation_steps
+    global_batch = arguments.per_replica_batch_size * num_replicas * accumulation
     if global_batch > manifest["num_records"]:
         raise InvalidParameter(
             "per_replica_batch_size",
             arguments.per_replica_batch_size,
-            f"x {num_replicas} replica(s) = global batch {global_batch}, more than the "
-            f"{manifest['num_records']} training samples",
+            f"x {num_replicas} replica(s)"
+            + (f" x {accumulation} micro-batches" if accumulation > 1 else "")
+            + f" = global batch {global_batch}, more than the {manifest['num_records']} training samples",
         )
-    if eval_manifest is not None and global_batch > eval_manifest["num_records"]:
+    if eval_manifest is not None and global_batch // accumulation > eval_manifest["num_records"]:
         raise InvalidParameter(
             "eval_shards",
             arguments.eval_shards,
-            f"hold {eval_manifest['num_records']} samples, fewer than one global batch of {global_batch}",
+            f"hold {eval_manifest['num_records']} samples, fewer than one batch of {global_batch // accumulation}",
         )
     steps_per_epoch = manifest["num_records"] // global_batch
     total_steps = arguments.max_steps or arguments.num_epochs * steps_per_epoch
     identity = checkpoint_identity(config, tokenizer_fingerprint)
     if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
         check_checkpoints_match(arguments.checkpoint_dir, identity)
-    return TrainingPlan(manifest, eval_manifest, config, tokenizer, total_steps, global_batch, identity)
+    return TrainingPlan(manifest, eval_manifest, config, tokenizer, total_steps, global_batch, identity, accumulation)
 
 
 def checkpoint_identity(config: Any, tokenizer_fingerprint: str) -> dict[str, Any]:
