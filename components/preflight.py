@@ -55,6 +55,15 @@ class PreflightArguments(TrainingSettings):
             "hour (at least 2 h, at most 168 h). A limit below the estimate is refused."
         },
     )
+    tpu_provisioning: str = field(
+        default="STANDARD",
+        metadata={
+            "help": "How Vertex AI gets the TPU (the custom job's scheduling strategy): STANDARD (on demand), SPOT "
+            "(about a quarter of the price; preempted with 30 s notice, the train step then checkpoints and its "
+            "job is run again) or FLEX_START (queued until the TPU is free).",
+            "choices": ("STANDARD", "SPOT", "FLEX_START"),
+        },
+    )
     allow_tight_memory: bool = field(
         default=False,
         metadata={
@@ -78,6 +87,9 @@ class PreflightArguments(TrainingSettings):
                 raise InvalidParameter("replicas", self.replicas, f"a {tpu.name} has {tpu.replicas} replicas")
         if self.hf_token_secret:
             check_secret_name(self.hf_token_secret)
+        choices = type(self).__dataclass_fields__["tpu_provisioning"].metadata["choices"]
+        if self.tpu_provisioning not in choices:
+            raise InvalidParameter("tpu_provisioning", self.tpu_provisioning, f"must be one of {list(choices)}")
 
     @property
     def training_replicas(self) -> int:

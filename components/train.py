@@ -23,8 +23,10 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -175,27 +177,58 @@ def _training_loop(
     )
     writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
     step = state.start_step
-    while step < plan.total_steps:
-        boundaries = (
-            plan.total_steps,
-            _next_multiple(step, arguments.checkpoint_every_steps),
-            _next_multiple(step, arguments.log_every_steps),
-            step + arguments.steps_per_execution,
-        )
-        steps = min(boundaries) - step
-        with naming_corrupt_shards(*shard_sources):
-            loss = float(train_steps(iterator, tf.constant(steps, tf.int32)))
-        step += steps
-        window.add(steps, loss)
-        if step % arguments.log_every_steps == 0 or step == plan.total_steps:
-            point = window.point(step, float(state.schedule(step)))
-            state.history.append(point)
-            _write_summaries(writer, point)
-            log.info(_format_point(point, plan.total_steps))
-        if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
+    with StopRequest() as stop:
+        while step < plan.total_steps:
+            boundaries = (
+                plan.total_steps,
+                _next_multiple(step, arguments.checkpoint_every_steps),
+                _next_multiple(step, arguments.log_every_steps),
+                step + arguments.steps_per_execution,
+            )
+            steps = min(boundaries) - step
             with naming_corrupt_shards(*shard_sources):
-                _at_checkpoint(arguments, plan, state, step, writer, validation, pusher)
+                loss = float(train_steps(iterator, tf.constant(steps, tf.int32)))
+            step += steps
+            window.add(steps, loss)
+            if step % arguments.log_every_steps == 0 or step == plan.total_steps:
+                point = window.point(step, float(state.schedule(step)))
+                state.history.append(point)
+                _write_summaries(writer, point)
+                log.info(_format_point(point, plan.total_steps))
+            if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
+                with naming_corrupt_shards(*shard_sources):
+                    _at_checkpoint(arguments, plan, state, step, writer, validation, pusher)
+            elif stop.requested:  # a checkpoint now, without validation or Hub push: the grace period is short
+                _save_checkpoint(arguments, state, step)
+            if stop.requested and step < plan.total_steps:
+                log.warning(
+                    "SIGTERM: checkpoint at step %d of %d saved; a restarted job resumes there", step, plan.total_steps
+                )
+                writer.flush()
+                raise SystemExit(128 + signal.SIGTERM)  # a failure, so that Vertex AI or the pipeline runs it again
     writer.flush()
+
+
+class StopRequest:
+    """Notes a SIGTERM, which Vertex AI sends before it preempts a Spot VM or stops a job (about 30 s before),
+    so that the training loop checkpoints at the end of the steps running and exits. A call into the graph
+    runs ``steps_per_execution`` steps: that is how long the checkpoint can wait."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():  # where Python delivers signals
+            self._previous = signal.signal(signal.SIGTERM, self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.requested = True
 
 
 def _datasets(
@@ -269,6 +302,14 @@ class LogWindow:
         return point
 
 
+def _save_checkpoint(arguments: TrainArguments, state: TrainingState, step: int) -> None:
+    # the history first: a kill between the two leaves points past the checkpoint, which a resume drops
+    storage.write_text_atomic(
+        storage.join(arguments.checkpoint_dir, HISTORY_FILE), json.dumps(state.history, indent=1) + "\n"
+    )
+    state.manager.save(checkpoint_number=step)
+
+
 def _at_checkpoint(
     arguments: TrainArguments,
     plan: TrainingPlan,
@@ -282,11 +323,7 @@ def _at_checkpoint(
     and validates."""
     import tensorflow as tf
 
-    # the history first: a kill between the two leaves points past the checkpoint, which a resume drops
-    storage.write_text_atomic(
-        storage.join(arguments.checkpoint_dir, HISTORY_FILE), json.dumps(state.history, indent=1) + "\n"
-    )
-    state.manager.save(checkpoint_number=step)
+    _save_checkpoint(arguments, state, step)
     if pusher is not None:
         staging = Path(tempfile.mkdtemp(prefix="hub-checkpoint-"))
         save_model_folder(state.model, plan.tokenizer, staging)  # here: the push runs while training goes on

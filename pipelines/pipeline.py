@@ -153,6 +153,7 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
         if setting.name not in NOT_PIPELINE_PARAMETERS
     ),
     ("tpu_job_timeout_hours", PreflightArguments, "tpu_job_timeout_hours"),
+    ("tpu_provisioning", PreflightArguments, "tpu_provisioning"),
     ("allow_tight_memory", PreflightArguments, "allow_tight_memory"),
     ("eval_batch_size", EvaluateArguments, "batch_size"),
     ("hub_repo_id", PipelineSettings, "hub_repo_id"),
@@ -285,7 +286,9 @@ def build_pipeline(
         checked.set_caching_options(False)  # the token and the storage are checked anew on every run
         # the TPU's peak for MFU, known here whatever the TPU VM's environment says
         # on a TPU: the job's hard limit, which preflight derived from its estimate (Vertex AI's default is 7 days)
-        limit = {"timeout": checked.outputs["Output"]} if vertex else {}
+        # and how the TPU is provisioned: the custom job's scheduling strategy (on demand, Spot, flex-start)
+        limit = {"timeout": checked.outputs["Output"], "strategy": inputs["preflight"]["tpu_provisioning"]}
+        limit = limit if vertex else {}
         trained = step(
             "train", train_component, peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0, **limit, **data
         )

@@ -107,7 +107,17 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
         "taskOutputParameter": {"outputParameterKey": "Output", "producerTask": "preflight-step"}
     }
     assert job_inputs["timeout"]["defaultValue"] == "86400s" and "604800s" not in yaml.safe_dump(spec)
-    trained = {name for name in train_inputs if name not in ("peak_tflops", "timeout")}
+    # how the TPU is provisioned: the pipeline parameter tpu_provisioning is the custom job's scheduling strategy
+    assert train_inputs["strategy"] == {"componentInputParameter": "tpu_provisioning"}
+    assert parameters["tpu_provisioning"]["defaultValue"] == "STANDARD" and "strategy" in job_inputs
+    assert parameters["per_replica_batch_size"]["defaultValue"] == 128  # a micro-batch that fits, accumulated
+    assert (
+        parameters["per_replica_batch_size"]["defaultValue"]
+        * replicas
+        * parameters["gradient_accumulation_steps"]["defaultValue"]
+        == 2048
+    )  # to the recipe's global batch
+    trained = {name for name in train_inputs if name not in ("peak_tflops", "timeout", "strategy")}
     assert trained - {"tokenizer", "train_shards", "eval_shards"} <= set(preflight_inputs)
 
     executors = spec["deploymentSpec"]["executors"]

@@ -161,6 +161,45 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
         assert point["learning_rate"] == pytest.approx(uninterrupted_history[point["step"]])
 
 
+@pytest.mark.slow  # two trainings in subprocesses
+def test_a_sigterm_checkpoints_where_training_is_and_the_rerun_ends_at_the_planned_step(
+    tmp_path, wikitext_shards, uninterrupted_history
+):
+    """What a Spot TPU's preemption (or Vertex AI stopping a job) sends: SIGTERM, then about 30 s. The job
+    checkpoints at the end of the steps running, exits as failed, and its rerun loses no step."""
+    output = tmp_path / "model"
+    data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
+    job = ["components.train", *data, *RESUME_ARGS, "--output", str(output)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", *job],
+        cwd=PROJECT_ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if "step 10/60" in line:  # training runs: stopped between periodic checkpoints (every 20 steps)
+            process.send_signal(signal.SIGTERM)
+            break
+    lines += process.stderr.readlines()
+    assert process.wait(timeout=300) == 128 + signal.SIGTERM, "".join(lines)[-3000:]
+    (stopped,) = [line for line in lines if "SIGTERM: checkpoint at step" in line]
+    step = int(stopped.split("checkpoint at step ")[1].split()[0])
+    assert 10 < step < 60
+    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith(f"ckpt-{step}")
+    assert not (output / SUMMARY_FILE).exists()  # nothing that looks done
+
+    rerun = run_module(*job)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads((output / SUMMARY_FILE).read_text())
+    assert summary["resumed_from_step"] == step and summary["steps_this_run"] == 60 - step
+    assert [point["step"] for point in summary["history"]] == sorted(uninterrupted_history)
+    for point in summary["history"]:
+        assert point["learning_rate"] == pytest.approx(uninterrupted_history[point["step"]])
+
+
 def test_strategy_selection(caplog):
     caplog.set_level(logging.INFO)
     strategy, kind = select_strategy("auto")
