@@ -140,12 +140,16 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
     progress = Progress(f"shards {arguments.split} part {arguments.part}", lambda: corpus.fraction_done)
     packer = SamplePacker(arguments.max_length, len(tokenizer))
     text_count = 0
-    for batch_texts, ids in _tokenized_batches(tokenizer.backend_tokenizer, texts, arguments.batch_size):
-        samples = packer.add(ids)
-        writer.write(serialize_examples(samples))
-        text_count += batch_texts
-        progress.update(texts=batch_texts, tokens=len(ids), samples=len(samples))
-    writer.close()
+    try:
+        for batch_texts, ids in _tokenized_batches(tokenizer.backend_tokenizer, texts, arguments.batch_size):
+            samples = packer.add(ids)
+            writer.write(serialize_examples(samples))
+            text_count += batch_texts
+            progress.update(texts=batch_texts, tokens=len(ids), samples=len(samples))
+        writer.close()
+    except BaseException:  # a corpus file found bad (or any failure) halfway: no shard of this part is left
+        writer.discard()
+        raise
     if writer.total_records == 0 and arguments.num_parts == 1:
         raise InvalidParameter(
             "max_length",
@@ -313,6 +317,16 @@ class ShardWriter:
     def close(self) -> None:
         if self._writer is not None:
             self._publish()
+
+    def discard(self) -> None:
+        """Deletes what this writer wrote: a failed part leaves no shard that a ``*.tfrecord`` reader would take."""
+        if self._writer is not None:
+            self._writer.close()
+            storage.remove(self._temp)
+            self._writer = None
+        for file in self.files:
+            storage.remove(storage.join(self.output, file["name"]))
+        self.files, self.total_records = [], 0
 
     def _open(self) -> None:
         import tensorflow as tf

@@ -133,6 +133,7 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
             "texts_read": counts["texts"],
             "bytes_read": counts["bytes"],
             "corpus_bytes_read": corpus.bytes_read,
+            "text_bytes": corpus.reading.text_bytes,
             "non_utf8_bytes": corpus.reading.non_utf8_bytes,
             "sampled": corpus.sampled,
             "seconds": round(time.perf_counter() - started, 3),

@@ -117,7 +117,8 @@ def test_a_truncated_file_fails_in_one_line_naming_it_and_nothing_is_published(
     cut = tmp_path / "valid.txt.gz"
     cut.write_bytes(whole[: len(whole) * 3 // 5])  # its first texts read well: the error comes while sharding
     output = tmp_path / "shards"
-    code = tpu_mlm(["shards", "--corpus", str(cut), "--tokenizer", wikitext_tokenizer, "--output", str(output)])
+    job = ["shards", "--corpus", str(cut), "--tokenizer", wikitext_tokenizer, "--output", str(output)]
+    code = tpu_mlm([*job, "--records_per_shard", "500"])  # shards are published before the error
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
     assert last_line == (
@@ -125,6 +126,7 @@ def test_a_truncated_file_fails_in_one_line_naming_it_and_nothing_is_published(
         "reached): the file is truncated, or not .gz"
     )
     assert not (output / MANIFEST).exists() and not list(output.rglob("*.json"))
+    assert not list(output.rglob("*.tfrecord")) and not list(output.rglob("*.partial"))  # none a reader takes
 
 
 def test_a_few_bytes_that_are_not_utf8_are_replaced_counted_and_named(
@@ -173,8 +175,24 @@ def test_a_sample_of_a_compressed_file_is_spread_over_it_and_about_its_size(form
     assert corpus.sampled and abs(sample_bytes / 150_000 - 1) < 0.05
     text = "".join(line + "\n" for line in three_files(corpus_lines)[2])
     first, last = text.find(texts[0] + "\n") / len(text), text.rfind(texts[-1] + "\n") / len(text)
-    assert first < 0.05 and last > 0.6  # two windows of 75 KB, at 0 and at half of its text
+    assert first < 0.05 and last > 0.45  # two windows of 75 KB of text, at 0 and at half of the compressed bytes
     assert corpus.bytes_read <= Path(one_file).stat().st_size
+
+
+def test_files_that_expand_unlike_each_other_are_sampled_and_sized_each_by_its_own(tmp_path, forms, corpus_lines):
+    """A first file of repeated text (it expands hundreds of times) before real text: the sample still comes
+    from every file, by its share of the compressed bytes, and the estimate stays near the text's size."""
+    repeated = tmp_path / "0-repeated.txt.gz"
+    repeated.write_bytes(gzip.compress(b"the same line again\n" * 200_000))
+    corpus = ",".join([str(repeated), *forms["txt.gz"].split(",")])
+    sample = Corpus(CorpusSpec(corpus), sample_bytes=300_000)
+    texts = list(sample)
+    assert abs(sum(len(text.encode()) + 1 for text in texts) / 300_000 - 1) < 0.1
+    real = sum(len(text.encode()) + 1 for text in texts if text != "the same line again")
+    assert real > 0.9 * 300_000  # the repeated file is a sliver of the compressed bytes, and of the sample
+    text_bytes = len(b"the same line again\n") * 200_000 + sum(len(line.encode()) + 1 for line in corpus_lines)
+    estimated, _ = Corpus(CorpusSpec(corpus)).estimated_text_bytes()
+    assert abs(estimated / text_bytes - 1) < 0.5  # probes of every file here; a first-file guess was 90x off
 
 
 def test_the_estimate_sizes_a_compressed_corpus_as_its_text(forms):
@@ -182,3 +200,23 @@ def test_the_estimate_sizes_a_compressed_corpus_as_its_text(forms):
     compressed = data_size(EstimateArguments(corpus=forms["txt.gz"]))
     assert abs(compressed["samples"] / plain["samples"] - 1) < 0.1
     assert "bytes of text per byte" in compressed["source"]
+
+
+def test_byte_order_marks_suffixes_in_capitals_and_long_window_zstd(tmp_path, corpus_lines):
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfhello\nworld\n")  # UTF-8's mark, as Windows editors write
+    assert list(Corpus(CorpusSpec(str(tmp_path / "bom.txt")))) == ["hello", "world"]
+    (tmp_path / "wide.txt.gz").write_bytes(gzip.compress("hello\nworld\n".encode("utf-16")))
+    with pytest.raises(InvalidParameter, match=r"is UTF-16 .* re-encode it as UTF-8"):
+        list(Corpus(CorpusSpec(str(tmp_path / "wide.txt.gz"))))
+    text = "".join(line + "\n" for line in corpus_lines[:500]).encode()
+    (tmp_path / "SHOUT.TXT.GZ").write_bytes(gzip.compress(text))
+    assert list(Corpus(CorpusSpec(str(tmp_path / "SHOUT.TXT.GZ")))) == [
+        line for line in corpus_lines[:500] if line.strip()
+    ]
+    # zstd --long=31: a window above the decoder's default limit (refused without the project's option)
+    options = {zstd.CompressionParameter.window_log: 31, zstd.CompressionParameter.enable_long_distance_matching: 1}
+    with zstd.open(tmp_path / "long.txt.zst", "wb", options=options) as f:  # streamed: the frame keeps 2 GiB
+        f.write(text)
+    assert len(list(Corpus(CorpusSpec(str(tmp_path / "long.txt.zst"))))) == len(
+        list(Corpus(CorpusSpec(str(tmp_path / "SHOUT.TXT.GZ"))))
+    )

@@ -29,9 +29,9 @@ each byte once, in the corpus's order (part 0's texts, then part 1's, ...):
 
 **Samples.** ``Corpus(spec, sample_bytes=B)`` reads about B bytes spread over the whole corpus, the same in
 every run: windows of the files evenly spaced from start to end (lines cut as for parts), or the head of
-each of a Hub dataset's shards. The tokenizer trains on a sample so that its memory stays bounded. A
-compressed file's windows are placed in its text, whose size is estimated from how much the first MiB of the
-first compressed file expands; the file is decompressed in one pass up to its last window.
+each of a Hub dataset's shards. The tokenizer trains on a sample so that its memory stays bounded. The text
+of a compressed file has no offsets to seek to: its windows start where its compressed bytes reach their
+place and take their width in text, and the file is decompressed in one pass up to its last window.
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ class FileSlice:
     size: int
     start: int
     end: int
-    in_text: bool = False  # a sample's window of a compressed file: start and end are offsets in its text
+    text_window: bool = False  # a sample's window of a compressed file: from the compressed offset ``start``,
+    # the lines of ``end - start`` bytes of text
 
     @property
     def compressed(self) -> bool:
@@ -175,6 +176,14 @@ class Reading:
 
     def decode_lines(self, block: bytes, uri: str) -> list[str]:
         """The lines of ``block`` (whole lines of ``uri`` joined by "\\n")."""
+        if uri not in self.non_utf8:  # the file's first block: its byte-order mark, if any
+            if block.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise InvalidParameter(
+                    "corpus",
+                    uri,
+                    "is UTF-16 (its byte-order mark says so): re-encode it as UTF-8 (iconv -f UTF-16 -t UTF-8)",
+                )
+            block = block.removeprefix(b"\xef\xbb\xbf")  # UTF-8's, which editors on Windows write
         counts = self.non_utf8.setdefault(uri, [0, 0])
         counts[1] += len(block) + 1
         self.text_bytes += len(block) + 1
@@ -234,7 +243,6 @@ class Corpus:
         if source == EMBEDDED:
             self.kind = "embedded"
             self.total_bytes = sum(len(line.encode("utf-8")) + 1 for line in embedded_lines())
-            self.text_total = self.total_bytes
         elif source.startswith(HUB_PREFIX):
             self.kind = "hub"
             self._hub_args = parse_hub_name(source)
@@ -242,10 +250,6 @@ class Corpus:
             self.kind = "files"
             self.files = _resolve_files(source)
             self.total_bytes = sum(size for _, _, size in self.files)
-            compressed = [uri for uri, _, _ in self.files if storage.compression(uri)]
-            # bytes of text per compressed byte, known only by reading: measured where a sample needs it
-            self.expansion = _expansion(compressed[0]) if compressed and sample_bytes else 1.0
-            self.text_total = sum(self._text_size(uri, size) for uri, _, size in self.files)
         if self.kind == "files":
             self.slices = self._plan_slices()
         self._check_first_text()
@@ -266,11 +270,20 @@ class Corpus:
         """Whether this reader reads a sample rather than all of its share."""
         if self.kind == "hub":  # its size is not known before reading
             return bool(self.sample_bytes)
-        return bool(self.sample_bytes) and self.sample_bytes < self.text_total
+        if self.kind == "files" and any(storage.compression(uri) for uri, _, _ in self.files):
+            return bool(self.sample_bytes)  # its size in text is not known before reading
+        return bool(self.sample_bytes) and self.sample_bytes < self.total_bytes
 
-    def _text_size(self, uri: str, size: int) -> int:
-        """A file's bytes of text: its size, or for a compressed file an estimate (``expansion``)."""
-        return int(size * self.expansion) if storage.compression(uri) else size
+    def estimated_text_bytes(self, probes: int = 8) -> tuple[int, float]:
+        """The corpus's bytes of text, and the bytes of text per compressed byte they assume: measured on the
+        first MiB of up to ``probes`` compressed files spread over the corpus, weighted by their sizes."""
+        compressed = [(uri, size) for uri, _, size in self.files if storage.compression(uri)]
+        if self.kind != "files" or not compressed:
+            return self.total_bytes, 1.0
+        probed = compressed[:: max(1, math.ceil(len(compressed) / probes))]
+        expansion = sum(_expansion(uri) * size for uri, size in probed) / max(sum(size for _, size in probed), 1)
+        plain = self.total_bytes - sum(size for _, size in compressed)
+        return plain + int(expansion * sum(size for _, size in compressed)), expansion
 
     def describe_share(self) -> str:
         planned = sum(piece.width for piece in self.slices)
@@ -330,11 +343,10 @@ class Corpus:
         return _file_slices(self.files, [(bounds[self.part], bounds[self.part + 1])])
 
     def _sample_slices(self) -> list[FileSlice]:
-        """A sample's windows, spread evenly over the corpus's bytes of text (a compressed file's estimated)."""
-        sizes = {uri: size for uri, _, size in self.files}
-        text_files = [(uri, fmt, self._text_size(uri, size)) for uri, fmt, size in self.files]
-        windows = _file_slices(text_files, _sample_windows(self.sample_bytes, self.text_total))
-        return [replace(piece, size=sizes[piece.uri], in_text=True) if piece.compressed else piece for piece in windows]
+        """A sample's windows, spread evenly over the corpus's stored bytes. A window in a compressed file starts
+        at its compressed offset and takes its width in bytes of text (the text's size is not known)."""
+        windows = _file_slices(self.files, _sample_windows(self.sample_bytes, self.total_bytes))
+        return [replace(piece, text_window=True) if piece.compressed else piece for piece in windows]
 
     # -- readers -----------------------------------------------------------------------------------------------
 
@@ -505,7 +517,7 @@ def _resolve_files(source: str) -> list[tuple[str, str, int]]:
             if storage.isdir(uri):
                 raise InvalidParameter("corpus", uri, "is a folder; name its files, e.g. folder/*.txt")
             compression = storage.compression(uri)
-            name = storage.basename(uri).removesuffix(compression) if compression else storage.basename(uri)
+            name = storage.basename(uri)[: len(storage.basename(uri)) - len(compression)]
             suffix = "." + name.rsplit(".", 1)[-1].lower() if "." in name else ""
             if suffix not in FILE_FORMATS:
                 raise InvalidParameter(
@@ -572,17 +584,19 @@ def _line_blocks(uri: str, start: int, end: int, count_read: Any) -> Iterator[tu
 
 def _compressed_line_texts(pieces: list[FileSlice], spec: CorpusSpec, reading: Reading) -> Iterator[tuple[str, int]]:
     """(text, bytes of the pieces done) for the lines of a compressed text or JSON-lines file, decompressed in
-    one pass: all of it for a whole file, else the lines that start in the pieces' ranges of its text (a
-    sample's windows), stopping after the last. Progress goes by compressed bytes read."""
+    one pass: all of it for a whole file, else for each piece (a sample's window) the lines read once the
+    compressed bytes reach its start, up to its width in bytes of text, stopping after the last. Progress goes
+    by compressed bytes read."""
     uri, size = pieces[0].uri, pieces[0].size
-    whole = not pieces[0].in_text
+    whole = not pieces[0].text_window
     width = sum(piece.width for piece in pieces)
-    windows = [(piece.start, piece.end) for piece in pieces]
-    rest, counted, offset = b"", 0, 0  # the unfinished line; compressed bytes counted; text offset of `rest`
+    windows = [(piece.start, piece.width) for piece in pieces]
+    taken, rest, counted = 0, b"", 0  # text taken in the current window; the unfinished line; bytes counted
     try:
         with storage.DecompressedFile(uri) as f:
             while windows:
-                chunk = f.read(_CHUNK_BYTES)
+                position = counted  # the compressed offset this read starts near (the decompressor reads ahead)
+                chunk = f.read(_CHUNK_BYTES if whole else _MIN_WINDOW // 4)
                 reading.read(f.compressed_bytes_read - counted)
                 counted = f.compressed_bytes_read
                 block = rest + chunk
@@ -590,9 +604,17 @@ def _compressed_line_texts(pieces: list[FileSlice], spec: CorpusSpec, reading: R
                 if cut < 0:
                     rest = block
                     continue
-                block, rest, start, offset = block[:cut], block[cut + 1 :], offset, offset + cut + 1
+                block, rest = block[:cut], block[cut + 1 :]
                 if not whole:
-                    block, windows = _lines_in_windows(block, start, windows)
+                    while len(windows) > 1 and position >= windows[1][0]:  # passed a window: it starts here
+                        windows, taken = windows[1:], 0
+                    if position < windows[0][0]:
+                        block = b""
+                    else:
+                        block, filled = _head_lines(block, windows[0][1] - taken)
+                        taken += len(block) + 1
+                        if filled:
+                            windows, taken = windows[1:], 0
                 if block or (chunk and whole):
                     done = min(counted, size) * width // max(size, 1)
                     for line in reading.decode_lines(block, uri):
@@ -603,19 +625,13 @@ def _compressed_line_texts(pieces: list[FileSlice], spec: CorpusSpec, reading: R
         raise _undecompressable(uri, error) from None
 
 
-def _lines_in_windows(block: bytes, start: int, windows: list[tuple[int, int]]) -> tuple[bytes, list]:
-    """The lines of ``block`` (whose first byte is at ``start``) that start in the first of ``windows``
-    (byte ranges, in order), and the windows that remain after it."""
-    kept, position = [], start
-    for line in block.split(b"\n"):
-        while windows and position >= windows[0][1]:
-            windows = windows[1:]
-        if not windows:
-            break
-        if position >= windows[0][0]:
-            kept.append(line)
-        position += len(line) + 1
-    return b"\n".join(kept), windows
+def _head_lines(block: bytes, budget: int) -> tuple[bytes, bool]:
+    """The lines at the start of ``block`` that reach ``budget`` bytes (the one crossing it included), and
+    whether they reach it; all of ``block`` when it is shorter."""
+    if len(block) + 1 < budget:
+        return block, False
+    end = block.find(b"\n", max(budget - 1, 0))
+    return (block if end < 0 else block[:end]), True
 
 
 def _undecompressable(uri: str, error: Exception) -> InvalidParameter:

@@ -125,7 +125,10 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
     corpus = None
     if arguments.tokenizer or not arguments.corpus_bytes:
         corpus = Corpus(CorpusSpec(arguments.corpus), sample_bytes=1_000_000)
-    corpus_bytes = arguments.corpus_bytes or getattr(corpus, "text_total", 0)  # compressed files: estimated
+    expansion = 1.0
+    corpus_bytes = arguments.corpus_bytes
+    if not corpus_bytes and corpus is not None and corpus.kind != "hub":
+        corpus_bytes, expansion = corpus.estimated_text_bytes()  # compressed files: from their first MiB
     if not corpus_bytes:
         raise InvalidParameter("corpus_bytes", 0, f"the size of {arguments.corpus} is not known here; give it")
     tokens_per_byte, how = DEFAULT_TOKENS_PER_BYTE, "assumed (measured on WikiText-2)"
@@ -143,8 +146,8 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
         "tokens_per_byte": round(tokens_per_byte, 4),
         "source": f"{corpus_bytes:,} bytes x {tokens_per_byte:.3f} tokens per byte, {how}"
         + (
-            f" (compressed files: {corpus.expansion:.2f} bytes of text per byte, measured on the first)"
-            if corpus is not None and getattr(corpus, "expansion", 1.0) != 1.0 and not arguments.corpus_bytes
+            f" (compressed files: {expansion:.2f} bytes of text per byte, measured on the first MiB of up to 8)"
+            if expansion != 1.0
             else ""
         )
         + (f", {arguments.holdout_fraction:.0%} held out" if arguments.holdout_fraction else ""),

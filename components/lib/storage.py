@@ -28,6 +28,8 @@ TEMP_SUFFIX = ".partial"
 # compressed files, by suffix: the standard library's readers (zstd: its backport of Python 3.14's, PEP 784;
 # python-zstandard's stream reader ends a truncated file without an error)
 DECOMPRESSORS: dict[str, Any] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".zst": zstd.open}
+# zstd --long=31 (what large corpora are often compressed with) needs the largest window the format allows
+READ_OPTIONS: dict[str, dict[str, Any]] = {".zst": {"options": {zstd.DecompressionParameter.window_log_max: 31}}}
 # what they raise on a truncated or corrupt file
 DECOMPRESSION_ERRORS = (EOFError, OSError, lzma.LZMAError, zstd.ZstdError)
 
@@ -158,7 +160,9 @@ class DecompressedFile(io.BufferedReader):
 
     def __init__(self, uri: str):
         self._raw_file = _RandomAccessFile(uri)
-        super().__init__(DECOMPRESSORS[compression(uri)](self._raw_file, "rb"), buffer_size=1 << 16)
+        suffix = compression(uri)
+        opened = DECOMPRESSORS[suffix](self._raw_file, "rb", **READ_OPTIONS.get(suffix, {}))
+        super().__init__(opened, buffer_size=1 << 16)
 
     @property
     def compressed_bytes_read(self) -> int:
