@@ -177,6 +177,7 @@ def _training_loop(
     )
     writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
     step = state.start_step
+    pace = CallPace()
     with StopRequest() as stop:
         while step < plan.total_steps:
             boundaries = (
@@ -185,9 +186,11 @@ def _training_loop(
                 _next_multiple(step, arguments.log_every_steps),
                 step + arguments.steps_per_execution,
             )
-            steps = min(boundaries) - step
+            steps = min(min(boundaries) - step, pace.steps_per_call())
             with naming_corrupt_shards(*shard_sources):
+                pace.start()
                 loss = float(train_steps(iterator, tf.constant(steps, tf.int32)))
+                pace.done(steps)
             step += steps
             window.add(steps, loss)
             if step % arguments.log_every_steps == 0 or step == plan.total_steps:
@@ -195,18 +198,43 @@ def _training_loop(
                 state.history.append(point)
                 _write_summaries(writer, point)
                 log.info(_format_point(point, plan.total_steps))
-            if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
-                with naming_corrupt_shards(*shard_sources):
-                    _at_checkpoint(arguments, plan, state, step, writer, validation, pusher)
-            elif stop.requested:  # a checkpoint now, without validation or Hub push: the grace period is short
-                _save_checkpoint(arguments, state, step)
             if stop.requested and step < plan.total_steps:
+                _save_checkpoint(arguments, state, step)  # no validation or Hub push: the grace period is short
                 log.warning(
                     "SIGTERM: checkpoint at step %d of %d saved; a restarted job resumes there", step, plan.total_steps
                 )
                 writer.flush()
                 raise SystemExit(128 + signal.SIGTERM)  # a failure, so that Vertex AI or the pipeline runs it again
+            if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
+                with naming_corrupt_shards(*shard_sources):
+                    _at_checkpoint(arguments, plan, state, step, writer, validation, pusher)
     writer.flush()
+
+
+class CallPace:
+    """How many steps the next call into the graph may run: at most ``steps_per_execution``, and no more than
+    fit in ``CALL_SECONDS`` at the pace of the calls so far (the first, which compiles, aside). A SIGTERM is
+    heard only between calls, and Vertex AI gives about 30 s after it."""
+
+    CALL_SECONDS = 10.0
+
+    def __init__(self) -> None:
+        self.seconds_per_step: float | None = None
+        self._calls = 0
+        self._started = 0.0
+
+    def steps_per_call(self) -> int:
+        if self.seconds_per_step is None:
+            return sys.maxsize
+        return max(1, int(self.CALL_SECONDS / self.seconds_per_step))
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def done(self, steps: int) -> None:
+        self._calls += 1
+        if self._calls > 1:  # the first call traces and compiles
+            self.seconds_per_step = (time.perf_counter() - self._started) / steps
 
 
 class StopRequest:

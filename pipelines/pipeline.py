@@ -81,9 +81,24 @@ def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str]) ->
         timeout=STANDALONE_TIMEOUT,  # the pipeline passes preflight's, derived from the run's estimate
         env=[{"name": name, "value": value} for name, value in sorted(env.items())],
     )
+    worker_pool = job.component_spec.inputs["worker_pool_specs"].default[0]
     # TPU v5e takes machine type + topology, no accelerator fields, which the helper cannot say
-    job.component_spec.inputs["worker_pool_specs"].default[0]["machine_spec"] = tpu.machine_spec
+    worker_pool["machine_spec"] = tpu.machine_spec
+    worker_pool["container_spec"]["command"] = exec_command(worker_pool["container_spec"]["command"])
     return job
+
+
+EXECUTOR_LINE = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
+
+
+def exec_command(command: list[str]) -> list[str]:
+    """KFP's ``sh -ec`` command with the Python executor ``exec``'d: the image's ``sh`` (dash) would stay the
+    job's main process, which does not pass SIGTERM on (as PID 1 it ignores it), so the train step would never
+    hear the notice Vertex AI gives before a preemption or a stop, and could not checkpoint."""
+    shell, flags, script, *rest = command
+    if shell != "sh" or script.count(EXECUTOR_LINE) != 1:
+        raise RuntimeError(f"KFP's component command changed; cannot exec its executor: {command[:3]}")
+    return [shell, flags, script.replace(EXECUTOR_LINE, f"exec env {EXECUTOR_LINE}"), *rest]
 
 
 @dataclass

@@ -1,4 +1,9 @@
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +67,37 @@ def test_the_tpu_job_s_runtime_settings_change_at_compile_time_and_the_job_parse
     assert bad.returncode == 2 and "error: --tpu-env='NO_EQUALS': must be KEY=VALUE" in bad.stderr
 
 
+def test_the_tpu_job_s_python_gets_the_sigterm_sent_to_the_job_s_main_process(tmp_path):
+    """Vertex AI's notice before a preemption or a stop is a SIGTERM to the container's main process: the
+    compiled command's shell must hand its place to the Python executor, or the train step never hears it.
+    Here the compiled command runs a component that waits for SIGTERM, and the signal goes to the shell's PID."""
+    spec = compiled(tmp_path, target="vertex", cpu_image=CPU_IMAGE, tpu_image=TPU_IMAGE)
+    inputs = spec["components"]["comp-train-step"]["inputDefinitions"]["parameters"]
+    shell, flags, script = inputs["worker_pool_specs"]["defaultValue"][0]["container_spec"]["command"][:3]
+    ready, heard = tmp_path / "ready", tmp_path / "heard"
+    source = (
+        "import signal, sys, time\n"
+        "def wait_for_sigterm(ready: str, heard: str):\n"
+        "    signal.signal(signal.SIGTERM, lambda *_: (open(heard, 'w').write('SIGTERM'), sys.exit(143)))\n"
+        "    open(ready, 'w').write('waiting')\n"
+        "    time.sleep(120)\n"
+    )
+    executor_input = {
+        "inputs": {"parameterValues": {"ready": str(ready), "heard": str(heard)}},
+        "outputs": {"outputFile": str(tmp_path / "output.json")},
+    }
+    arguments = ["--executor_input", json.dumps(executor_input), "--function_to_execute", "wait_for_sigterm"]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # python3 is the venv's
+    job = subprocess.Popen([shell, flags, script, source, *arguments], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.2)
+    assert ready.exists(), job.stderr.read().decode()[-2000:]
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=30) == 143
+    assert heard.read_text() == "SIGTERM"
+
+
 def test_every_tpu_type_has_its_expected_machine():
     assert sorted(TPU_TYPES) == sorted(EXPECTED_MACHINES)
 
@@ -78,6 +114,7 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     assert worker_pool["container_spec"]["image_uri"] == TPU_IMAGE
     assert "from pipelines.steps import run_train" in worker_pool["container_spec"]["command"][-1]
     assert job_inputs["restart_job_on_worker_restart"]["defaultValue"] is True
+    assert "exec env _KFP_RUNTIME=true python3 -m kfp.dsl.executor_main" in worker_pool["container_spec"]["command"][2]
     # the TPU runtime's settings are the job's environment (Google's TF TPU CI defaults), not only the image's
     env = {item["name"]: item["value"] for item in worker_pool["container_spec"]["env"]}
     assert env == TPU_RUNTIME_ENV and "--tf_mlir_enable_mlir_bridge=true" in env["TF_XLA_FLAGS"]

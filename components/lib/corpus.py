@@ -277,8 +277,10 @@ class Corpus:
     def estimated_text_bytes(self, probes: int = 8) -> tuple[int, float]:
         """The corpus's bytes of text, and the bytes of text per compressed byte they assume: measured on the
         first MiB of up to ``probes`` compressed files spread over the corpus, weighted by their sizes."""
+        if self.kind != "files":
+            return self.total_bytes, 1.0
         compressed = [(uri, size) for uri, _, size in self.files if storage.compression(uri)]
-        if self.kind != "files" or not compressed:
+        if not compressed:
             return self.total_bytes, 1.0
         probed = compressed[:: max(1, math.ceil(len(compressed) / probes))]
         expansion = sum(_expansion(uri) * size for uri, size in probed) / max(sum(size for _, size in probed), 1)
