@@ -38,6 +38,9 @@ WRITE_ROLES = ("write", "admin", "fineGrained")
 TIMEOUT_FLOOR_HOURS, TIMEOUT_CAP_HOURS = 2.0, 168.0
 
 
+TPU_PROVISIONING = ("STANDARD", "SPOT", "FLEX_START")  # Vertex AI's scheduling strategies, as it spells them
+
+
 @dataclass(kw_only=True)
 class PreflightArguments(TrainingSettings):
     """The training's settings (checked as the train step checks them), with what only preflight needs."""
@@ -61,7 +64,7 @@ class PreflightArguments(TrainingSettings):
             "help": "How Vertex AI gets the TPU (the custom job's scheduling strategy): STANDARD (on demand), SPOT "
             "(about a quarter of the price; preempted with 30 s notice, the train step then checkpoints and its "
             "job is run again) or FLEX_START (queued until the TPU is free).",
-            "choices": ("STANDARD", "SPOT", "FLEX_START"),
+            "choices": TPU_PROVISIONING,
         },
     )
     allow_tight_memory: bool = field(
@@ -87,9 +90,10 @@ class PreflightArguments(TrainingSettings):
                 raise InvalidParameter("replicas", self.replicas, f"a {tpu.name} has {tpu.replicas} replicas")
         if self.hf_token_secret:
             check_secret_name(self.hf_token_secret)
-        choices = type(self).__dataclass_fields__["tpu_provisioning"].metadata["choices"]
-        if self.tpu_provisioning not in choices:
-            raise InvalidParameter("tpu_provisioning", self.tpu_provisioning, f"must be one of {list(choices)}")
+        if self.tpu_provisioning not in TPU_PROVISIONING:
+            raise InvalidParameter(
+                "tpu_provisioning", self.tpu_provisioning, f"must be one of {list(TPU_PROVISIONING)}"
+            )
 
     @property
     def training_replicas(self) -> int:

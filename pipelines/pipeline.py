@@ -302,10 +302,10 @@ def build_pipeline(
         # the TPU's peak for MFU, known here whatever the TPU VM's environment says
         # on a TPU: the job's hard limit, which preflight derived from its estimate (Vertex AI's default is 7 days)
         # and how the TPU is provisioned: the custom job's scheduling strategy (on demand, Spot, flex-start)
-        limit = {"timeout": checked.outputs["Output"], "strategy": inputs["preflight"]["tpu_provisioning"]}
-        limit = limit if vertex else {}
+        tpu_job = {"timeout": checked.outputs["Output"], "strategy": inputs["preflight"]["tpu_provisioning"]}
+        tpu_job = tpu_job if vertex else {}
         trained = step(
-            "train", train_component, peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0, **limit, **data
+            "train", train_component, peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0, **tpu_job, **data
         )
         trained.set_display_name("train").after(checked)
         trained.set_caching_options(False)

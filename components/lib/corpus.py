@@ -174,6 +174,11 @@ class Reading:
     def read(self, count: int) -> None:
         self.bytes_read += count
 
+    def read_text(self, count: int) -> None:
+        """Bytes read that are text already (the embedded corpus, a Hub dataset's rows)."""
+        self.bytes_read += count
+        self.text_bytes += count
+
     def decode_lines(self, block: bytes, uri: str) -> list[str]:
         """The lines of ``block`` (whole lines of ``uri`` joined by "\\n")."""
         if uri not in self.non_utf8:  # the file's first block: its byte-order mark, if any
@@ -364,7 +369,7 @@ class Corpus:
             chosen = list(range(count * self.part // self.num_parts, count * (self.part + 1) // self.num_parts))
         for done, index in enumerate(chosen):
             self.fraction_done = done / max(len(chosen), 1)
-            self._read_text(len(lines[index].encode("utf-8")) + 1)
+            self.reading.read_text(len(lines[index].encode("utf-8")) + 1)
             yield lines[index]
         self.fraction_done = 1.0
 
@@ -383,7 +388,7 @@ class Corpus:
                 text = row[self.spec.text_column] or ""
                 if total:
                     self.fraction_done = index / total
-                self._read_text(len(text.encode("utf-8")))
+                self.reading.read_text(len(text.encode("utf-8")))
                 yield text
         finally:
             rows.close()
@@ -453,10 +458,6 @@ class Corpus:
             self.reading.finish_file(uri)
         self.fraction_done = 1.0
 
-    def _read_text(self, count: int) -> None:
-        self.reading.read(count)
-        self.reading.text_bytes += count
-
 
 def _sample_windows(sample_bytes: int, total: int) -> list[tuple[int, int]]:
     """Byte ranges of about ``sample_bytes`` in all, evenly spaced over ``total`` bytes."""
@@ -519,8 +520,7 @@ def _resolve_files(source: str) -> list[tuple[str, str, int]]:
             if storage.isdir(uri):
                 raise InvalidParameter("corpus", uri, "is a folder; name its files, e.g. folder/*.txt")
             compression = storage.compression(uri)
-            name = storage.basename(uri)[: len(storage.basename(uri)) - len(compression)]
-            suffix = "." + name.rsplit(".", 1)[-1].lower() if "." in name else ""
+            suffix = storage.suffix(storage.basename(uri)[: len(storage.basename(uri)) - len(compression)])
             if suffix not in FILE_FORMATS:
                 raise InvalidParameter(
                     "corpus", uri, f"unknown file type {suffix + compression or '(none)'}; expected {EXPECTED_FORMS}"

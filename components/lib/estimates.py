@@ -43,12 +43,17 @@ class EstimateArguments:
     model_config: str = field(default="roberta-base", metadata={"help": "As for the train step."})
     tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {sorted(TPU_TYPES)}."})
     per_replica_batch_size: int = field(
-        default=0, metadata={"help": f"As for the train step; 0: the TPU defaults' {TPU_MICRO_BATCH}."}
+        default=0,
+        metadata={
+            "help": f"As for the train step; 0: {TPU_MICRO_BATCH}, the TPU defaults' (with gradient_accumulation_steps "
+            "also 0, accumulated to the recipe's global batch)."
+        },
     )
     gradient_accumulation_steps: int = field(
         default=0,
         metadata={
-            "help": f"As for the train step; 0: as many as make the recipe's global batch of {RECIPE_GLOBAL_BATCH}."
+            "help": "As for the train step; 0: 1, or with per_replica_batch_size also 0 as many as make the "
+            f"recipe's global batch of {RECIPE_GLOBAL_BATCH}."
         },
     )
     num_epochs: int = field(default=1, metadata={"help": "As for the train step."})
@@ -83,6 +88,7 @@ class EstimateArguments:
         if not self.per_replica_batch_size and not self.gradient_accumulation_steps:
             self.per_replica_batch_size = defaults["per_replica_batch_size"]
             self.gradient_accumulation_steps = defaults["gradient_accumulation_steps"]
+        self.per_replica_batch_size = self.per_replica_batch_size or defaults["per_replica_batch_size"]
         self.gradient_accumulation_steps = self.gradient_accumulation_steps or 1
         for parameter in ("per_replica_batch_size", "gradient_accumulation_steps", "num_epochs", "max_length"):
             if getattr(self, parameter) < 1:

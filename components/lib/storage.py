@@ -148,10 +148,15 @@ def open_random_access(uri: str) -> io.BufferedReader:
     return io.BufferedReader(_RandomAccessFile(uri), buffer_size=1 << 20)
 
 
+def suffix(name: str) -> str:
+    """The last suffix of a file name, lowercased (".gz" of "a.TXT.GZ"), or ""."""
+    return "." + name.rsplit(".", 1)[-1].lower() if "." in name else ""
+
+
 def compression(uri: str) -> str:
     """The compression suffix of ``uri`` (".gz", ".zst", ".bz2", ".xz"), or ""."""
-    suffix = "." + basename(uri).rsplit(".", 1)[-1].lower() if "." in basename(uri) else ""
-    return suffix if suffix in DECOMPRESSORS else ""
+    last = suffix(basename(uri))
+    return last if last in DECOMPRESSORS else ""
 
 
 class DecompressedFile(io.BufferedReader):
