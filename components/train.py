@@ -113,6 +113,7 @@ class TrainingState:
     manager: Any
     start_step: int
     history: list[dict[str, float]]  # log points so far, those of earlier runs of a resumed training included
+    first_call_seconds: float | None = None  # this run's first call into the graph: tracing, compiling, its steps
 
 
 def _set_up(arguments: TrainArguments, plan: TrainingPlan, strategy: Any) -> TrainingState:
@@ -191,6 +192,7 @@ def _training_loop(
                 pace.start()
                 loss = float(train_steps(iterator, tf.constant(steps, tf.int32)))
                 pace.done(steps)
+            state.first_call_seconds = pace.first_call_seconds
             step += steps
             window.add(steps, loss)
             if step % arguments.log_every_steps == 0 or step == plan.total_steps:
@@ -220,6 +222,7 @@ class CallPace:
 
     def __init__(self) -> None:
         self.seconds_per_step: float | None = None
+        self.first_call_seconds: float | None = None  # tracing and compiling the step, and its first steps
         self._calls = 0
         self._started = 0.0
 
@@ -233,8 +236,11 @@ class CallPace:
 
     def done(self, steps: int) -> None:
         self._calls += 1
-        if self._calls > 1:  # the first call traces and compiles
-            self.seconds_per_step = (time.perf_counter() - self._started) / steps
+        seconds = time.perf_counter() - self._started
+        if self._calls == 1:  # the first call traces and compiles
+            self.first_call_seconds = seconds
+        else:
+            self.seconds_per_step = seconds / steps
 
 
 class StopRequest:
@@ -384,6 +390,7 @@ def _summary(
         "samples": plan.total_steps * plan.global_batch_size,
         "tokens": plan.total_steps * tokens_per_step,
         "seconds_this_run": round(seconds, 3),
+        "first_call_seconds": state.first_call_seconds,
         "num_parameters": _num_parameters(state.model),
         "model_flops_per_step": _model_flops_per_step(plan, state.model),
         "first_loss": history[0]["loss"] if history else None,

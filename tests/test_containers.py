@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import HUB_TOKEN, PROJECT_ROOT
 
+from pipelines import smoke as smoke_job
 from pipelines.run_local import RunLocalArguments, run_local
 
 CPU_DOCKERFILE = PROJECT_ROOT / "containers" / "cpu.Dockerfile"
@@ -131,3 +132,24 @@ def test_the_tpu_image_builds_trains_on_two_cpu_replicas_and_refuses_a_missing_t
         refused.stderr.strip().splitlines()[-1].startswith("error: --accelerator='tpu': no TPU found at --tpu='local'")
     )
     assert not (data / "tpu-model").exists()
+
+    # the smoke job's container as Vertex AI would start it (its command, arguments and environment) fails in
+    # seconds off a TPU, with its report written: TensorFlow never waits on libtpu for a TPU that is not there
+    job = smoke_job.smoke_job(
+        smoke_job.SmokeJobArguments(project="my-project-123", scratch="gs://b/smoke", tpu_image=TPU_TEST_IMAGE),
+        "/data/smoke",
+    )
+    container = job.job_spec.worker_pool_specs[0].container_spec
+    environment = [option for variable in container.env for option in ("-e", f"{variable.name}={variable.value}")]
+    docker = ["docker", "run", "--rm", "--network", "none", "-v", f"{data}:/data", *environment, TPU_TEST_IMAGE]
+    smoked = subprocess.run(
+        [*docker, *container.command, *container.args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert smoked.returncode == 2, smoked.stderr[-3000:]
+    report = json.loads((data / "smoke" / "smoke.json").read_text())
+    assert report["verdict"] == "fail" and report["failed_at"] == "runtime" and "no TPU found" in report["error"]
+    assert report["stages"]["runtime"]["environment"]["TF_XLA_FLAGS"].startswith("--tf_mlir_enable_mlir_bridge=true")
+    assert report["stages"]["runtime"]["packages"]["libtpu"] == "0.0.14"  # the constraints.txt pin, from inside

@@ -150,9 +150,7 @@ def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> 
     logical devices under ``MirroredStrategy``: the distributed values, datasets, reductions and checkpoints a
     TPU run has, to rehearse a TPU's global batch on a laptop."""
     try_tpu = accelerator in ("auto", "tpu")
-    if try_tpu and tpu == "local" and not tpu_devices():
-        if accelerator == "tpu":
-            raise InvalidParameter("accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({NO_TPU_DEVICE})")
+    if local_tpu_missing(accelerator, tpu):
         log.info("accelerator auto: %s", NO_TPU_DEVICE)
         try_tpu = False
     if not try_tpu:
@@ -187,6 +185,16 @@ def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> 
         log.info("%d CPU replicas (logical devices) under MirroredStrategy", replicas)
         return tf.distribute.MirroredStrategy(devices), "cpu"
     return tf.distribute.OneDeviceStrategy("/cpu:0"), "cpu"
+
+
+def local_tpu_missing(accelerator: str, tpu: str = "local") -> bool:
+    """Whether this VM lacks the TPU that ``accelerator`` asks for (tpu) or tries first (auto), by its device
+    files, before TensorFlow loads libtpu; a missing TPU asked for is an error."""
+    if accelerator not in ("auto", "tpu") or tpu != "local" or tpu_devices():
+        return False
+    if accelerator == "tpu":
+        raise InvalidParameter("accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({NO_TPU_DEVICE})")
+    return True
 
 
 def tpu_devices(root: str = "/") -> list[str]:

@@ -1,0 +1,356 @@
+"""A short run of the real train step on this machine's accelerator, before the first real run on a TPU type or
+image: what runtime and TPU it found, its replicas, compile time, step time, samples/s, MFU, peak memory per
+replica, a write to the bucket read back, and a verdict.
+
+It needs no data: it trains a tokenizer on the embedded corpus (padded with unused pieces to ``--vocab_size``,
+so the model has the run's shape), writes training shards of that corpus repeated until they hold a few global
+batches, and trains ``--steps`` steps at the given model config, batch and precision, all under ``--scratch``
+(a ``gs://`` folder on Vertex AI: the shards stream from it as a real run's do). ``smoke.json`` there holds the
+report, written also when a stage fails. ``tpu-mlm smoke`` runs this as a Vertex AI custom job on a TPU.
+
+    python -m components.smoke --scratch gs://my-bucket/smoke/try-1 --tpu_type v5e-8
+    python -m components.smoke --scratch /tmp/smoke --accelerator cpu --replicas 2 --model_config mini \\
+        --per_replica_batch_size 8 --steps 9 --vocab_size 2000
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from components.lib import storage
+from components.lib.accelerators import (
+    ACCELERATORS,
+    GIB,
+    TPU_RUNTIME_VARIABLES,
+    MemoryEstimate,
+    check_accelerator,
+    local_tpu_missing,
+    skip_tpu_runtime,
+    tpu_batch,
+    tpu_devices,
+    tpu_type,
+    training_memory,
+)
+from components.lib.corpus import EMBEDDED, embedded_lines
+from components.lib.errors import InvalidParameter
+from components.lib.jobs import run_job
+from components.lib.masked_lm import max_predictions
+from components.lib.results import SUMMARY_FILE
+from components.lib.training import TrainingSettings
+
+log = logging.getLogger("tpu_mlm.smoke")
+
+REPORT_FILE = "smoke.json"
+# Tokens per byte of the embedded corpus, on the low side (0.3 measured at 6,000 pieces), for how many copies
+# of it the shards need
+TOKENS_PER_BYTE_LOW = 0.2
+GLOBAL_BATCHES_OF_DATA = 2  # shards of at least this many global batches (the stream repeats them)
+MLM_PROBABILITY = TrainingSettings.__dataclass_fields__["mlm_probability"].default  # the train step's default
+
+
+@dataclass(kw_only=True)
+class SmokeRun:
+    """The run to try: the real run's TPU, model, batch and precision (the data is made in the job)."""
+
+    tpu_type: str = field(
+        default="",
+        metadata={"help": "The TPU expected (v3-8, v5e-1, v5e-4, v5e-8): its replicas, peak, memory and batch."},
+    )
+    model_config: str = field(default="roberta-base", metadata={"help": "The real run's model config."})
+    vocab_size: int = field(default=25_000, metadata={"help": "The real run's vocabulary size."})
+    max_length: int = field(default=128, metadata={"help": "Tokens per sample."})
+    per_replica_batch_size: int = field(default=0, metadata={"help": "0: the TPU type's micro-batch (else 8)."})
+    gradient_accumulation_steps: int = field(default=0, metadata={"help": "0: what makes the TPU's global batch."})
+    bf16: bool = field(default=True, metadata={"help": "Mixed bfloat16 precision, as TPU runs train."})
+    steps: int = field(default=30, metadata={"help": "Optimizer steps: three log windows, the first compiles."})
+
+    def __post_init__(self) -> None:
+        tpu = tpu_type(self.tpu_type) if self.tpu_type else None
+        defaults = tpu_batch(tpu) if tpu else {"per_replica_batch_size": 8, "gradient_accumulation_steps": 1}
+        self.per_replica_batch_size = self.per_replica_batch_size or defaults["per_replica_batch_size"]
+        self.gradient_accumulation_steps = self.gradient_accumulation_steps or defaults["gradient_accumulation_steps"]
+        for parameter in ("per_replica_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, parameter) < 1:
+                raise InvalidParameter(parameter, getattr(self, parameter), "must be 0 (the default) or positive")
+        if self.steps < 3 or self.steps % 3:
+            raise InvalidParameter("steps", self.steps, "must be a positive multiple of 3 (three log windows)")
+
+
+@dataclass(kw_only=True)
+class SmokeArguments(SmokeRun):
+    """The run to try, where its data and report go, and the accelerator it runs on."""
+
+    scratch: str = field(metadata={"help": "Folder (gs:// on Vertex AI) for the data, model and smoke.json."})
+    accelerator: str = field(default="tpu", metadata={"help": "tpu, gpu, cpu or auto.", "choices": ACCELERATORS})
+    replicas: int = field(default=0, metadata={"help": "Replicas; 0: the TPU type's, else every device."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        storage.check_uri("scratch", self.scratch)
+        check_accelerator(self.accelerator, self.replicas)
+        if self.tpu_type and self.accelerator == "tpu":
+            self.replicas = self.replicas or tpu_type(self.tpu_type).replicas
+
+
+class Report:
+    """The smoke test's findings, stage by stage; ``smoke.json`` is written whatever happens."""
+
+    def __init__(self, arguments: SmokeArguments):
+        self.uri = storage.join(arguments.scratch, REPORT_FILE)
+        self.values: dict[str, Any] = {"verdict": "fail", "arguments": asdict(arguments), "stages": {}}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[dict[str, Any]]:
+        started = time.perf_counter()
+        found: dict[str, Any] = {}
+        self.values["stages"][name] = found
+        try:
+            yield found
+        except BaseException as error:
+            self.values["failed_at"] = name
+            self.values["error"] = f"{type(error).__name__}: {error}"
+            raise
+        finally:
+            found["seconds"] = round(time.perf_counter() - started, 1)
+
+    def write(self) -> None:
+        storage.write_text_atomic(self.uri, json.dumps(self.values, indent=2, default=str) + "\n")
+
+
+def smoke(arguments: SmokeArguments) -> dict[str, Any]:
+    """Runs the stages, writes ``smoke.json`` and returns the report; a failed stage is re-raised after."""
+    report = Report(arguments)
+    try:
+        with report.stage("runtime") as found:
+            found.update(runtime())
+            check_runtime(arguments.accelerator)
+        with report.stage("data") as found:
+            tokenizer, shards = make_data(arguments)
+            found.update(tokenizer=tokenizer, shards=shards)
+        with report.stage("train") as found:
+            found.update(run_training(arguments, tokenizer, shards))
+        with report.stage("memory") as found:
+            found.update(peak_memory(report.values["stages"]["train"]["accelerator"]))
+            found.update(memory_estimate(arguments, shards, report.values["stages"]["train"]["num_parameters"]))
+        with report.stage("storage") as found:
+            model = storage.join(arguments.scratch, "model")
+            written = json.loads(storage.read_text(storage.join(model, SUMMARY_FILE)))
+            found.update(model=model, read_back=written["total_steps"] == arguments.steps)
+        report.values.update(judge(arguments, report.values["stages"]))
+    finally:
+        report.write()
+        for line in describe(report.values):
+            log.info(line)
+    return report.values
+
+
+def runtime() -> dict[str, Any]:
+    """What the job runs on: package versions, the TPU runtime's settings and the TPU devices found."""
+    packages = {}
+    for name in ("tensorflow-tpu", "tensorflow", "libtpu", "transformers"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            packages[name] = metadata.version(name)
+    names = (*TPU_RUNTIME_VARIABLES, "TF_XLA_FLAGS", "TPU_ACCELERATOR_TYPE", "TPU_LOAD_LIBRARY")
+    return {
+        "packages": packages,
+        "environment": {name: os.environ[name] for name in names if name in os.environ},
+        "tpu_devices": tpu_devices(),
+    }
+
+
+def check_runtime(accelerator: str) -> None:
+    """Fails in seconds when the TPU asked for is missing, and keeps TensorFlow from loading libtpu where no TPU
+    will be used: off a TPU VM it would wait minutes for one at TensorFlow's import (the storage calls, the
+    report's included), or fail to load where the library is not installed."""
+    try:
+        missing = accelerator not in ("tpu", "auto") or local_tpu_missing(accelerator)
+    except InvalidParameter:
+        skip_tpu_runtime()  # the report is still written
+        raise
+    if missing:
+        skip_tpu_runtime()
+
+
+def make_data(arguments: SmokeArguments) -> tuple[str, str]:
+    """A tokenizer of ``vocab_size`` pieces and training shards holding a few global batches, under scratch."""
+    from transformers import PreTrainedTokenizerFast
+
+    from components.shards import ShardArguments, write_shards
+    from components.tokenizer import TokenizerArguments, train_tokenizer
+
+    tokenizer_uri = storage.join(arguments.scratch, "tokenizer")
+    shards_uri = storage.join(arguments.scratch, "shards")
+    with tempfile.TemporaryDirectory() as local:
+        folder = Path(local, "tokenizer")
+        train_tokenizer(TokenizerArguments(corpus=EMBEDDED, vocab_size=arguments.vocab_size, output=str(folder)))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+        # the embedded corpus gives about 6,000 pieces; the model must have the run's embedding table
+        tokenizer.add_tokens([f"<unused{index}>" for index in range(len(tokenizer), arguments.vocab_size)])
+        tokenizer.save_pretrained(folder)
+        storage.upload_folder(folder, tokenizer_uri)
+        lines = embedded_lines()
+        text_bytes = sum(len(line.encode("utf-8")) + 1 for line in lines)
+        replicas = max(arguments.replicas, 1)
+        global_batch = arguments.per_replica_batch_size * replicas * arguments.gradient_accumulation_steps
+        needed_tokens = GLOBAL_BATCHES_OF_DATA * global_batch * arguments.max_length
+        copies = math.ceil(needed_tokens / (TOKENS_PER_BYTE_LOW * text_bytes))
+        corpus = Path(local, "corpus.txt")
+        corpus.write_text("\n".join(lines * copies) + "\n", encoding="utf-8")
+        write_shards(
+            ShardArguments(
+                corpus=str(corpus), tokenizer=tokenizer_uri, output=shards_uri, max_length=arguments.max_length
+            )
+        )
+    return tokenizer_uri, shards_uri
+
+
+def run_training(arguments: SmokeArguments, tokenizer: str, shards: str) -> dict[str, Any]:
+    """The train step itself for ``steps`` steps, one checkpoint and the model saved at the end."""
+    from components.train import TrainArguments, train
+
+    tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
+    window = arguments.steps // 3
+    summary = train(
+        TrainArguments(
+            tokenizer=tokenizer,
+            train_shards=shards,
+            output=storage.join(arguments.scratch, "model"),
+            checkpoint_dir=storage.join(arguments.scratch, "checkpoints"),
+            tensorboard_dir=storage.join(arguments.scratch, "logs"),
+            model_config=arguments.model_config,
+            per_replica_batch_size=arguments.per_replica_batch_size,
+            gradient_accumulation_steps=arguments.gradient_accumulation_steps,
+            bf16=arguments.bf16,
+            max_steps=arguments.steps,
+            log_every_steps=window,
+            checkpoint_every_steps=arguments.steps,
+            accelerator=arguments.accelerator,
+            replicas=arguments.replicas,
+            peak_tflops=tpu.peak_tflops_per_replica if tpu else 0.0,
+        )
+    )
+    steady = summary["history"][-1]  # the last window: no compile, no checkpoint in it
+    step_seconds = summary["global_batch_size"] / steady["samples_per_second"]
+    return {
+        "accelerator": summary["accelerator"],
+        "replicas": summary["replicas"],
+        "global_batch_size": summary["global_batch_size"],
+        "num_parameters": summary["num_parameters"],
+        "first_loss": summary["first_loss"],
+        "last_loss": summary["last_loss"],
+        "first_call_seconds": summary["first_call_seconds"],
+        # the first call ran one log window's steps after tracing and compiling
+        "compile_seconds": max(0.0, summary["first_call_seconds"] - window * step_seconds),
+        "step_seconds": step_seconds,
+        "samples_per_second": steady["samples_per_second"],
+        "tokens_per_second": steady["tokens_per_second"],
+        "mfu": steady.get("mfu"),
+        "train_seconds": summary["seconds_this_run"],
+    }
+
+
+def peak_memory(kind: str) -> dict[str, Any]:
+    """Each replica's peak memory so far, as the runtime counts it (TPUs and GPUs; the CPU keeps no count)."""
+    import tensorflow as tf
+
+    peaks = []
+    for device in tf.config.list_logical_devices(kind.upper()):
+        try:
+            peaks.append(tf.config.experimental.get_memory_info(device.name)["peak"])
+        except ValueError as error:  # "Allocator stats not available" on the CPU
+            return {"peak_gib_per_replica": None, "why_not": str(error)}
+    return {"peak_gib_per_replica": round(max(peaks) / GIB, 2) if peaks else None}
+
+
+def judge(arguments: SmokeArguments, stages: dict[str, Any]) -> dict[str, Any]:
+    """The verdict: the accelerator and replicas asked for, a finite loss, the model read back from storage and,
+    where it is measured, peak memory within what the TPU's replicas have."""
+    trained = stages["train"]
+    tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
+    problems = []
+    if arguments.accelerator != "auto" and trained["accelerator"] != arguments.accelerator:
+        problems.append(f"trained on {trained['accelerator']}, not {arguments.accelerator}")
+    if arguments.replicas and trained["replicas"] != arguments.replicas:
+        problems.append(f"{trained['replicas']} replicas, not {arguments.replicas}")
+    if not all(math.isfinite(trained[name]) for name in ("first_loss", "last_loss")):
+        problems.append(f"the loss is not finite ({trained['first_loss']} to {trained['last_loss']})")
+    if not stages["storage"]["read_back"]:
+        problems.append("the model's training_summary.json read back does not match the run")
+    peak = stages["memory"]["peak_gib_per_replica"]
+    if tpu and peak is not None and peak > MemoryEstimate.FITS * tpu.memory_gib_per_replica:
+        problems.append(
+            f"peak memory {peak:.1f} GiB per replica is above {MemoryEstimate.FITS:.0%} of a {tpu.name} replica's "
+            f"{tpu.memory_gib_per_replica:.0f} GiB: a longer run may run out; lower per_replica_batch_size and raise "
+            "gradient_accumulation_steps"
+        )
+    return {"verdict": "fail" if problems else "pass", "problems": problems}
+
+
+def memory_estimate(arguments: SmokeArguments, shards: str, num_parameters: int) -> dict[str, float]:
+    """What preflight's estimate says of this run's memory, to set beside the peak measured."""
+    from components.lib.modeling import model_config
+    from components.lib.shard_set import read_manifest
+
+    config = model_config(arguments.model_config, read_manifest(shards, "train_shards"))
+    estimate = training_memory(
+        config,
+        num_parameters,
+        arguments.per_replica_batch_size,
+        arguments.max_length,
+        arguments.bf16,
+        max_predictions(arguments.max_length, MLM_PROBABILITY),
+        accumulation=arguments.gradient_accumulation_steps,
+    )
+    return {"estimate_low_gib": round(estimate.low / GIB, 2), "estimate_high_gib": round(estimate.high / GIB, 2)}
+
+
+def describe(values: dict[str, Any]) -> list[str]:
+    """The report as lines for the log (and for ``tpu-mlm smoke`` to print)."""
+    stages = values["stages"]
+    lines = [f"verdict: {values['verdict'].upper()}"]
+    if "failed_at" in values:
+        lines.append(f"failed at the {values['failed_at']} stage: {values['error']}")
+    lines += [f"problem: {problem}" for problem in values.get("problems", [])]
+    if "runtime" in stages:
+        packages = ", ".join(f"{name} {version}" for name, version in stages["runtime"]["packages"].items())
+        lines.append(f"runtime: {packages}; TPU devices: {len(stages['runtime']['tpu_devices'])}")
+    if "train" in stages and "accelerator" in stages["train"]:
+        trained = stages["train"]
+        mfu = f", MFU {trained['mfu']:.1%}" if trained["mfu"] is not None else ""
+        lines += [
+            f"trained on: {trained['accelerator']}, {trained['replicas']} replica(s), global batch "
+            f"{trained['global_batch_size']}, {trained['num_parameters']:,} parameters",
+            f"compile: {trained['compile_seconds']:.1f} s (first call {trained['first_call_seconds']:.1f} s)",
+            f"step: {trained['step_seconds']:.3f} s, {trained['samples_per_second']:,.1f} samples/s{mfu}",
+            f"loss: {trained['first_loss']:.4f} to {trained['last_loss']:.4f}",
+        ]
+    if "memory" in stages and "estimate_low_gib" in stages["memory"]:
+        memory = stages["memory"]
+        measured = memory["peak_gib_per_replica"]
+        peak = f"{measured:.2f} GiB" if measured is not None else "not measured here"
+        lines.append(
+            f"memory per replica: peak {peak}; estimate {memory['estimate_low_gib']}-{memory['estimate_high_gib']} GiB"
+        )
+    if "storage" in stages and "model" in stages["storage"]:
+        lines.append(f"storage: model written to and read back from {stages['storage']['model']}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(SmokeArguments, smoke, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

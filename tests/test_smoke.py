@@ -1,0 +1,99 @@
+"""The smoke test before a first TPU run: its in-job script at 2 CPU replicas through a bucket, its job as Vertex
+AI's API types read it, and ``tpu-mlm smoke`` creating, following and reading a job on a stand-in of Vertex AI's
+job service."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_module
+from transformers import HfArgumentParser
+
+from components.lib import storage
+from components.smoke import SmokeArguments
+from pipelines import smoke as smoke_job
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_smoke_script_trains_two_cpu_replicas_on_data_it_makes_and_passes(tmp_path):
+    # a folder, not the bucket: the same storage calls as the steps', which the gs:// tests cover
+    scratch = str(tmp_path / "smoke")
+    result = run_module(
+        "components.smoke",
+        *("--scratch", scratch, "--accelerator", "cpu", "--replicas", "2", "--model_config", "mini"),
+        *("--per_replica_batch_size", "8", "--steps", "6", "--vocab_size", "8000", "--max_length", "32"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verdict: PASS" in result.stderr
+    report = json.loads(storage.read_text(f"{scratch}/smoke.json"))
+    assert report["verdict"] == "pass" and report["problems"] == []
+    trained = report["stages"]["train"]
+    assert (trained["accelerator"], trained["replicas"], trained["global_batch_size"]) == ("cpu", 2, 16)
+    assert 0 < trained["compile_seconds"] < trained["first_call_seconds"]
+    assert trained["samples_per_second"] == pytest.approx(16 / trained["step_seconds"])
+    # the embedded corpus gives about 6,000 pieces: the tokenizer is padded to the run's vocabulary, and so is the model
+    assert len(json.loads(storage.read_text(f"{scratch}/tokenizer/tokenizer.json"))["added_tokens"]) > 1000
+    assert json.loads(storage.read_text(f"{scratch}/model/config.json"))["vocab_size"] == 8000
+    manifest = json.loads(storage.read_text(f"{scratch}/shards/manifest.json"))
+    assert manifest["num_records"] >= 2 * 16
+    memory = report["stages"]["memory"]
+    assert memory["peak_gib_per_replica"] is None and "not available" in memory["why_not"]  # the CPU keeps no count
+    assert 0 < memory["estimate_low_gib"] <= memory["estimate_high_gib"]
+    assert report["stages"]["storage"]["read_back"] is True
+
+
+def test_the_smoke_job_is_a_custom_job_on_the_tpu_with_a_hard_limit_no_retries_and_the_runtime_env(capsys):
+    from google.cloud import aiplatform_v1 as vertex
+
+    code = smoke_job.main(
+        [
+            *("--project", "my-project-123", "--scratch", "gs://bucket/smoke", "--tpu_type", "v5e-4"),
+            *("--tpu_image", "us-docker.pkg.dev/p/r/tpu:1", "--tpu_provisioning", "SPOT"),
+            *("--tpu_env", "TF_XLA_FLAGS=", "LIBTPU_INIT_ARGS=--xla_tpu_enable_latency_hiding_scheduler"),
+            *("--service_account", "trainer@my-project-123.iam.gserviceaccount.com", "--dry_run"),
+        ]
+    )
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    job = vertex.CustomJob.from_json(json.dumps(printed["would_create"]))  # what the API takes, field by field
+    pool = job.job_spec.worker_pool_specs[0]
+    assert (pool.machine_spec.machine_type, pool.machine_spec.tpu_topology) == ("ct5lp-hightpu-4t", "2x2")
+    assert job.job_spec.scheduling.timeout.total_seconds() == 20 * 60
+    assert job.job_spec.scheduling.strategy == vertex.Scheduling.Strategy.SPOT
+    assert job.job_spec.scheduling.disable_retries and not job.job_spec.scheduling.restart_job_on_worker_restart
+    env = {variable.name: variable.value for variable in pool.container_spec.env}
+    assert "TF_XLA_FLAGS" not in env and env["LIBTPU_INIT_ARGS"] == "--xla_tpu_enable_latency_hiding_scheduler"
+    assert env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == "/lib/libtpu.so"
+    # the container's command line is the in-job script's, at the TPU's batch
+    assert list(pool.container_spec.command) == ["python", "-m", "components.smoke"]
+    (run,) = HfArgumentParser(SmokeArguments).parse_args_into_dataclasses(args=list(pool.container_spec.args))
+    assert (run.accelerator, run.replicas, run.tpu_type, run.bf16) == ("tpu", 4, "v5e-4", True)
+    assert run.per_replica_batch_size * 4 * run.gradient_accumulation_steps == 2048
+    assert run.scratch.startswith("gs://bucket/smoke/smoke-v5e-4-")
+    assert job.job_spec.base_output_directory.output_uri_prefix == run.scratch
+    assert job.job_spec.service_account == "trainer@my-project-123.iam.gserviceaccount.com"
+    assert printed["cost_limit"].startswith("at most $0.33: 20 min of a v5e-4 at $0.98 an hour Spot")
+
+
+def test_smoke_creates_the_job_follows_it_and_prints_the_report_it_wrote_when_no_tpu_is_found(gcs):
+    from vertex_server import VertexStandIn
+
+    with VertexStandIn() as vertex:
+        result = run_module(
+            "pipelines.smoke",
+            *("--project", "my-project-123", "--scratch", gcs, "--tpu_type", "v5e-1", "--tpu_image", "tpu:1"),
+            *("--api_endpoint", vertex.url, "--poll_seconds", "0.2"),
+        )
+        (job,) = vertex.jobs.values()
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert job["state"] == "JOB_STATE_FAILED"
+    assert "JOB_STATE_RUNNING" in result.stderr and "JOB_STATE_FAILED" in result.stderr
+    assert "verdict: FAIL" in result.stdout
+    assert "failed at the runtime stage" in result.stdout and "no TPU found" in result.stdout
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith("error: the smoke test failed on the v5e-1: InvalidParameter")
+    )
+    (report,) = storage.glob(f"{gcs}/smoke-v5e-1-*/smoke.json")
+    assert json.loads(storage.read_text(report))["failed_at"] == "runtime"

@@ -1,0 +1,98 @@
+"""A local stand-in for Vertex AI's job service over REST, enough for ``aiplatform_v1.JobServiceClient``:
+create a custom job and get it. A created job runs its first worker pool's container command on this machine,
+as the container would run it (the project's Python, the job's environment on top of this process's): the job
+is ``JOB_STATE_RUNNING`` while it runs, then ``JOB_STATE_SUCCEEDED`` or ``JOB_STATE_FAILED`` by its exit status.
+What the job can do here is what this machine has: no TPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class VertexStandIn:
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict] = {}
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, str] = {}
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> VertexStandIn:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for process in self.processes.values():
+            process.kill()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def create(self, parent: str, job: dict) -> dict:
+        name = f"{parent}/customJobs/{len(self.jobs) + 1}"
+        container = job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]
+        command = [*container.get("command", []), *container.get("args", [])]
+        if command[:1] == ["python"]:
+            command[0] = sys.executable  # the image's Python is this project's here
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+        env.update({variable["name"]: variable["value"] for variable in container.get("env", [])})
+        self.jobs[name] = {**job, "name": name, "state": "JOB_STATE_RUNNING"}
+        self.processes[name] = subprocess.Popen(
+            command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        return self.jobs[name]
+
+    def get(self, name: str) -> dict:
+        job, process = self.jobs[name], self.processes[name]
+        if job["state"] == "JOB_STATE_RUNNING" and process.poll() is not None:
+            self.logs[name] = process.stdout.read()
+            if process.returncode == 0:
+                job["state"] = "JOB_STATE_SUCCEEDED"
+            else:
+                job["state"] = "JOB_STATE_FAILED"
+                job["error"] = {
+                    "code": 13,
+                    "message": f"The replica workerpool0-0 exited with a non-zero status of {process.returncode}.",
+                }
+        return job
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_: object) -> None:
+                pass
+
+            def _reply(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                match = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+)/customJobs", urlparse(self.path).path)
+                if not match:
+                    return self._reply(404, {"error": {"code": 404, "message": self.path}})
+                job = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                self._reply(200, stand_in.create(match.group(1), job))
+
+            def do_GET(self) -> None:
+                name = urlparse(self.path).path.removeprefix("/v1/")
+                if name not in stand_in.jobs:
+                    return self._reply(404, {"error": {"code": 404, "message": f"{name} not found"}})
+                self._reply(200, stand_in.get(name))
+
+        return Handler
