@@ -11,7 +11,7 @@ from collections.abc import Sequence
 JOBS = {
     "run-local": ("pipelines.run_local", "Run the whole pipeline on this machine under kfp.local."),
     "compile": ("pipelines.compile", "Compile the pipeline for Vertex AI (or kfp.local) to YAML."),
-    "smoke": ("pipelines.smoke", "Try a TPU type and image in one short custom job before the first real run."),
+    "smoke": ("pipelines.submit_smoke", "Try a TPU type and image in one short custom job before the first real run."),
     "submit": ("pipelines.submit", "Submit a compiled pipeline to Vertex AI Pipelines (or --dry_run)."),
     "tokenizer": ("components.tokenizer", "Train a Unigram tokenizer on a corpus."),
     "shards": ("components.shards", "Tokenize a corpus into fixed-length TFRecord shards."),

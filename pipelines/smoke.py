@@ -1,219 +1,355 @@
-"""Try a TPU type and image before the first real run: one short Vertex AI custom job on that TPU, with that image
-and runtime settings, runs the real train step at the run's model, batch and precision on data it makes itself
-(``components.smoke``), and reports what it found and a verdict. Its hard limit is ``--timeout_minutes``, and it
-is never retried: a TPU that does not start costs minutes, not a pipeline run.
+"""A short run of the real train step on this machine's accelerator, before the first real run on a TPU type or
+image: what runtime and TPU it found, its replicas, compile time, step time, samples/s, MFU, peak memory per
+replica, a write to the bucket read back, and a verdict.
 
-The job writes under ``--scratch`` (``gs://``), in a folder of its own; this command waits for the job, prints
-the report it wrote (``smoke.json``) and exits 0 on a pass. ``--dry_run`` prints the job and sends nothing.
+It needs no data: it trains a tokenizer on the embedded corpus (padded with unused pieces to ``--vocab_size``,
+so the model has the run's shape), writes training shards of that corpus repeated until they hold a few global
+batches, and trains ``--steps`` steps at the given model config, batch and precision, all under ``--scratch``
+(a ``gs://`` folder on Vertex AI: the shards stream from it as a real run's do). ``smoke.json`` there holds the
+report, written also when a stage fails. ``tpu-mlm smoke`` runs this as a Vertex AI custom job on a TPU.
 
-    python -m pipelines.smoke --project my-project --scratch gs://my-bucket/smoke --tpu_type v5e-8 \\
-        --tpu_image us-central1-docker.pkg.dev/my-project/tpu-mlm/tpu:0.1.0 \\
-        --service_account trainer@my-project.iam.gserviceaccount.com
+    python -m pipelines.smoke --scratch gs://my-bucket/smoke/try-1 --tpu_type v5e-8
+    python -m pipelines.smoke --scratch /tmp/smoke --accelerator cpu --replicas 2 --model_config mini \\
+        --per_replica_batch_size 8 --steps 9 --vocab_size 2000
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import math
+import os
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import PRICES, TPU_TYPES, tpu_runtime_env, tpu_type
-from components.lib.errors import InvalidParameter, ServiceFailed
-from components.lib.jobs import log, run_job
-from components.preflight import TPU_PROVISIONING
-from components.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe
+from components.lib.accelerators import (
+    ACCELERATORS,
+    GIB,
+    TPU_RUNTIME_VARIABLES,
+    MemoryEstimate,
+    check_accelerator,
+    local_tpu_missing,
+    skip_tpu_runtime,
+    tpu_batch,
+    tpu_devices,
+    tpu_type,
+    training_memory,
+)
+from components.lib.corpus import EMBEDDED, embedded_lines
+from components.lib.errors import InvalidParameter
+from components.lib.jobs import run_job
+from components.lib.masked_lm import max_predictions
+from components.lib.results import SUMMARY_FILE
+from components.lib.training import TrainingSettings
 
-TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
-MAX_TIMEOUT_MINUTES = 120
+log = logging.getLogger("tpu_mlm.smoke")
+
+REPORT_FILE = "smoke.json"
+# Tokens per byte of the embedded corpus, on the low side (0.3 measured at 6,000 pieces), for how many copies
+# of it the shards need
+TOKENS_PER_BYTE_LOW = 0.2
+GLOBAL_BATCHES_OF_DATA = 2  # shards of at least this many global batches (the stream repeats them)
+MLM_PROBABILITY = TrainingSettings.__dataclass_fields__["mlm_probability"].default  # the train step's default
 
 
 @dataclass(kw_only=True)
-class SmokeJobArguments(SmokeRun):
-    """Where and how the smoke job runs, and the run it tries."""
+class SmokeRun:
+    """The run to try: the real run's TPU, model, batch and precision (the data is made in the job)."""
 
-    project: str = field(metadata={"help": "Google Cloud project id."})
-    scratch: str = field(metadata={"help": "gs:// folder; the job writes its data, model and smoke.json under it."})
-    tpu_image: str = field(metadata={"help": "The TPU image the pipeline's train step will run."})
-    region: str = field(default="us-central1", metadata={"help": "Vertex AI region (one with the TPU type)."})
-    service_account: str = field(default="", metadata={"help": "Service account the job runs as."})
-    tpu_provisioning: str = field(
-        default="STANDARD",
-        metadata={"help": "On demand, Spot or flex-start, as the run will be.", "choices": TPU_PROVISIONING},
+    tpu_type: str = field(
+        default="",
+        metadata={"help": "The TPU expected (v3-8, v5e-1, v5e-4, v5e-8): its replicas, peak, memory and batch."},
     )
-    tpu_env: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Changes to the job's runtime environment, KEY=VALUE (KEY= drops a default), as compile's."},
-    )
-    timeout_minutes: int = field(
-        default=20,
-        metadata={"help": f"Hard limit of the job (TPU start, compile, steps, save); at most {MAX_TIMEOUT_MINUTES}."},
-    )
-    poll_seconds: float = field(default=30.0, metadata={"help": "Seconds between looks at the job's state."})
-    dry_run: bool = field(default=False, metadata={"help": "Print the job instead of creating it."})
-    api_endpoint: str = field(
-        default="", metadata={"help": "Vertex AI's endpoint; default: REGION-aiplatform.googleapis.com."}
-    )
+    model_config: str = field(default="roberta-base", metadata={"help": "The real run's model config."})
+    vocab_size: int = field(default=25_000, metadata={"help": "The real run's vocabulary size."})
+    max_length: int = field(default=128, metadata={"help": "Tokens per sample."})
+    per_replica_batch_size: int = field(default=0, metadata={"help": "0: the TPU type's micro-batch (else 8)."})
+    gradient_accumulation_steps: int = field(default=0, metadata={"help": "0: what makes the TPU's global batch."})
+    bf16: bool = field(default=True, metadata={"help": "Mixed bfloat16 precision, as TPU runs train."})
+    steps: int = field(default=30, metadata={"help": "Optimizer steps: three log windows, the first compiles."})
 
     def __post_init__(self) -> None:
-        self.tpu_type = self.tpu_type or "v3-8"  # compile's default TPU
-        if self.tpu_type not in TPU_TYPES:
-            raise InvalidParameter("tpu_type", self.tpu_type, f"must be one of {sorted(TPU_TYPES)}")
+        tpu = tpu_type(self.tpu_type) if self.tpu_type else None
+        defaults = tpu_batch(tpu) if tpu else {"per_replica_batch_size": 8, "gradient_accumulation_steps": 1}
+        self.per_replica_batch_size = self.per_replica_batch_size or defaults["per_replica_batch_size"]
+        self.gradient_accumulation_steps = self.gradient_accumulation_steps or defaults["gradient_accumulation_steps"]
+        for parameter in ("per_replica_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, parameter) < 1:
+                raise InvalidParameter(parameter, getattr(self, parameter), "must be 0 (the default) or positive")
+        if self.steps < 3 or self.steps % 3:
+            raise InvalidParameter("steps", self.steps, "must be a positive multiple of 3 (three log windows)")
+
+
+@dataclass(kw_only=True)
+class SmokeArguments(SmokeRun):
+    """The run to try, where its data and report go, and the accelerator it runs on."""
+
+    scratch: str = field(metadata={"help": "Folder (gs:// on Vertex AI) for the data, model and smoke.json."})
+    accelerator: str = field(default="tpu", metadata={"help": "tpu, gpu, cpu or auto.", "choices": ACCELERATORS})
+    replicas: int = field(default=0, metadata={"help": "Replicas; 0: the TPU type's, else every device."})
+
+    def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.scratch.startswith("gs://"):
-            raise InvalidParameter("scratch", self.scratch, "must be a gs:// folder: the job on Vertex AI writes there")
         storage.check_uri("scratch", self.scratch)
-        if not self.tpu_image:
-            raise InvalidParameter("tpu_image", self.tpu_image, "name the TPU image (make tpu-image, then push it)")
-        if self.tpu_provisioning not in TPU_PROVISIONING:
-            raise InvalidParameter("tpu_provisioning", self.tpu_provisioning, f"must be one of {TPU_PROVISIONING}")
-        if not 5 <= self.timeout_minutes <= MAX_TIMEOUT_MINUTES:
-            raise InvalidParameter(
-                "timeout_minutes", self.timeout_minutes, f"must be from 5 to {MAX_TIMEOUT_MINUTES} minutes"
+        check_accelerator(self.accelerator, self.replicas)
+        if self.tpu_type and self.accelerator == "tpu":
+            self.replicas = self.replicas or tpu_type(self.tpu_type).replicas
+
+
+class Report:
+    """The smoke test's findings, stage by stage; ``smoke.json`` is written whatever happens."""
+
+    def __init__(self, arguments: SmokeArguments):
+        self.uri = storage.join(arguments.scratch, REPORT_FILE)
+        self.values: dict[str, Any] = {"verdict": "fail", "arguments": asdict(arguments), "stages": {}}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[dict[str, Any]]:
+        started = time.perf_counter()
+        found: dict[str, Any] = {}
+        self.values["stages"][name] = found
+        try:
+            yield found
+        except BaseException as error:
+            self.values["failed_at"] = name
+            self.values["error"] = f"{type(error).__name__}: {error}"
+            raise
+        finally:
+            found["seconds"] = round(time.perf_counter() - started, 1)
+
+    def write(self) -> None:
+        storage.write_text_atomic(self.uri, json.dumps(self.values, indent=2, default=str) + "\n")
+
+
+def smoke(arguments: SmokeArguments) -> dict[str, Any]:
+    """Runs the stages, writes ``smoke.json`` and returns the report; a failed stage is re-raised after."""
+    report = Report(arguments)
+    try:
+        with report.stage("runtime") as found:
+            found.update(runtime())
+            check_runtime(arguments.accelerator)
+        with report.stage("data") as found:
+            tokenizer, shards = make_data(arguments)
+            found.update(tokenizer=tokenizer, shards=shards)
+        with report.stage("train") as found:
+            found.update(run_training(arguments, tokenizer, shards))
+        with report.stage("memory") as found:
+            found.update(peak_memory(report.values["stages"]["train"]["accelerator"]))
+            found.update(memory_estimate(arguments, shards, report.values["stages"]["train"]["num_parameters"]))
+        with report.stage("storage") as found:
+            model = storage.join(arguments.scratch, "model")
+            written = json.loads(storage.read_text(storage.join(model, SUMMARY_FILE)))
+            found.update(model=model, read_back=written["total_steps"] == arguments.steps)
+        report.values.update(judge(arguments, report.values["stages"]))
+    finally:
+        report.write()
+        for line in describe(report.values):
+            log.info(line)
+    return report.values
+
+
+def runtime() -> dict[str, Any]:
+    """What the job runs on: package versions, the TPU runtime's settings and the TPU devices found."""
+    packages = {}
+    for name in ("tensorflow-tpu", "tensorflow", "libtpu", "transformers"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            packages[name] = metadata.version(name)
+    names = (*TPU_RUNTIME_VARIABLES, "TF_XLA_FLAGS", "TPU_ACCELERATOR_TYPE", "TPU_LOAD_LIBRARY")
+    return {
+        "packages": packages,
+        "environment": {name: os.environ[name] for name in names if name in os.environ},
+        "tpu_devices": tpu_devices(),
+    }
+
+
+def check_runtime(accelerator: str) -> None:
+    """Fails in seconds when the TPU asked for is missing, and keeps TensorFlow from loading libtpu where no TPU
+    will be used: off a TPU VM it would wait minutes for one at TensorFlow's import (the storage calls, the
+    report's included), or fail to load where the library is not installed."""
+    try:
+        missing = accelerator not in ("tpu", "auto") or local_tpu_missing(accelerator)
+    except InvalidParameter:
+        skip_tpu_runtime()  # the report is still written
+        raise
+    if missing:
+        skip_tpu_runtime()
+
+
+def make_data(arguments: SmokeArguments) -> tuple[str, str]:
+    """A tokenizer of ``vocab_size`` pieces and training shards holding a few global batches, under scratch."""
+    from transformers import PreTrainedTokenizerFast
+
+    from components.shards import ShardArguments, write_shards
+    from components.tokenizer import TokenizerArguments, train_tokenizer
+
+    tokenizer_uri = storage.join(arguments.scratch, "tokenizer")
+    shards_uri = storage.join(arguments.scratch, "shards")
+    with tempfile.TemporaryDirectory() as local:
+        folder = Path(local, "tokenizer")
+        train_tokenizer(TokenizerArguments(corpus=EMBEDDED, vocab_size=arguments.vocab_size, output=str(folder)))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+        # the embedded corpus gives about 6,000 pieces; the model must have the run's embedding table
+        tokenizer.add_tokens([f"<unused{index}>" for index in range(len(tokenizer), arguments.vocab_size)])
+        tokenizer.save_pretrained(folder)
+        storage.upload_folder(folder, tokenizer_uri)
+        lines = embedded_lines()
+        text_bytes = sum(len(line.encode("utf-8")) + 1 for line in lines)
+        replicas = max(arguments.replicas, 1)
+        global_batch = arguments.per_replica_batch_size * replicas * arguments.gradient_accumulation_steps
+        needed_tokens = GLOBAL_BATCHES_OF_DATA * global_batch * arguments.max_length
+        copies = math.ceil(needed_tokens / (TOKENS_PER_BYTE_LOW * text_bytes))
+        corpus = Path(local, "corpus.txt")
+        corpus.write_text("\n".join(lines * copies) + "\n", encoding="utf-8")
+        write_shards(
+            ShardArguments(
+                corpus=str(corpus), tokenizer=tokenizer_uri, output=shards_uri, max_length=arguments.max_length
             )
-        tpu_runtime_env(self.tpu_env)  # its errors, before anything is sent
-
-
-def in_job_arguments(arguments: SmokeJobArguments, folder: str) -> list[str]:
-    """The command line of ``components.smoke`` in the job: the run's settings, the TPU, the job's folder."""
-    run = SmokeArguments(
-        scratch=folder, accelerator="tpu", **{name.name: getattr(arguments, name.name) for name in fields(SmokeRun)}
-    )
-    line = []
-    for name in fields(SmokeArguments):
-        value = getattr(run, name.name)
-        line += [f"--{name.name}", str(value).lower() if isinstance(value, bool) else str(value)]
-    return line
-
-
-def smoke_job(arguments: SmokeJobArguments, folder: str) -> Any:
-    """The ``aiplatform_v1.CustomJob`` that runs the smoke test on the TPU, writing under ``folder``."""
-    from google.cloud import aiplatform_v1 as vertex
-    from google.protobuf import duration_pb2
-
-    tpu = tpu_type(arguments.tpu_type)
-    env = tpu_runtime_env(arguments.tpu_env)
-    container = vertex.ContainerSpec(
-        image_uri=arguments.tpu_image,
-        command=["python", "-m", "components.smoke"],
-        args=in_job_arguments(arguments, folder),
-        env=[vertex.EnvVar(name=name, value=value) for name, value in sorted(env.items())],
-    )
-    pool = vertex.WorkerPoolSpec(machine_spec=vertex.MachineSpec(**tpu.machine_spec), replica_count=1)
-    pool.container_spec = container
-    scheduling = vertex.Scheduling(
-        timeout=duration_pb2.Duration(seconds=arguments.timeout_minutes * 60),
-        strategy=arguments.tpu_provisioning,
-        disable_retries=True,  # a failing start is what the smoke test is there to show, once
-        restart_job_on_worker_restart=False,
-    )
-    return vertex.CustomJob(
-        display_name=f"tpu-mlm-smoke-{tpu.name}",
-        job_spec=vertex.CustomJobSpec(
-            worker_pool_specs=[pool],
-            scheduling=scheduling,
-            service_account=arguments.service_account,
-            base_output_directory=vertex.GcsDestination(output_uri_prefix=folder),
-        ),
-        labels={"tpu-mlm": "smoke", "tpu-type": tpu.name},
-    )
-
-
-def cost_limit(arguments: SmokeJobArguments) -> str:
-    """The most the job can cost: its timeout on the TPU at the TPU's list price for the provisioning."""
-    tpu = tpu_type(arguments.tpu_type)
-    spot = arguments.tpu_provisioning == "SPOT"
-    price = tpu.spot_list_price_per_hour if spot else tpu.list_price_per_hour
-    return (
-        f"at most ${price * arguments.timeout_minutes / 60:,.2f}: {arguments.timeout_minutes} min of a {tpu.name} at "
-        f"${price:.2f} an hour{' Spot' if spot else ''} ({PRICES})"
-    )
-
-
-def job_json(job: Any) -> str:
-    """The job as the REST API takes it: enums by name, unset fields left out."""
-    from google.cloud import aiplatform_v1 as vertex
-
-    return vertex.CustomJob.to_json(job, use_integers_for_enums=False, always_print_fields_with_no_presence=False)
-
-
-def job_client(region: str, endpoint: str = "") -> Any:
-    """Vertex AI's job service over REST. An ``http://`` endpoint is a local stand-in (the tests'), reached
-    without credentials, as Google's clients treat their emulators."""
-    from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import aiplatform_v1 as vertex
-
-    endpoint = endpoint or f"{region}-aiplatform.googleapis.com"
-    credentials = AnonymousCredentials() if endpoint.startswith("http://") else None
-    options = ClientOptions(api_endpoint=endpoint)
-    return vertex.JobServiceClient(transport="rest", client_options=options, credentials=credentials)
-
-
-def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any]:
-    """Creates the job (or prints it), waits for it and returns its report."""
-
-    folder = storage.join(arguments.scratch, f"smoke-{arguments.tpu_type}-{datetime.now(UTC):%Y%m%d-%H%M%S}")
-    job = smoke_job(arguments, folder)
-    parent = f"projects/{arguments.project}/locations/{arguments.region}"
-    limit = cost_limit(arguments)
-    log.info("the job's cost is bounded by its timeout: %s", limit)
-    if arguments.dry_run:
-        return {"dry_run": True, "parent": parent, "cost_limit": limit, "would_create": json.loads(job_json(job))}
-    client = client or job_client(arguments.region, arguments.api_endpoint)
-    created = client.create_custom_job(parent=parent, custom_job=job)
-    log.info("created %s; its report will be %s", created.name, storage.join(folder, REPORT_FILE))
-    log.info(
-        "console: https://console.cloud.google.com/vertex-ai/locations/%s/training/%s?project=%s",
-        arguments.region,
-        created.name.rsplit("/", 1)[-1],
-        arguments.project,
-    )
-    state = wait(client, created.name, arguments.poll_seconds)
-    report_uri = storage.join(folder, REPORT_FILE)
-    if not storage.exists(report_uri):
-        raise ServiceFailed(
-            f"the smoke job ended {state.name} without a report at {report_uri}: the container did not get to run "
-            f"the smoke test (image, permissions, quota?); see the job's logs ({created.name})"
         )
-    report = json.loads(storage.read_text(report_uri))
-    for line in describe(report):
-        print(line)
-    report["job"], report["job_state"] = created.name, state.name
-    if report["verdict"] != "pass":
-        raise SmokeFailed(report)
-    return report
+    return tokenizer_uri, shards_uri
 
 
-class SmokeFailed(ServiceFailed):
-    """The job ran and its report says fail: the verdict is the exit status."""
+def run_training(arguments: SmokeArguments, tokenizer: str, shards: str) -> dict[str, Any]:
+    """The train step itself for ``steps`` steps, one checkpoint and the model saved at the end."""
+    from components.train import TrainArguments, train
 
-    def __init__(self, report: dict[str, Any]):
-        reason = report.get("error") or "; ".join(report.get("problems", []))
-        super().__init__(f"the smoke test failed on the {report['arguments']['tpu_type']}: {reason}")
+    tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
+    window = arguments.steps // 3
+    summary = train(
+        TrainArguments(
+            tokenizer=tokenizer,
+            train_shards=shards,
+            output=storage.join(arguments.scratch, "model"),
+            checkpoint_dir=storage.join(arguments.scratch, "checkpoints"),
+            tensorboard_dir=storage.join(arguments.scratch, "logs"),
+            model_config=arguments.model_config,
+            per_replica_batch_size=arguments.per_replica_batch_size,
+            gradient_accumulation_steps=arguments.gradient_accumulation_steps,
+            bf16=arguments.bf16,
+            max_steps=arguments.steps,
+            log_every_steps=window,
+            checkpoint_every_steps=arguments.steps,
+            accelerator=arguments.accelerator,
+            replicas=arguments.replicas,
+            peak_tflops=tpu.peak_tflops_per_replica if tpu else 0.0,
+        )
+    )
+    steady = summary["history"][-1]  # the last window: no compile, no checkpoint in it
+    step_seconds = summary["global_batch_size"] / steady["samples_per_second"]
+    return {
+        "accelerator": summary["accelerator"],
+        "replicas": summary["replicas"],
+        "global_batch_size": summary["global_batch_size"],
+        "num_parameters": summary["num_parameters"],
+        "first_loss": summary["first_loss"],
+        "last_loss": summary["last_loss"],
+        "first_call_seconds": summary["first_call_seconds"],
+        # the first call ran one log window's steps after tracing and compiling
+        "compile_seconds": max(0.0, summary["first_call_seconds"] - window * step_seconds),
+        "step_seconds": step_seconds,
+        "samples_per_second": steady["samples_per_second"],
+        "tokens_per_second": steady["tokens_per_second"],
+        "mfu": steady.get("mfu"),
+        "train_seconds": summary["seconds_this_run"],
+    }
 
 
-def wait(client: Any, name: str, poll_seconds: float) -> Any:
-    """Polls the job until it ends, logging each change of state; returns the last state."""
-    started, last = time.monotonic(), None
-    while True:
-        job = client.get_custom_job(name=name)
-        if job.state != last:
-            log.info("%s after %.0f s", job.state.name, time.monotonic() - started)
-            last = job.state
-        if job.state.name in TERMINAL_STATES:
-            if job.error.message:
-                log.warning("the job's error: %s", job.error.message)
-            return job.state
-        time.sleep(poll_seconds)
+def peak_memory(kind: str) -> dict[str, Any]:
+    """Each replica's peak memory so far, as the runtime counts it (TPUs and GPUs; the CPU keeps no count)."""
+    import tensorflow as tf
+
+    peaks = []
+    for device in tf.config.list_logical_devices(kind.upper()):
+        try:
+            peaks.append(tf.config.experimental.get_memory_info(device.name)["peak"])
+        except ValueError as error:  # "Allocator stats not available" on the CPU
+            return {"peak_gib_per_replica": None, "why_not": str(error)}
+    return {"peak_gib_per_replica": round(max(peaks) / GIB, 2) if peaks else None}
+
+
+def judge(arguments: SmokeArguments, stages: dict[str, Any]) -> dict[str, Any]:
+    """The verdict: the accelerator and replicas asked for, a finite loss, the model read back from storage and,
+    where it is measured, peak memory within what the TPU's replicas have."""
+    trained = stages["train"]
+    tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
+    problems = []
+    if arguments.accelerator != "auto" and trained["accelerator"] != arguments.accelerator:
+        problems.append(f"trained on {trained['accelerator']}, not {arguments.accelerator}")
+    if arguments.replicas and trained["replicas"] != arguments.replicas:
+        problems.append(f"{trained['replicas']} replicas, not {arguments.replicas}")
+    if not all(math.isfinite(trained[name]) for name in ("first_loss", "last_loss")):
+        problems.append(f"the loss is not finite ({trained['first_loss']} to {trained['last_loss']})")
+    if not stages["storage"]["read_back"]:
+        problems.append("the model's training_summary.json read back does not match the run")
+    peak = stages["memory"]["peak_gib_per_replica"]
+    if tpu and peak is not None and peak > MemoryEstimate.FITS * tpu.memory_gib_per_replica:
+        problems.append(
+            f"peak memory {peak:.1f} GiB per replica is above {MemoryEstimate.FITS:.0%} of a {tpu.name} replica's "
+            f"{tpu.memory_gib_per_replica:.0f} GiB: a longer run may run out; lower per_replica_batch_size and raise "
+            "gradient_accumulation_steps"
+        )
+    return {"verdict": "fail" if problems else "pass", "problems": problems}
+
+
+def memory_estimate(arguments: SmokeArguments, shards: str, num_parameters: int) -> dict[str, float]:
+    """What preflight's estimate says of this run's memory, to set beside the peak measured."""
+    from components.lib.modeling import model_config
+    from components.lib.shard_set import read_manifest
+
+    config = model_config(arguments.model_config, read_manifest(shards, "train_shards"))
+    estimate = training_memory(
+        config,
+        num_parameters,
+        arguments.per_replica_batch_size,
+        arguments.max_length,
+        arguments.bf16,
+        max_predictions(arguments.max_length, MLM_PROBABILITY),
+        accumulation=arguments.gradient_accumulation_steps,
+    )
+    return {"estimate_low_gib": round(estimate.low / GIB, 2), "estimate_high_gib": round(estimate.high / GIB, 2)}
+
+
+def describe(values: dict[str, Any]) -> list[str]:
+    """The report as lines for the log (and for ``tpu-mlm smoke`` to print)."""
+    stages = values["stages"]
+    lines = [f"verdict: {values['verdict'].upper()}"]
+    if "failed_at" in values:
+        lines.append(f"failed at the {values['failed_at']} stage: {values['error']}")
+    lines += [f"problem: {problem}" for problem in values.get("problems", [])]
+    if "runtime" in stages:
+        packages = ", ".join(f"{name} {version}" for name, version in stages["runtime"]["packages"].items())
+        lines.append(f"runtime: {packages}; TPU devices: {len(stages['runtime']['tpu_devices'])}")
+    if "train" in stages and "accelerator" in stages["train"]:
+        trained = stages["train"]
+        mfu = f", MFU {trained['mfu']:.1%}" if trained["mfu"] is not None else ""
+        lines += [
+            f"trained on: {trained['accelerator']}, {trained['replicas']} replica(s), global batch "
+            f"{trained['global_batch_size']}, {trained['num_parameters']:,} parameters",
+            f"compile: {trained['compile_seconds']:.1f} s (first call {trained['first_call_seconds']:.1f} s)",
+            f"step: {trained['step_seconds']:.3f} s, {trained['samples_per_second']:,.1f} samples/s{mfu}",
+            f"loss: {trained['first_loss']:.4f} to {trained['last_loss']:.4f}",
+        ]
+    if "memory" in stages and "estimate_low_gib" in stages["memory"]:
+        memory = stages["memory"]
+        measured = memory["peak_gib_per_replica"]
+        peak = f"{measured:.2f} GiB" if measured is not None else "not measured here"
+        lines.append(
+            f"memory per replica: peak {peak}; estimate {memory['estimate_low_gib']}-{memory['estimate_high_gib']} GiB"
+        )
+    if "storage" in stages and "model" in stages["storage"]:
+        lines.append(f"storage: model written to and read back from {stages['storage']['model']}")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(SmokeJobArguments, run_smoke, argv, description=__doc__)
+    return run_job(SmokeArguments, smoke, argv, description=__doc__)
 
 
 if __name__ == "__main__":

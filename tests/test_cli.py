@@ -19,6 +19,8 @@ from conftest import PROJECT_ROOT, run_module
         "components.report",
         "pipelines.run_local",
         "pipelines.compile",
+        "pipelines.smoke",
+        "pipelines.submit_smoke",
     ],
 )
 def test_every_component_runs_as_a_module_with_help(module):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import HUB_TOKEN, PROJECT_ROOT
 
-from pipelines import smoke as smoke_job
+from pipelines import submit_smoke
 from pipelines.run_local import RunLocalArguments, run_local
 
 CPU_DOCKERFILE = PROJECT_ROOT / "containers" / "cpu.Dockerfile"
@@ -135,8 +135,8 @@ def test_the_tpu_image_builds_trains_on_two_cpu_replicas_and_refuses_a_missing_t
 
     # the smoke job's container as Vertex AI would start it (its command, arguments and environment) fails in
     # seconds off a TPU, with its report written: TensorFlow never waits on libtpu for a TPU that is not there
-    job = smoke_job.smoke_job(
-        smoke_job.SmokeJobArguments(project="my-project-123", scratch="gs://b/smoke", tpu_image=TPU_TEST_IMAGE),
+    job = submit_smoke.smoke_job(
+        submit_smoke.SmokeJobArguments(project="my-project-123", scratch="gs://b/smoke", tpu_image=TPU_TEST_IMAGE),
         "/data/smoke",
     )
     container = job.job_spec.worker_pool_specs[0].container_spec

@@ -11,8 +11,8 @@ from conftest import run_module
 from transformers import HfArgumentParser
 
 from components.lib import storage
-from components.smoke import SmokeArguments
-from pipelines import smoke as smoke_job
+from pipelines import submit_smoke
+from pipelines.smoke import SmokeArguments
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ def test_the_smoke_script_trains_two_cpu_replicas_on_data_it_makes_and_passes(tm
     # a folder, not the bucket: the same storage calls as the steps', which the gs:// tests cover
     scratch = str(tmp_path / "smoke")
     result = run_module(
-        "components.smoke",
+        "pipelines.smoke",
         *("--scratch", scratch, "--accelerator", "cpu", "--replicas", "2", "--model_config", "mini"),
         *("--per_replica_batch_size", "8", "--steps", "6", "--vocab_size", "8000", "--max_length", "32"),
     )
@@ -47,7 +47,7 @@ def test_the_smoke_script_trains_two_cpu_replicas_on_data_it_makes_and_passes(tm
 def test_the_smoke_job_is_a_custom_job_on_the_tpu_with_a_hard_limit_no_retries_and_the_runtime_env(capsys):
     from google.cloud import aiplatform_v1 as vertex
 
-    code = smoke_job.main(
+    code = submit_smoke.main(
         [
             *("--project", "my-project-123", "--scratch", "gs://bucket/smoke", "--tpu_type", "v5e-4"),
             *("--tpu_image", "us-docker.pkg.dev/p/r/tpu:1", "--tpu_provisioning", "SPOT"),
@@ -67,7 +67,7 @@ def test_the_smoke_job_is_a_custom_job_on_the_tpu_with_a_hard_limit_no_retries_a
     assert "TF_XLA_FLAGS" not in env and env["LIBTPU_INIT_ARGS"] == "--xla_tpu_enable_latency_hiding_scheduler"
     assert env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == "/lib/libtpu.so"
     # the container's command line is the in-job script's, at the TPU's batch
-    assert list(pool.container_spec.command) == ["python", "-m", "components.smoke"]
+    assert list(pool.container_spec.command) == ["python", "-m", "pipelines.smoke"]
     (run,) = HfArgumentParser(SmokeArguments).parse_args_into_dataclasses(args=list(pool.container_spec.args))
     assert (run.accelerator, run.replicas, run.tpu_type, run.bf16) == ("tpu", 4, "v5e-4", True)
     assert run.per_replica_batch_size * 4 * run.gradient_accumulation_steps == 2048
@@ -82,7 +82,7 @@ def test_smoke_creates_the_job_follows_it_and_prints_the_report_it_wrote_when_no
 
     with VertexStandIn() as vertex:
         result = run_module(
-            "pipelines.smoke",
+            "pipelines.submit_smoke",
             *("--project", "my-project-123", "--scratch", gcs, "--tpu_type", "v5e-1", "--tpu_image", "tpu:1"),
             *("--api_endpoint", vertex.url, "--poll_seconds", "0.2"),
         )

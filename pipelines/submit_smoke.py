@@ -1,0 +1,220 @@
+"""Try a TPU type and image before the first real run: one short Vertex AI custom job on that TPU, with that image
+and runtime settings, runs the real train step at the run's model, batch and precision on data it makes itself
+(``pipelines.smoke``), and reports what it found and a verdict. Its hard limit is ``--timeout_minutes``, and it
+is never retried: a TPU that does not start costs minutes, not a pipeline run.
+
+The job writes under ``--scratch`` (``gs://``), in a folder of its own; this command waits for the job, prints
+the report it wrote (``smoke.json``) and exits 0 on a pass. ``--dry_run`` prints the job and sends nothing.
+
+    python -m pipelines.submit_smoke --project my-project --scratch gs://my-bucket/smoke --tpu_type v5e-8 \\
+        --tpu_image us-central1-docker.pkg.dev/my-project/tpu-mlm/tpu:0.1.0 \\
+        --service_account trainer@my-project.iam.gserviceaccount.com
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any
+
+from components.lib import storage
+from components.lib.accelerators import PRICES, TPU_TYPES, tpu_runtime_env, tpu_type
+from components.lib.errors import InvalidParameter, ServiceFailed
+from components.lib.jobs import log, run_job
+from components.preflight import TPU_PROVISIONING
+from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe
+
+TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
+MAX_TIMEOUT_MINUTES = 120
+
+
+@dataclass(kw_only=True)
+class SmokeJobArguments(SmokeRun):
+    """Where and how the smoke job runs, and the run it tries."""
+
+    project: str = field(metadata={"help": "Google Cloud project id."})
+    scratch: str = field(metadata={"help": "gs:// folder; the job writes its data, model and smoke.json under it."})
+    tpu_image: str = field(metadata={"help": "The TPU image the pipeline's train step will run."})
+    region: str = field(default="us-central1", metadata={"help": "Vertex AI region (one with the TPU type)."})
+    service_account: str = field(default="", metadata={"help": "Service account the job runs as."})
+    tpu_provisioning: str = field(
+        default="STANDARD",
+        metadata={"help": "On demand, Spot or flex-start, as the run will be.", "choices": TPU_PROVISIONING},
+    )
+    tpu_env: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Changes to the job's runtime environment, KEY=VALUE (KEY= drops a default), as compile's."},
+    )
+    timeout_minutes: int = field(
+        default=20,
+        metadata={"help": f"Hard limit of the job (TPU start, compile, steps, save); at most {MAX_TIMEOUT_MINUTES}."},
+    )
+    poll_seconds: float = field(default=30.0, metadata={"help": "Seconds between looks at the job's state."})
+    dry_run: bool = field(default=False, metadata={"help": "Print the job instead of creating it."})
+    api_endpoint: str = field(
+        default="", metadata={"help": "Vertex AI's endpoint; default: REGION-aiplatform.googleapis.com."}
+    )
+
+    def __post_init__(self) -> None:
+        self.tpu_type = self.tpu_type or "v3-8"  # compile's default TPU
+        if self.tpu_type not in TPU_TYPES:
+            raise InvalidParameter("tpu_type", self.tpu_type, f"must be one of {sorted(TPU_TYPES)}")
+        super().__post_init__()
+        if not self.scratch.startswith("gs://"):
+            raise InvalidParameter("scratch", self.scratch, "must be a gs:// folder: the job on Vertex AI writes there")
+        storage.check_uri("scratch", self.scratch)
+        if not self.tpu_image:
+            raise InvalidParameter("tpu_image", self.tpu_image, "name the TPU image (make tpu-image, then push it)")
+        if self.tpu_provisioning not in TPU_PROVISIONING:
+            raise InvalidParameter("tpu_provisioning", self.tpu_provisioning, f"must be one of {TPU_PROVISIONING}")
+        if not 5 <= self.timeout_minutes <= MAX_TIMEOUT_MINUTES:
+            raise InvalidParameter(
+                "timeout_minutes", self.timeout_minutes, f"must be from 5 to {MAX_TIMEOUT_MINUTES} minutes"
+            )
+        tpu_runtime_env(self.tpu_env)  # its errors, before anything is sent
+
+
+def in_job_arguments(arguments: SmokeJobArguments, folder: str) -> list[str]:
+    """The command line of ``pipelines.smoke`` in the job: the run's settings, the TPU, the job's folder."""
+    run = SmokeArguments(
+        scratch=folder, accelerator="tpu", **{name.name: getattr(arguments, name.name) for name in fields(SmokeRun)}
+    )
+    line = []
+    for name in fields(SmokeArguments):
+        value = getattr(run, name.name)
+        line += [f"--{name.name}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return line
+
+
+def smoke_job(arguments: SmokeJobArguments, folder: str) -> Any:
+    """The ``aiplatform_v1.CustomJob`` that runs the smoke test on the TPU, writing under ``folder``."""
+    from google.cloud import aiplatform_v1 as vertex
+    from google.protobuf import duration_pb2
+
+    tpu = tpu_type(arguments.tpu_type)
+    env = tpu_runtime_env(arguments.tpu_env)
+    container = vertex.ContainerSpec(
+        image_uri=arguments.tpu_image,
+        command=["python", "-m", "pipelines.smoke"],
+        args=in_job_arguments(arguments, folder),
+        env=[vertex.EnvVar(name=name, value=value) for name, value in sorted(env.items())],
+    )
+    pool = vertex.WorkerPoolSpec(machine_spec=vertex.MachineSpec(**tpu.machine_spec), replica_count=1)
+    pool.container_spec = container
+    scheduling = vertex.Scheduling(
+        timeout=duration_pb2.Duration(seconds=arguments.timeout_minutes * 60),
+        strategy=arguments.tpu_provisioning,
+        disable_retries=True,  # a failing start is what the smoke test is there to show, once
+        restart_job_on_worker_restart=False,
+    )
+    return vertex.CustomJob(
+        display_name=f"tpu-mlm-smoke-{tpu.name}",
+        job_spec=vertex.CustomJobSpec(
+            worker_pool_specs=[pool],
+            scheduling=scheduling,
+            service_account=arguments.service_account,
+            base_output_directory=vertex.GcsDestination(output_uri_prefix=folder),
+        ),
+        labels={"tpu-mlm": "smoke", "tpu-type": tpu.name},
+    )
+
+
+def cost_limit(arguments: SmokeJobArguments) -> str:
+    """The most the job can cost: its timeout on the TPU at the TPU's list price for the provisioning."""
+    tpu = tpu_type(arguments.tpu_type)
+    spot = arguments.tpu_provisioning == "SPOT"
+    price = tpu.spot_list_price_per_hour if spot else tpu.list_price_per_hour
+    return (
+        f"at most ${price * arguments.timeout_minutes / 60:,.2f}: {arguments.timeout_minutes} min of a {tpu.name} at "
+        f"${price:.2f} an hour{' Spot' if spot else ''} ({PRICES})"
+    )
+
+
+def job_json(job: Any) -> str:
+    """The job as the REST API takes it: enums by name, unset fields left out."""
+    from google.cloud import aiplatform_v1 as vertex
+
+    return vertex.CustomJob.to_json(job, use_integers_for_enums=False, always_print_fields_with_no_presence=False)
+
+
+def job_client(region: str, endpoint: str = "") -> Any:
+    """Vertex AI's job service over REST. An ``http://`` endpoint is a local stand-in (the tests'), reached
+    without credentials, as Google's clients treat their emulators."""
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform_v1 as vertex
+
+    endpoint = endpoint or f"{region}-aiplatform.googleapis.com"
+    credentials = AnonymousCredentials() if endpoint.startswith("http://") else None
+    options = ClientOptions(api_endpoint=endpoint)
+    return vertex.JobServiceClient(transport="rest", client_options=options, credentials=credentials)
+
+
+def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any]:
+    """Creates the job (or prints it), waits for it and returns its report."""
+
+    folder = storage.join(arguments.scratch, f"smoke-{arguments.tpu_type}-{datetime.now(UTC):%Y%m%d-%H%M%S}")
+    job = smoke_job(arguments, folder)
+    parent = f"projects/{arguments.project}/locations/{arguments.region}"
+    limit = cost_limit(arguments)
+    log.info("the job's cost is bounded by its timeout: %s", limit)
+    if arguments.dry_run:
+        return {"dry_run": True, "parent": parent, "cost_limit": limit, "would_create": json.loads(job_json(job))}
+    client = client or job_client(arguments.region, arguments.api_endpoint)
+    created = client.create_custom_job(parent=parent, custom_job=job)
+    log.info("created %s; its report will be %s", created.name, storage.join(folder, REPORT_FILE))
+    log.info(
+        "console: https://console.cloud.google.com/vertex-ai/locations/%s/training/%s?project=%s",
+        arguments.region,
+        created.name.rsplit("/", 1)[-1],
+        arguments.project,
+    )
+    state = wait(client, created.name, arguments.poll_seconds)
+    report_uri = storage.join(folder, REPORT_FILE)
+    if not storage.exists(report_uri):
+        raise ServiceFailed(
+            f"the smoke job ended {state.name} without a report at {report_uri}: the container did not get to run "
+            f"the smoke test (image, permissions, quota?); see the job's logs ({created.name})"
+        )
+    report = json.loads(storage.read_text(report_uri))
+    for line in describe(report):
+        print(line)
+    report["job"], report["job_state"] = created.name, state.name
+    if report["verdict"] != "pass":
+        raise SmokeFailed(report)
+    return report
+
+
+class SmokeFailed(ServiceFailed):
+    """The job ran and its report says fail: the verdict is the exit status."""
+
+    def __init__(self, report: dict[str, Any]):
+        reason = report.get("error") or "; ".join(report.get("problems", []))
+        super().__init__(f"the smoke test failed on the {report['arguments']['tpu_type']}: {reason}")
+
+
+def wait(client: Any, name: str, poll_seconds: float) -> Any:
+    """Polls the job until it ends, logging each change of state; returns the last state."""
+    started, last = time.monotonic(), None
+    while True:
+        job = client.get_custom_job(name=name)
+        if job.state != last:
+            log.info("%s after %.0f s", job.state.name, time.monotonic() - started)
+            last = job.state
+        if job.state.name in TERMINAL_STATES:
+            if job.error.message:
+                log.warning("the job's error: %s", job.error.message)
+            return job.state
+        time.sleep(poll_seconds)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(SmokeJobArguments, run_smoke, argv, description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
