@@ -19,22 +19,25 @@ every checkpoint pushed to the Hub is such a folder too.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import peak_tflops_per_replica, select_strategy
+from components.lib.accelerators import TPU_RUNTIME_VARIABLES, peak_tflops_per_replica, select_strategy
 from components.lib.errors import InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
 from components.lib.jobs import run_job
@@ -86,20 +89,72 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
         plan.total_steps,
     )
     token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
-    state = _set_up(arguments, plan, strategy)
-    pusher = None
-    if arguments.hub_repo_id:
-        create_repo(arguments.hub_repo_id, token, arguments.hub_private)
-        pusher = BackgroundPush(arguments.hub_repo_id, token)
-    started = time.perf_counter()
-    try:
-        _training_loop(arguments, plan, strategy, kind, state, pusher)
-    finally:
-        push_failures = pusher.close() if pusher else []
-    summary = _summary(arguments, plan, strategy, kind, state, time.perf_counter() - started)
-    summary["hub_push_failures"] = push_failures
-    _save_model(state.model, plan.tokenizer, arguments.output, summary)
+    failures = FailedAttempts(arguments)
+    failures.refuse_a_repeat()
+    with failures.recorded():
+        state = _set_up(arguments, plan, strategy)
+        pusher = None
+        if arguments.hub_repo_id:
+            create_repo(arguments.hub_repo_id, token, arguments.hub_private)
+            pusher = BackgroundPush(arguments.hub_repo_id, token)
+        started = time.perf_counter()
+        try:
+            _training_loop(arguments, plan, strategy, kind, state, pusher)
+        finally:
+            push_failures = pusher.close() if pusher else []
+        summary = _summary(arguments, plan, strategy, kind, state, time.perf_counter() - started)
+        summary["hub_push_failures"] = push_failures
+        _save_model(state.model, plan.tokenizer, arguments.output, summary)
     return summary
+
+
+class FailedAttempts:
+    """The attempts of this training that failed (``failures.json`` in the checkpoint folder), so that the
+    restarts Vertex AI makes of a failing job (up to 5 a worker, then 3 of the whole job) and the pipeline's
+    retries do not each pay a TPU start, a compile and the steps to the failure again: after
+    ``REPEATS`` failures at the same checkpoint with the same settings and runtime, the next attempt is refused
+    before the model is built. A SIGTERM's exit (preemption) is no failure."""
+
+    FILE = "failures.json"
+    REPEATS = 2
+
+    def __init__(self, arguments: TrainArguments):
+        self.uri = storage.join(arguments.checkpoint_dir, self.FILE)
+        settings = {k: v for k, v in asdict(arguments).items() if k not in ("output", "tensorboard_dir")}
+        runtime = {name: os.environ.get(name, "") for name in (*TPU_RUNTIME_VARIABLES, "TF_XLA_FLAGS")}
+        self.key = hashlib.sha256(json.dumps([settings, runtime], sort_keys=True, default=str).encode()).hexdigest()
+        self.step = _latest_checkpoint_step(arguments.checkpoint_dir)
+        self.earlier = json.loads(storage.read_text(self.uri)) if storage.exists(self.uri) else []
+
+    def refuse_a_repeat(self) -> None:
+        last = self.earlier[-self.REPEATS :]
+        if len(last) == self.REPEATS and all((f["key"], f["step"]) == (self.key, self.step) for f in last):
+            raise InvalidParameter(
+                "checkpoint_dir",
+                storage.dirname(self.uri),
+                f"the last {self.REPEATS} attempts of this training, with these settings and runtime, failed from "
+                f"step {self.step}: {last[-1]['error']}; fix the cause (or delete {self.FILE} there to try again)",
+            )
+
+    @contextlib.contextmanager
+    def recorded(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as error:
+            failure = {"key": self.key, "step": self.step, "error": f"{type(error).__name__}: {error}"[:2000]}
+            failure["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            with contextlib.suppress(Exception):  # the failure itself matters more than its record
+                storage.write_text_atomic(self.uri, json.dumps([*self.earlier, failure], indent=1) + "\n")
+            raise
+
+
+def _latest_checkpoint_step(checkpoint_dir: str) -> int:
+    """The step of the latest checkpoint, from the checkpoint manager's state file; 0 without one."""
+    state = storage.join(checkpoint_dir, "checkpoint")
+    if not storage.exists(state):
+        return 0
+    found = re.search(r'^model_checkpoint_path: ".*?(\d+)"', storage.read_text(state), re.M)
+    return int(found.group(1)) if found else 0
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 from components.lib.accelerators import tpu_runtime_env
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
-from pipelines.pipeline import DEFAULT_CPU_IMAGE, TARGETS, TPU_TYPES, compile_pipeline
+from pipelines.pipeline import DEFAULT_CPU_IMAGE, DEFAULT_TRAIN_RETRIES, TARGETS, TPU_TYPES, compile_pipeline
 
 
 @dataclass
@@ -33,7 +33,17 @@ class CompileArguments:
         },
     )
 
+    train_retries: int = field(
+        default=DEFAULT_TRAIN_RETRIES,
+        metadata={
+            "help": "Reruns of the TPU task when its job fails for good (a reclaimed Spot TPU), each 10 minutes "
+            "later and resuming from the run's checkpoints (vertex target)."
+        },
+    )
+
     def __post_init__(self) -> None:
+        if not 0 <= self.train_retries <= 10:
+            raise InvalidParameter("train_retries", self.train_retries, "must be from 0 to 10")
         if self.target == "vertex" and not self.tpu_image:
             raise InvalidParameter("tpu_image", self.tpu_image, "the vertex target needs the TPU image's URI")
         if self.target == "vertex" and self.cpu_image == DEFAULT_CPU_IMAGE:
@@ -51,6 +61,7 @@ def compile_command(arguments: CompileArguments) -> dict[str, Any]:
         tpu_image=arguments.tpu_image,
         tpu_type=arguments.tpu_type,
         tpu_env=tpu_runtime_env(arguments.tpu_env),
+        train_retries=arguments.train_retries,
     )
     return {"compiled": path, "target": arguments.target, "tpu_type": arguments.tpu_type}
 

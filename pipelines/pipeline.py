@@ -51,6 +51,11 @@ def check_target(target: str, tpu_type: str) -> None:
         raise InvalidParameter("tpu_type", tpu_type, f"must be one of {sorted(TPU_TYPES)}")
 
 
+# Retries of the TPU task on Vertex AI, after a wait for TPU capacity to come back (a reclaimed Spot TPU's): each
+# resumes from the run's last checkpoint; a failure that repeats costs a TPU start and the steps since it.
+DEFAULT_TRAIN_RETRIES = 2
+RETRY_BACKOFF = "600s"
+
 # The TPU job's limit where no preflight sets one (the component reused on its own): a day, not GCPC's 7 days.
 STANDALONE_TIMEOUT = "86400s"
 
@@ -260,6 +265,7 @@ def build_pipeline(
     tpu_image: str = "",
     tpu_type: str = "v3-8",
     tpu_env: dict[str, str] | None = None,
+    train_retries: int = DEFAULT_TRAIN_RETRIES,
 ) -> Any:
     check_target(target, tpu_type)
     vertex = target == "vertex"
@@ -305,10 +311,19 @@ def build_pipeline(
         tpu_job = {"timeout": checked.outputs["Output"], "strategy": inputs["preflight"]["tpu_provisioning"]}
         tpu_job = tpu_job if vertex else {}
         trained = step(
-            "train", train_component, peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0, **tpu_job, **data
+            "train",
+            train_component,
+            peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0,
+            pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            **tpu_job,
+            **data,
         )
         trained.set_display_name("train").after(checked)
         trained.set_caching_options(False)
+        if vertex and train_retries:
+            # a job Vertex AI ends for good (a Spot TPU reclaimed, say) runs again, from the run's checkpoints
+            trained.set_retry(num_retries=train_retries, backoff_duration=RETRY_BACKOFF, backoff_factor=1.0)
         model = trained.outputs["model"]
         evaluation = step(
             "evaluate", model=model, shards=validation.outputs["shards"], train_shards=train_shards.outputs["shards"]

@@ -83,9 +83,20 @@ def run_preflight(
 
 
 def run_train(
-    tokenizer: Any, train_shards: Any, eval_shards: Any, model: Any, output_root: str, **settings: Any
+    tokenizer: Any,
+    train_shards: Any,
+    eval_shards: Any,
+    model: Any,
+    output_root: str,
+    pipeline_root: str,
+    run_id: str,
+    **settings: Any,
 ) -> None:
     model.uri = storage.relocate(model.uri, output_root)
+    if not settings["checkpoint_dir"] and run_id:
+        # one folder for the pipeline run, whichever attempt of the task or restart of its job trains: a retried
+        # task resumes (its model artifact may be a new folder)
+        settings["checkpoint_dir"] = storage.join(output_root or pipeline_root, "checkpoints", run_id)
     summary = train(
         TrainArguments(
             tokenizer=tokenizer.uri,
@@ -160,6 +171,8 @@ class Step:
 
 
 OUTPUT_ROOT = {"output_root": ("str", "")}
+# what the pipeline passes the train step from KFP's placeholders: the root and the run's id (a retry's too)
+RUN_PLACEHOLDERS = {"pipeline_root": ("str", ""), "run_id": ("str", "")}
 STEPS = {
     step.name: step
     for step in (
@@ -195,7 +208,7 @@ STEPS = {
                 "eval_shards": "Input[Dataset]",
                 "model": "Output[Model]",
             },
-            OUTPUT_ROOT,
+            {**OUTPUT_ROOT, **RUN_PLACEHOLDERS},
         ),
         Step(
             "evaluate",

@@ -154,7 +154,18 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
         * parameters["gradient_accumulation_steps"]["defaultValue"]
         == 2048
     )  # to the recipe's global batch
-    trained = {name for name in train_inputs if name not in ("peak_tflops", "timeout", "strategy")}
+    # a job Vertex AI ends for good (a reclaimed Spot TPU) runs again, resuming from the run's own checkpoint folder
+    assert dag_tasks(spec)["train-step"]["retryPolicy"] == {
+        "backoffDuration": "600s",
+        "backoffFactor": 1.0,
+        "backoffMaxDuration": "3600s",
+        "maxRetryCount": 2,
+    }
+    assert train_inputs["pipeline_root"] == {"runtimeValue": {"constant": "{{$.pipeline_root}}"}}
+    assert train_inputs["run_id"] == {"runtimeValue": {"constant": "{{$.pipeline_job_uuid}}"}}
+    trained = {
+        name for name in train_inputs if name not in ("peak_tflops", "timeout", "strategy", "pipeline_root", "run_id")
+    }
     assert trained - {"tokenizer", "train_shards", "eval_shards"} <= set(preflight_inputs)
 
     executors = spec["deploymentSpec"]["executors"]
@@ -276,6 +287,10 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     assert "masked-token accuracy" in Path(artifacts["evaluation report"]).read_text()
     run_report = Path(artifacts["run report"]).read_text()
     assert "data:image/png;base64," in run_report and f"{metrics['perplexity']:.2f}" in run_report
+    # the checkpoints are the run's, outside its model artifact, where a retried train task finds them
+    arguments = json.loads(Path(artifacts["model"], "training_summary.json").read_text())["arguments"]
+    assert Path(arguments["checkpoint_dir"]).parent == tmp_path / "runs" / "checkpoints"
+    assert list(Path(arguments["checkpoint_dir"]).glob("ckpt-*.index"))
     fill = pipeline("fill-mask", model=artifacts["model"], framework="tf", dtype=None, model_kwargs=TF_LOADING)
     assert len(fill("The function returns a <mask> of values.", top_k=3)) == 3
     # the model folder loads in transformers 5 (PyTorch) as it is

@@ -580,17 +580,19 @@ def test_a_corrupted_shard_of_the_right_size_is_named_by_training_and_evaluation
     data[len(data) // 2] ^= 0xFF  # one flipped byte inside a record: same size, so verify_files passes
     last.write_bytes(bytes(data))
     message = rf"--train-shards='{copy}': shard {last.name} is corrupted \(corrupted record at \d+\)"
+    arguments = dict(tokenizer=wikitext_shards["tokenizer"], train_shards=str(copy), max_steps=2, **TINY)
+    checkpoints = str(tmp_path / "checkpoints")  # a run's, which its restarted jobs and retried tasks share
+    for attempt in range(2):
+        with pytest.raises(InvalidParameter, match=message):
+            train(TrainArguments(**arguments, output=str(tmp_path / f"model-{attempt}"), checkpoint_dir=checkpoints))
+        assert not (tmp_path / f"model-{attempt}" / SUMMARY_FILE).exists()
+    # a third attempt that would fail the same way is refused before the model is built
+    refused = r"the last 2 attempts of this training, with these settings and runtime, failed from step 0: "
+    with pytest.raises(InvalidParameter, match=refused + "InvalidParameter: --train-shards="):
+        train(TrainArguments(**arguments, output=str(tmp_path / "model-2"), checkpoint_dir=checkpoints))
+    # other settings are another attempt
     with pytest.raises(InvalidParameter, match=message):
-        train(
-            TrainArguments(
-                tokenizer=wikitext_shards["tokenizer"],
-                train_shards=str(copy),
-                output=str(tmp_path / "model"),
-                max_steps=2,
-                **TINY,
-            )
-        )
-    assert not (tmp_path / "model" / SUMMARY_FILE).exists()
+        train(TrainArguments(**{**arguments, "seed": 7}, output=str(tmp_path / "model-3"), checkpoint_dir=checkpoints))
 
     model = save_untrained(tmp_path / "untrained", wikitext_shards)
     with pytest.raises(InvalidParameter, match=rf"--shards='{copy}': shard {last.name} is corrupted"):
