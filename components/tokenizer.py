@@ -26,13 +26,12 @@ from components.lib.corpus import Corpus, CorpusArguments
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.progress import Progress
-from components.lib.tokenization import SPECIAL_TOKENS, TOKENIZER_FILE, fingerprint
+from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, SPECIAL_TOKENS, TOKENIZER_FILE, fingerprint
 
 log = logging.getLogger("tpu_mlm.tokenizer")
 
 SUMMARY_FILE = "tokenizer_summary.json"
 MAX_VOCAB_SIZE = 1_000_000
-DEFAULT_SAMPLE_BYTES = 2_000_000_000  # see docs/benchmarks.md: the trainer's memory, measured
 
 
 @dataclass(kw_only=True)

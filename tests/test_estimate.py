@@ -58,7 +58,9 @@ def test_without_a_price_the_run_is_priced_at_list_prices_on_demand_and_spot(tpu
     assert given["cost"] == pytest.approx(3 * result["hours"]) and "spot_cost" not in given
 
 
-def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_byte(tmp_path, embedded_tokenizer):
+def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_byte(
+    tmp_path, embedded_tokenizer, embedded_shards
+):
     from components.lib.corpus import embedded_lines
 
     (tmp_path / "corpus.txt").write_text("\n".join(embedded_lines()) + "\n")
@@ -74,6 +76,13 @@ def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_b
     data = result["data"]
     assert data["corpus_bytes"] == size and 0.15 < data["tokens_per_byte"] < 0.5
     assert data["samples"] == int(size * data["tokens_per_byte"] // 128)
+    # the CPU steps that make the data from the corpus are priced too, and grow with it; with shards made, none
+    cpu = result["cpu_steps"]
+    assert cpu["cost"] > 0 and "Vertex AI's n1-standard-4 rate" in estimate_table(result)
+    bigger = estimate_run(EstimateArguments(corpus=str(tmp_path / "corpus.txt"), corpus_bytes=1000 * size))
+    assert bigger["cpu_steps"]["hours"] > cpu["hours"] + 0.1
+    made = EstimateArguments(train_shards=embedded_shards["train"], model_config="tiny", per_replica_batch_size=8)
+    assert estimate_run(made)["cpu_steps"] is None
 
 
 @pytest.mark.parametrize(

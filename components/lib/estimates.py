@@ -26,7 +26,7 @@ from components.lib.masked_lm import max_predictions
 from components.lib.modeling import count_parameters, model_config, training_flops_per_token
 from components.lib.results import SUMMARY_FILE
 from components.lib.shard_set import read_manifest
-from components.lib.tokenization import load_tokenizer
+from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, load_tokenizer
 
 # An assumption, not a measurement: PaLM (Chowdhery et al. 2022, table 3) reports 46.2% model FLOPs
 # utilization training on TPU v4; a 125M-parameter encoder at sequence length 128 reaches less.
@@ -213,11 +213,36 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
             "largest_per_replica_batch": memory.largest_batch,
         },
         **prices(arguments.price_per_hour, tpu, hours),
+        "cpu_steps": cpu_steps(data),
     }
     if arguments.from_run:
         result["from_run"] = scaled_from_run(arguments.from_run, flops_per_token * tokens, tpu.replicas)
         result["from_run"]["cost"] = result["from_run"]["hours"] * result["price_per_hour"]
     return result
+
+
+# The CPU steps, from this project's measurements on its 2-core machine (docs/benchmarks.md), which the steps' 8
+# vCPUs on Vertex AI should at least match: sharding 1.9 M tokens/s end to end, the tokenizer's worst case 50 MB
+# of sample in 72 s; plus a start per task (a machine and the image), assumed. Priced at twice Vertex AI's
+# n1-standard-4 rate (NOTES: $0.2185 an hour, about 1.15x Compute Engine's) for 8 vCPUs.
+SHARDING_TOKENS_PER_SECOND = 1.9e6
+TOKENIZER_BYTES_PER_SECOND = 50e6 / 72
+CPU_TASKS = 7  # tokenizer, validation shards, one train shards part, merge, preflight, evaluate, report
+CPU_TASK_START_HOURS = 3 / 60
+CPU_MACHINE_PRICE_PER_HOUR = 2 * 0.2185
+CPU_PRICES = "8 vCPUs at twice Vertex AI's n1-standard-4 rate of $0.2185 an hour"
+
+
+def cpu_steps(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Hours and cost of the CPU steps that make the data from the corpus; None when the shards exist."""
+    if "corpus_bytes" not in data:
+        return None
+    tokens = data["corpus_bytes"] * data["tokens_per_byte"]
+    hours = (
+        2 * tokens / SHARDING_TOKENS_PER_SECOND  # the train and the validation shards each read the corpus
+        + min(data["corpus_bytes"], DEFAULT_SAMPLE_BYTES) / TOKENIZER_BYTES_PER_SECOND
+    ) / 3600 + CPU_TASKS * CPU_TASK_START_HOURS
+    return {"hours": hours, "cost": hours * CPU_MACHINE_PRICE_PER_HOUR, "price_source": CPU_PRICES}
 
 
 def prices(price_per_hour: float, tpu: TpuType, hours: float) -> dict[str, Any]:
@@ -288,6 +313,16 @@ def estimate_table(result: dict[str, Any]) -> str:
         rows.append(("cost (measured rate)", f"${result['from_run']['cost']:,.2f} on demand"))
     if result["price_source"] != "given":
         rows.append(("prices", result["price_source"]))
+    if result.get("cpu_steps"):
+        cpu = result["cpu_steps"]
+        rows.append(
+            (
+                "CPU steps",
+                f"about {_hours(cpu['hours'])}, ${cpu['cost']:,.2f} (tokenizer and shards at the rates measured on "
+                f"2 cores, {CPU_TASKS} task starts of {CPU_TASK_START_HOURS * 60:.0f} min assumed; "
+                f"{cpu['price_source']})",
+            )
+        )
     rows.append(
         (
             "memory per replica",

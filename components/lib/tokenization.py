@@ -10,6 +10,9 @@ from typing import Any
 from components.lib import storage
 from components.lib.errors import InvalidParameter
 
+# what the tokenizer trains on by default (see docs/benchmarks.md: the trainer's memory, measured)
+DEFAULT_SAMPLE_BYTES = 2_000_000_000
+
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 TOKENIZER_FILE = "tokenizer.json"
 
