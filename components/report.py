@@ -73,7 +73,8 @@ def build_report(summary: dict[str, Any], metrics: dict[str, Any]) -> str:
         ("accelerator", f"{summary['replicas']} x {summary['accelerator']}"),
         (
             "cost of this run's training",
-            f"${summary['cost_this_run']:,.2f} at ${summary['arguments']['price_per_hour']:,.2f} an hour"
+            f"${summary['cost_this_run']:,.2f} at ${summary['arguments']['price_per_hour']:,.2f} an hour "
+            f"({summary.get('price_source', '--price_per_hour')})"
             if "cost_this_run" in summary
             else "no price given",
         ),

@@ -59,6 +59,10 @@ class TrainArguments(TrainingSettings):
         default="", metadata={"help": "Folder for the trained model; defaults to $AIP_MODEL_DIR on Vertex AI."}
     )
     tensorboard_dir: str = field(default="", metadata={"help": "Defaults to $AIP_TENSORBOARD_LOG_DIR or OUTPUT/logs."})
+    price_source: str = field(
+        default="",
+        metadata={"help": "Where --price_per_hour comes from, said with the cost (the pipeline's list prices)."},
+    )
 
     def __post_init__(self) -> None:
         self.output = self.output or os.environ.get("AIP_MODEL_DIR", "")
@@ -88,6 +92,8 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
         arguments.per_replica_batch_size,
         plan.total_steps,
     )
+    if arguments.price_per_hour:
+        log.info("cost at $%.2f an hour: %s", arguments.price_per_hour, arguments.price_source or "--price_per_hour")
     token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
     failures = FailedAttempts(arguments)
     failures.refuse_a_repeat()
@@ -459,6 +465,7 @@ def _summary(
         summary["samples_per_second"] = this_run[-1]["samples_per_second"]
     if arguments.price_per_hour:
         summary["cost_this_run"] = arguments.price_per_hour * seconds / 3600
+        summary["price_source"] = arguments.price_source or "--price_per_hour"
     return summary
 
 

@@ -308,7 +308,13 @@ def build_pipeline(
         # the TPU's peak for MFU, known here whatever the TPU VM's environment says
         # on a TPU: the job's hard limit, which preflight derived from its estimate (Vertex AI's default is 7 days)
         # and how the TPU is provisioned: the custom job's scheduling strategy (on demand, Spot, flex-start)
-        tpu_job = {"timeout": checked.outputs["Output"], "strategy": inputs["preflight"]["tpu_provisioning"]}
+        # and, for the cost lines where the run gives no price, the TPU type (its list prices)
+        tpu_job = {
+            "timeout": checked.outputs["Output"],
+            "strategy": inputs["preflight"]["tpu_provisioning"],
+            "tpu_type": tpu.name,
+            "tpu_provisioning": inputs["preflight"]["tpu_provisioning"],
+        }
         tpu_job = tpu_job if vertex else {}
         trained = step(
             "train",

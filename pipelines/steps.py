@@ -25,6 +25,7 @@ from kfp.dsl import Dataset, Input, Output
 
 from components.evaluate import EvaluateArguments, evaluate
 from components.lib import storage
+from components.lib.accelerators import PRICES, TPU_TYPES, TpuType
 from components.lib.results import REPORT_FILE
 from components.preflight import PreflightArguments, preflight
 from components.push import PushArguments, push
@@ -90,9 +91,13 @@ def run_train(
     output_root: str,
     pipeline_root: str,
     run_id: str,
+    tpu_type: str,
+    tpu_provisioning: str,
     **settings: Any,
 ) -> None:
     model.uri = storage.relocate(model.uri, output_root)
+    if not settings["price_per_hour"] and tpu_type:
+        settings.update(list_price(TPU_TYPES[tpu_type], tpu_provisioning))
     if not settings["checkpoint_dir"] and run_id:
         # one folder for the pipeline run, whichever attempt of the task or restart of its job trains: a retried
         # task resumes (its model artifact may be a new folder)
@@ -108,6 +113,20 @@ def run_train(
     )
     keys = ("total_steps", "samples", "tokens", "first_loss", "last_loss", "accelerator")
     model.metadata.update({key: summary[key] for key in keys})
+
+
+def list_price(tpu: TpuType, provisioning: str) -> dict[str, Any]:
+    """The train step's price where the run gives none: the TPU's Cloud TPU list price for its provisioning."""
+    if provisioning == "SPOT":
+        return {
+            "price_per_hour": tpu.spot_list_price_per_hour,
+            "price_source": f"the {tpu.name}'s Spot list price; {PRICES}",
+        }
+    note = " (flex-start bills at its own rate)" if provisioning == "FLEX_START" else ""
+    return {
+        "price_per_hour": tpu.list_price_per_hour,
+        "price_source": f"the {tpu.name}'s on-demand list price{note}; {PRICES}",
+    }
 
 
 def run_evaluate(
@@ -173,6 +192,8 @@ class Step:
 OUTPUT_ROOT = {"output_root": ("str", "")}
 # what the pipeline passes the train step from KFP's placeholders: the root and the run's id (a retry's too)
 RUN_PLACEHOLDERS = {"pipeline_root": ("str", ""), "run_id": ("str", "")}
+# what the vertex target passes the train step to price its cost lines when the run gives no price
+TPU_PRICING = {"tpu_type": ("str", ""), "tpu_provisioning": ("str", "STANDARD")}
 STEPS = {
     step.name: step
     for step in (
@@ -208,7 +229,8 @@ STEPS = {
                 "eval_shards": "Input[Dataset]",
                 "model": "Output[Model]",
             },
-            {**OUTPUT_ROOT, **RUN_PLACEHOLDERS},
+            {**OUTPUT_ROOT, **RUN_PLACEHOLDERS, **TPU_PRICING},
+            set_by_runner=("price_source",),
         ),
         Step(
             "evaluate",

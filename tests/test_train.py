@@ -1,3 +1,4 @@
+import html
 import json
 import logging
 import os
@@ -628,7 +629,9 @@ def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuse
         log_every_steps=3,
         accelerator="cpu",
         replicas=0,
-        price_per_hour=0.0,
+        price_per_hour=0.0,  # the vertex target's default: the TPU type's list price for its provisioning
+        tpu_type="v5e-1",
+        tpu_provisioning="SPOT",
         peak_tflops=0.0,
         checkpoint_dir=checkpoints,
         output_root="",
@@ -660,6 +663,10 @@ def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuse
     )
     figures = f"{first['first_loss']:.4f} at step 3, {first['last_loss']:.4f} at step 6 (this run found all 6 steps"
     assert figures in (tmp_path / "report.html").read_text()
+    # the cost lines, at a list price labelled as such
+    assert first["arguments"]["price_per_hour"] == 0.245 and first["cost_this_run"] > 0
+    label = html.escape("the v5e-1's Spot list price; Cloud TPU list prices")
+    assert label in (tmp_path / "report.html").read_text()
     pushed = subprocess.run(
         [
             sys.executable,
