@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 from backports import zstd
 from conftest import HUB_TOKEN, PROJECT_ROOT
+from google.cloud.aiplatform_v1.services.job_service import JobServiceClient
 from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
 
 from components.lib.shard_set import read_manifest
@@ -280,6 +281,16 @@ CASES = {
         "--template {template} --project my-proj --pipeline_root /local/root",
         "--pipeline-root='/local/root': must be a gs:// URI on Vertex AI",
     ),
+    "a smoke job writing to a local folder": Case(
+        "smoke",
+        "--project my-proj --scratch /tmp/smoke --tpu_image tpu:1",
+        "--scratch='/tmp/smoke': must be a gs:// folder: the job on Vertex AI writes there",
+    ),
+    "a smoke job of hours": Case(
+        "smoke",
+        "--project my-proj --scratch gs://b/smoke --tpu_image tpu:1 --timeout_minutes 600",
+        "--timeout-minutes=600: must be from 5 to 120 minutes",
+    ),
     "a bucket as the kfp.local root": Case(
         "run-local",
         "--pipeline_root gs://bucket/runs",
@@ -340,6 +351,7 @@ def test_bad_input_gets_one_clear_line_and_nothing_is_written_pushed_or_submitte
         monkeypatch.chdir(tmp_path)  # a wrongly accepted root would appear here
     if case.hub_token is None:
         monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", lambda *a, **k: pytest.fail("submitted"))
+        monkeypatch.setattr(JobServiceClient, "create_custom_job", lambda *a, **k: pytest.fail("submitted"))
         try:
             code = tpu_mlm([case.job, *args])
         except SystemExit as exit:  # argparse's own errors (wrong types)

@@ -224,7 +224,7 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
 # The CPU steps, from this project's measurements on its 2-core machine (docs/benchmarks.md), which the steps' 8
 # vCPUs on Vertex AI should at least match: sharding 1.9 M tokens/s end to end, the tokenizer's worst case 50 MB
 # of sample in 72 s; plus a start per task (a machine and the image), assumed. Priced at twice Vertex AI's
-# n1-standard-4 rate (NOTES: $0.2185 an hour, about 1.15x Compute Engine's) for 8 vCPUs.
+# n1-standard-4 custom-training rate in us-central1 ($0.2185 an hour, about 1.15x Compute Engine's) for 8 vCPUs.
 SHARDING_TOKENS_PER_SECOND = 1.9e6
 TOKENIZER_BYTES_PER_SECOND = 50e6 / 72
 CPU_TASKS = 7  # tokenizer, validation shards, one train shards part, merge, preflight, evaluate, report
