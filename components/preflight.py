@@ -38,7 +38,9 @@ WRITE_ROLES = ("write", "admin", "fineGrained")
 TIMEOUT_FLOOR_HOURS, TIMEOUT_CAP_HOURS = 2.0, 168.0
 
 
-TPU_PROVISIONING = ("STANDARD", "SPOT", "FLEX_START")  # Vertex AI's scheduling strategies, as it spells them
+# Vertex AI's scheduling strategies for a TPU, as it spells them; its FLEX_START (Dynamic Workload Scheduler) takes
+# GPU jobs only ("Schedule training jobs based on resource availability")
+TPU_PROVISIONING = ("STANDARD", "SPOT")
 
 
 @dataclass(kw_only=True)
@@ -63,7 +65,7 @@ class PreflightArguments(TrainingSettings):
         metadata={
             "help": "How Vertex AI gets the TPU (the custom job's scheduling strategy): STANDARD (on demand), SPOT "
             "(about a quarter of the price; preempted with 30 s notice, the train step then checkpoints and its "
-            "job is run again) or FLEX_START (queued until the TPU is free).",
+            "job is run again).",
             "choices": TPU_PROVISIONING,
         },
     )
@@ -139,25 +141,9 @@ def check_memory(arguments: PreflightArguments, config: Any, max_length: int) ->
         tpu.memory_gib_per_replica if tpu else None,
         arguments.gradient_accumulation_steps,
     )
-    if estimate.verdict == "does not fit":
-        advice = f"a per-replica batch of {estimate.largest_batch} fits"
-        if not arguments.bf16:
-            advice += ", and --bf16 true halves the activations"
-        raise InvalidParameter(
-            "per_replica_batch_size",
-            arguments.per_replica_batch_size,
-            f"needs at least {estimate.low / GIB:.1f} GiB per replica ({estimate.parameters / GIB:.1f} GiB weights "
-            f"and optimizer state, the rest activations), more than a {tpu.name} replica's "
-            f"{tpu.memory_gib_per_replica:.0f} GiB; {advice}",
-        )
-    if estimate.verdict == "tight" and not arguments.allow_tight_memory:
-        raise InvalidParameter(
-            "per_replica_batch_size",
-            arguments.per_replica_batch_size,
-            f"may not fit: {estimate.low / GIB:.1f}-{estimate.high / GIB:.1f} GiB per replica of a {tpu.name}'s "
-            f"{tpu.memory_gib_per_replica:.0f} GiB; use {estimate.largest_batch} or less (raise "
-            "gradient_accumulation_steps to keep the global batch), or allow_tight_memory=true to try it",
-        )
+    refusal = estimate.refusal(tpu.name if tpu else "", arguments.bf16, arguments.allow_tight_memory)
+    if refusal:
+        raise InvalidParameter("per_replica_batch_size", arguments.per_replica_batch_size, refusal)
     if estimate.verdict == "tight":
         log.warning(
             "memory may be short: %s; if the TPU runs out of memory, use a per-replica batch of %d",

@@ -37,7 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import TPU_RUNTIME_VARIABLES, peak_tflops_per_replica, select_strategy
+from components.lib.accelerators import (
+    TPU_RUNTIME_VARIABLES,
+    peak_tflops_per_replica,
+    prepare_runtime,
+    select_strategy,
+)
 from components.lib.errors import InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
 from components.lib.jobs import run_job
@@ -81,6 +86,14 @@ class TrainArguments(TrainingSettings):
 
 def train(arguments: TrainArguments) -> dict[str, Any]:
     """Trains (or resumes) and saves the model; returns the training summary."""
+    prepare_runtime(arguments.accelerator, arguments.tpu)  # before TensorFlow loads, which the storage calls do
+    attempts = Attempts(arguments)
+    attempts.refuse_a_repeat()
+    with attempts.recorded():
+        return _train(arguments)
+
+
+def _train(arguments: TrainArguments) -> dict[str, Any]:
     strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
     plan = plan_training(arguments, strategy.num_replicas_in_sync)
     log.info(
@@ -95,33 +108,31 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
     if arguments.price_per_hour:
         log.info("cost at $%.2f an hour: %s", arguments.price_per_hour, arguments.price_source or "--price_per_hour")
     token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
-    failures = FailedAttempts(arguments)
-    failures.refuse_a_repeat()
-    with failures.recorded():
-        state = _set_up(arguments, plan, strategy)
-        pusher = None
-        if arguments.hub_repo_id:
-            create_repo(arguments.hub_repo_id, token, arguments.hub_private)
-            pusher = BackgroundPush(arguments.hub_repo_id, token)
-        started = time.perf_counter()
-        try:
-            _training_loop(arguments, plan, strategy, kind, state, pusher)
-        finally:
-            push_failures = pusher.close() if pusher else []
-        summary = _summary(arguments, plan, strategy, kind, state, time.perf_counter() - started)
-        summary["hub_push_failures"] = push_failures
-        _save_model(state.model, plan.tokenizer, arguments.output, summary)
+    state = _set_up(arguments, plan, strategy)
+    pusher = None
+    if arguments.hub_repo_id:
+        create_repo(arguments.hub_repo_id, token, arguments.hub_private)
+        pusher = BackgroundPush(arguments.hub_repo_id, token)
+    started = time.perf_counter()
+    try:
+        _training_loop(arguments, plan, strategy, kind, state, pusher)
+    finally:
+        push_failures = pusher.close() if pusher else []
+    summary = _summary(arguments, plan, strategy, kind, state, time.perf_counter() - started)
+    summary["hub_push_failures"] = push_failures
+    _save_model(state.model, plan.tokenizer, arguments.output, summary)
     return summary
 
 
-class FailedAttempts:
-    """The attempts of this training that failed (``failures.json`` in the checkpoint folder), so that the
-    restarts Vertex AI makes of a failing job (up to 5 a worker, then 3 of the whole job) and the pipeline's
-    retries do not each pay a TPU start, a compile and the steps to the failure again: after
-    ``REPEATS`` failures at the same checkpoint with the same settings and runtime, the next attempt is refused
-    before the model is built. A SIGTERM's exit (preemption) is no failure."""
+class Attempts:
+    """This training's attempts (``attempts.json`` in the checkpoint folder), so that the restarts Vertex AI makes
+    of a failing job (up to 5 a worker, then 3 of the whole job) and the pipeline's retries do not each pay a TPU
+    start, a compile and the steps to the failure again. Each attempt is recorded when it starts and again when
+    it ends: done, stopped by a SIGTERM (a preemption: no failure) or failed; one still "running" when the next
+    starts was killed (a timeout, a crash of the runtime). After ``REPEATS`` failed or killed attempts from the
+    same checkpoint with the same settings and runtime, the next is refused before the TPU is initialised."""
 
-    FILE = "failures.json"
+    FILE = "attempts.json"
     REPEATS = 2
 
     def __init__(self, arguments: TrainArguments):
@@ -130,28 +141,45 @@ class FailedAttempts:
         runtime = {name: os.environ.get(name, "") for name in (*TPU_RUNTIME_VARIABLES, "TF_XLA_FLAGS")}
         self.key = hashlib.sha256(json.dumps([settings, runtime], sort_keys=True, default=str).encode()).hexdigest()
         self.step = _latest_checkpoint_step(arguments.checkpoint_dir)
-        self.earlier = json.loads(storage.read_text(self.uri)) if storage.exists(self.uri) else []
+        self.records = json.loads(storage.read_text(self.uri)) if storage.exists(self.uri) else []
 
     def refuse_a_repeat(self) -> None:
-        last = self.earlier[-self.REPEATS :]
-        if len(last) == self.REPEATS and all((f["key"], f["step"]) == (self.key, self.step) for f in last):
+        last = self.records[-self.REPEATS :]
+        same = all(
+            (a["key"], a["step"], a["outcome"]) in {(self.key, self.step, "failed"), (self.key, self.step, "running")}
+            for a in last
+        )
+        if len(last) == self.REPEATS and same:
+            error = last[-1].get("error") or "it ended without a word (killed: a timeout, or the runtime crashed)"
             raise InvalidParameter(
                 "checkpoint_dir",
                 storage.dirname(self.uri),
                 f"the last {self.REPEATS} attempts of this training, with these settings and runtime, failed from "
-                f"step {self.step}: {last[-1]['error']}; fix the cause (or delete {self.FILE} there to try again)",
+                f"step {self.step}: {error}; fix the cause (or delete {self.FILE} there to try again)",
             )
 
     @contextlib.contextmanager
     def recorded(self) -> Iterator[None]:
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.records.append({"key": self.key, "step": self.step, "started": started, "outcome": "running"})
+        self._write()
         try:
             yield
-        except Exception as error:
-            failure = {"key": self.key, "step": self.step, "error": f"{type(error).__name__}: {error}"[:2000]}
-            failure["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            with contextlib.suppress(Exception):  # the failure itself matters more than its record
-                storage.write_text_atomic(self.uri, json.dumps([*self.earlier, failure], indent=1) + "\n")
+        except SystemExit as stop:
+            self._end("stopped" if stop.code == 128 + signal.SIGTERM else "failed", f"exit {stop.code}")
             raise
+        except Exception as error:
+            self._end("failed", f"{type(error).__name__}: {error}"[:2000])
+            raise
+        self._end("done", "")
+
+    def _end(self, outcome: str, error: str) -> None:
+        self.records[-1].update(outcome=outcome, error=error)
+        with contextlib.suppress(Exception):  # the failure itself matters more than its record
+            self._write()
+
+    def _write(self) -> None:
+        storage.write_text_atomic(self.uri, json.dumps(self.records, indent=1) + "\n")
 
 
 def _latest_checkpoint_step(checkpoint_dir: str) -> int:

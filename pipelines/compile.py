@@ -46,11 +46,22 @@ class CompileArguments:
             raise InvalidParameter("train_retries", self.train_retries, "must be from 0 to 10")
         if self.target == "vertex" and not self.tpu_image:
             raise InvalidParameter("tpu_image", self.tpu_image, "the vertex target needs the TPU image's URI")
-        if self.target == "vertex" and self.cpu_image == DEFAULT_CPU_IMAGE:
-            raise InvalidParameter(
-                "cpu_image", self.cpu_image, "is a local image name; the vertex target needs its URI in a registry"
-            )
+        if self.target == "vertex":
+            check_image_uri("cpu_image", self.cpu_image)
+            check_image_uri("tpu_image", self.tpu_image)
         tpu_runtime_env(self.tpu_env)
+
+
+def check_image_uri(parameter: str, uri: str) -> None:
+    """An image Vertex AI can pull: a registry host first (``us-docker.pkg.dev/…``, ``gcr.io/…``)."""
+    host = uri.split("/", 1)[0]
+    if "/" not in uri or not ("." in host or ":" in host or host == "localhost"):
+        raise InvalidParameter(
+            parameter,
+            uri,
+            "is a local image name; Vertex AI pulls images from a registry: name its URI "
+            "(REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG)",
+        )
 
 
 def compile_command(arguments: CompileArguments) -> dict[str, Any]:

@@ -36,8 +36,7 @@ from components.lib.accelerators import (
     TPU_RUNTIME_VARIABLES,
     MemoryEstimate,
     check_accelerator,
-    local_tpu_missing,
-    skip_tpu_runtime,
+    prepare_runtime,
     tpu_batch,
     tpu_devices,
     tpu_type,
@@ -135,7 +134,7 @@ def smoke(arguments: SmokeArguments) -> dict[str, Any]:
     try:
         with report.stage("runtime") as found:
             found.update(runtime())
-            check_runtime(arguments.accelerator)
+            prepare_runtime(arguments.accelerator)
         with report.stage("data") as found:
             tokenizer, shards = make_data(arguments)
             found.update(tokenizer=tokenizer, shards=shards)
@@ -168,19 +167,6 @@ def runtime() -> dict[str, Any]:
         "environment": {name: os.environ[name] for name in names if name in os.environ},
         "tpu_devices": tpu_devices(),
     }
-
-
-def check_runtime(accelerator: str) -> None:
-    """Fails in seconds when the TPU asked for is missing, and keeps TensorFlow from loading libtpu where no TPU
-    will be used: off a TPU VM it would wait minutes for one at TensorFlow's import (the storage calls, the
-    report's included), or fail to load where the library is not installed."""
-    try:
-        missing = accelerator not in ("tpu", "auto") or local_tpu_missing(accelerator)
-    except InvalidParameter:
-        skip_tpu_runtime()  # the report is still written
-        raise
-    if missing:
-        skip_tpu_runtime()
 
 
 def make_data(arguments: SmokeArguments) -> tuple[str, str]:

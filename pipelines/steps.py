@@ -122,10 +122,9 @@ def list_price(tpu: TpuType, provisioning: str) -> dict[str, Any]:
             "price_per_hour": tpu.spot_list_price_per_hour,
             "price_source": f"the {tpu.name}'s Spot list price; {PRICES}",
         }
-    note = " (flex-start bills at its own rate)" if provisioning == "FLEX_START" else ""
     return {
         "price_per_hour": tpu.list_price_per_hour,
-        "price_source": f"the {tpu.name}'s on-demand list price{note}; {PRICES}",
+        "price_source": f"the {tpu.name}'s on-demand list price; {PRICES}",
     }
 
 

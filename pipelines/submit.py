@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from components.lib.accelerators import TPU_TYPES
+from components.lib.corpus import EMBEDDED, HUB_PREFIX
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.jobs import run_job
@@ -54,6 +56,13 @@ class SubmitArguments:
     )
 
 
+def check_project(project: str) -> None:
+    if not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", project):
+        raise InvalidParameter(
+            "project", project, "is not a Google Cloud project id (6-30 lowercase letters, digits and hyphens)"
+        )
+
+
 def check_parameters(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """``values`` checked against the template's parameters: names, types and the values the pipeline would
     otherwise reject only when a step runs."""
@@ -72,8 +81,35 @@ def check_parameters(template: dict[str, Any], values: dict[str, Any]) -> dict[s
             )
     if values.get("hf_token_secret"):
         check_secret_name(values["hf_token_secret"])
+    check_reachable_on_vertex(values)
+    tpu = TPU_TYPES[
+        template["root"]["dag"]["tasks"]["preflight-step"]["inputs"]["parameters"]["tpu_type"]["runtimeValue"][
+            "constant"
+        ]
+    ]
+    if values.get("replicas", 0) not in (0, tpu.replicas):
+        raise InvalidParameter(
+            "replicas", values["replicas"], f"a {tpu.name} has {tpu.replicas}; leave it at the template's"
+        )
     check_values(values)  # every step's own checks, before a run is created
     return values
+
+
+def check_reachable_on_vertex(values: dict[str, Any]) -> None:
+    """The steps on Vertex AI read and write buckets, Hub datasets and the embedded corpus; this machine's
+    folders are not there."""
+    for name in ("corpus", "validation_corpus", "output_root", "checkpoint_dir"):
+        for item in str(values.get(name, "")).split(","):
+            item = item.strip()
+            corpus = name.endswith("corpus") and (item == EMBEDDED or item.startswith(HUB_PREFIX))
+            if item and not corpus and not item.startswith("gs://"):
+                raise InvalidParameter(
+                    name,
+                    values[name],
+                    "is a path on this machine, which the steps on Vertex AI cannot reach: copy it to a bucket "
+                    "(gcloud storage cp) and name its gs:// URI"
+                    + (", or use an hf: dataset or 'embedded'" if name.endswith("corpus") else ""),
+                )
 
 
 def parse_labels(labels: str) -> dict[str, str]:
@@ -92,10 +128,9 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
 
     if not arguments.pipeline_root.startswith("gs://"):
         raise InvalidParameter("pipeline_root", arguments.pipeline_root, "must be a gs:// URI on Vertex AI")
-    if not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", arguments.project):
-        raise InvalidParameter("project", arguments.project, "is not a Google Cloud project id")
+    check_project(arguments.project)
     if not Path(arguments.template).is_file():
-        raise InvalidParameter("template", arguments.template, "no such file; compile it with pipelines.compile")
+        raise InvalidParameter("template", arguments.template, "no such file; compile it with tpu-mlm compile")
     try:
         values = json.loads(arguments.parameters)
     except json.JSONDecodeError as error:
@@ -119,9 +154,10 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     )
 
 
-def dry_run_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str:
-    """The estimate of the run's training from its parameters (the template's defaults, then the values
-    given), printed as a table; the reason instead where the corpus's size is not known here."""
+def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str:
+    """The estimate of the run's training from its parameters (the template's defaults, then the values given),
+    printed as a table; a run that cannot train (a batch larger than the data, memory preflight would refuse)
+    is refused here, before anything is sent. Where the corpus's size is not known here, the reason instead."""
     from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
 
     spec = job.to_dict()["pipelineSpec"]
@@ -140,18 +176,28 @@ def dry_run_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | s
                 model_config=values["model_config"],
                 tpu_type=tpu,
                 per_replica_batch_size=int(values["per_replica_batch_size"]),
+                gradient_accumulation_steps=int(values["gradient_accumulation_steps"]),
                 num_epochs=int(values["num_epochs"]),
                 max_steps=int(values["max_steps"]),
                 bf16=bool(values["bf16"]),
                 max_length=int(values["max_length"]),
                 holdout_fraction=0.0 if values["validation_corpus"] else float(values["holdout_fraction"]),
                 vocab_size=int(values["vocab_size"]),
+                mlm_probability=float(values["mlm_probability"]),
                 price_per_hour=float(values["tpu_price_per_hour"]),
             )
         )
     except InvalidParameter as error:
-        print(f"warning: no estimate of the training: {error}", file=sys.stderr)
+        if error.parameter != "corpus_bytes":
+            raise
+        print(f"warning: no estimate of the training: {error} (a dataset card's dataset_info has it)", file=sys.stderr)
         return f"no estimate: {error}"
+    except Exception as error:  # the corpus's bucket, unreachable from here: the estimate is advice
+        print(f"warning: no estimate of the training: {type(error).__name__}: {error}", file=sys.stderr)
+        return f"no estimate: {error}"
+    memory = result["memory"]
+    if memory["verdict"] == "does not fit" or (memory["verdict"] == "tight" and not values["allow_tight_memory"]):
+        raise InvalidParameter("per_replica_batch_size", values["per_replica_batch_size"], memory["refusal"])
     print(f"Estimate of the training on a {tpu} (before the data exists):\n{estimate_table(result)}", file=sys.stderr)
     return result
 
@@ -165,8 +211,9 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
         tasks = sorted(request["pipelineSpec"]["root"]["dag"]["tasks"])
         request["pipelineSpec"] = f"{arguments.template} ({len(tasks)} tasks: {', '.join(tasks)})"
         request["serviceAccount"] = arguments.service_account
-        return {"dry_run": True, "would_submit": request, "estimate": dry_run_estimate(arguments, job)}
+        return {"dry_run": True, "would_submit": request, "estimate": check_estimate(arguments, job)}
     job = build_job(arguments, credentials)
+    check_estimate(arguments, job)
     job.submit(service_account=arguments.service_account or None)
     return {"job": job.resource_name, "console": job._dashboard_uri()}
 

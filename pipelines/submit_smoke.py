@@ -26,7 +26,9 @@ from components.lib.accelerators import PRICES, TPU_TYPES, tpu_runtime_env, tpu_
 from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.jobs import log, run_job
 from components.preflight import TPU_PROVISIONING
+from pipelines.compile import check_image_uri
 from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe
+from pipelines.submit import check_project
 
 TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
 MAX_TIMEOUT_MINUTES = 120
@@ -67,8 +69,8 @@ class SmokeJobArguments(SmokeRun):
         if not self.scratch.startswith("gs://"):
             raise InvalidParameter("scratch", self.scratch, "must be a gs:// folder: the job on Vertex AI writes there")
         storage.check_uri("scratch", self.scratch)
-        if not self.tpu_image:
-            raise InvalidParameter("tpu_image", self.tpu_image, "name the TPU image (make tpu-image, then push it)")
+        check_project(self.project)
+        check_image_uri("tpu_image", self.tpu_image)
         if self.tpu_provisioning not in TPU_PROVISIONING:
             raise InvalidParameter("tpu_provisioning", self.tpu_provisioning, f"must be one of {TPU_PROVISIONING}")
         if not 5 <= self.timeout_minutes <= MAX_TIMEOUT_MINUTES:

@@ -247,8 +247,9 @@ CASES = {
     ),
     "a Vertex pipeline with the local CPU image": Case(
         "compile",
-        "--target vertex --tpu_image registry/tpu:1 --output {out}",
-        "--cpu-image='tpu-mlm-cpu:latest': is a local image name; the vertex target needs its URI in a registry",
+        "--target vertex --tpu_image us-docker.pkg.dev/p/r/tpu:1 --output {out}",
+        "--cpu-image='tpu-mlm-cpu:latest': is a local image name; Vertex AI pulls images from a registry: name its "
+        "URI (REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG)",
     ),
     "a JSON file that is not JSON lines": Case(
         "tokenizer",
@@ -283,12 +284,12 @@ CASES = {
     ),
     "a smoke job writing to a local folder": Case(
         "smoke",
-        "--project my-proj --scratch /tmp/smoke --tpu_image tpu:1",
+        "--project my-proj --scratch /tmp/smoke --tpu_image us-docker.pkg.dev/p/r/tpu:1",
         "--scratch='/tmp/smoke': must be a gs:// folder: the job on Vertex AI writes there",
     ),
     "a smoke job of hours": Case(
         "smoke",
-        "--project my-proj --scratch gs://b/smoke --tpu_image tpu:1 --timeout_minutes 600",
+        "--project my-proj --scratch gs://b/smoke --tpu_image us-docker.pkg.dev/p/r/tpu:1 --timeout_minutes 600",
         "--timeout-minutes=600: must be from 5 to 120 minutes",
     ),
     "a bucket as the kfp.local root": Case(

@@ -161,7 +161,7 @@ def test_memory_estimate_of_roberta_base_on_a_v3_core():
         ("xla", "maybe", "--xla='maybe': must be one of"),
         ("replicas", -1, "--replicas=-1: must be 0"),
         ("tpu_type", "v4-8", "--tpu-type='v4-8': must be one of"),
-        ("tpu_provisioning", "spot", "--tpu-provisioning='spot': must be one of ['STANDARD', 'SPOT', 'FLEX_START']"),
+        ("tpu_provisioning", "spot", "--tpu-provisioning='spot': must be one of ['STANDARD', 'SPOT']"),
         ("hf_token_secret", "my-secret", "--hf-token-secret='my-secret': must be a Secret Manager name"),
     ],
 )

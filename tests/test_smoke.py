@@ -83,7 +83,16 @@ def test_smoke_creates_the_job_follows_it_and_prints_the_report_it_wrote_when_no
     with VertexStandIn() as vertex:
         result = run_module(
             "pipelines.submit_smoke",
-            *("--project", "my-project-123", "--scratch", gcs, "--tpu_type", "v5e-1", "--tpu_image", "tpu:1"),
+            *(
+                "--project",
+                "my-project-123",
+                "--scratch",
+                gcs,
+                "--tpu_type",
+                "v5e-1",
+                "--tpu_image",
+                "us-docker.pkg.dev/p/r/tpu:1",
+            ),
             *("--api_endpoint", vertex.url, "--poll_seconds", "0.2"),
         )
         (job,) = vertex.jobs.values()

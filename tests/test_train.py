@@ -155,6 +155,9 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
     assert summary["total_steps"] == 60 and summary["steps_this_run"] == 40
     assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-60")
     assert tf.io.gfile.exists(f"{output}/tf_model.h5")
+    # the killed attempt stays "running" in the record (it counts as a failure), the rerun from step 20 is done
+    attempts = json.loads(tf.io.gfile.GFile(f"{output}/checkpoints/attempts.json").read())
+    assert [(a["step"], a["outcome"]) for a in attempts] == [(0, "running"), (20, "done")]
     # the history spans both runs (the first's points kept beside the checkpoints), and the learning-rate
     # schedule went on where it was, not from the start
     assert [point["step"] for point in summary["history"]] == sorted(uninterrupted_history)
@@ -196,6 +199,8 @@ def test_a_sigterm_checkpoints_where_training_is_and_the_rerun_ends_at_the_plann
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     summary = json.loads((output / SUMMARY_FILE).read_text())
     assert summary["resumed_from_step"] == step and summary["steps_this_run"] == 60 - step
+    attempts = json.loads((output / "checkpoints" / "attempts.json").read_text())  # a preemption is no failure
+    assert [(a["step"], a["outcome"]) for a in attempts] == [(0, "stopped"), (step, "done")]
     assert [point["step"] for point in summary["history"]] == sorted(uninterrupted_history)
     for point in summary["history"]:
         assert point["learning_rate"] == pytest.approx(uninterrupted_history[point["step"]])

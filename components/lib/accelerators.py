@@ -187,6 +187,19 @@ def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> 
     return tf.distribute.OneDeviceStrategy("/cpu:0"), "cpu"
 
 
+def prepare_runtime(accelerator: str, tpu: str = "local") -> None:
+    """Before TensorFlow is imported: fails in seconds when the TPU asked for is missing from this VM, and keeps
+    TensorFlow from loading libtpu where no TPU will be used (off a TPU VM it would wait minutes at the import,
+    which any storage call makes, or fail to load where the library is not installed)."""
+    try:
+        missing = accelerator not in ("tpu", "auto") or local_tpu_missing(accelerator, tpu)
+    except InvalidParameter:
+        skip_tpu_runtime()  # what follows the error (a report, say) may still use TensorFlow
+        raise
+    if missing:
+        skip_tpu_runtime()
+
+
 def local_tpu_missing(accelerator: str, tpu: str = "local") -> bool:
     """Whether this VM lacks the TPU that ``accelerator`` asks for (tpu) or tries first (auto), by its device
     files, before TensorFlow loads libtpu; a missing TPU asked for is an error."""
@@ -303,6 +316,27 @@ class MemoryEstimate:
             return None
         batch = max(0, math.floor((self.FITS * self.available - self.parameters) / self.per_sample_high))
         return batch - batch % 8 if batch >= 8 else batch
+
+    def refusal(self, tpu_name: str, bf16: bool, allow_tight: bool) -> str | None:
+        """Why a run at this batch is refused before the TPU is taken (preflight, submit), or None: it cannot
+        fit, or it is tight and the user did not opt in; an out-of-memory at XLA compile comes only after the
+        TPU was provisioned and every step before it paid."""
+        if self.verdict == "does not fit":
+            advice = f"a per-replica batch of {self.largest_batch} fits"
+            if not bf16:
+                advice += ", and --bf16 true halves the activations"
+            return (
+                f"needs at least {self.low / GIB:.1f} GiB per replica ({self.parameters / GIB:.1f} GiB weights and "
+                f"optimizer state, the rest activations), more than a {tpu_name} replica's "
+                f"{self.available / GIB:.0f} GiB; {advice}"
+            )
+        if self.verdict == "tight" and not allow_tight:
+            return (
+                f"may not fit: {self.low / GIB:.1f}-{self.high / GIB:.1f} GiB per replica of a {tpu_name}'s "
+                f"{self.available / GIB:.0f} GiB; use {self.largest_batch} or less (raise gradient_accumulation_steps "
+                "to keep the global batch), or allow_tight_memory=true to try it"
+            )
+        return None
 
     def describe(self) -> str:
         line = f"{self.low / GIB:.1f}-{self.high / GIB:.1f} GiB per replica ({self.parameters / GIB:.1f} GiB "

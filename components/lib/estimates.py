@@ -211,6 +211,7 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
             "available_gib": tpu.memory_gib_per_replica,
             "verdict": memory.verdict,
             "largest_per_replica_batch": memory.largest_batch,
+            "refusal": memory.refusal(tpu.name, arguments.bf16, allow_tight=False),
         },
         **prices(arguments.price_per_hour, tpu, hours),
         "cpu_steps": cpu_steps(data),

@@ -3,6 +3,7 @@ summary as JSON. Bad input exits with status 2 and one line naming the parameter
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import sys
@@ -31,6 +32,15 @@ def parse_arguments(
         """Defaults shown, and the job's docstring as written: its usage examples keep their lines."""
 
     parser = HfArgumentParser(arguments_class, description=description, prog=prog, formatter_class=Formatter)
+    _, unknown = parser.parse_known_args(args=argv)  # before the dataclass's own checks, which a typo would skew
+    if unknown:
+        flag, _, value = unknown[0].partition("=")
+        if not value and len(unknown) > 1 and not unknown[1].startswith("--"):
+            value = unknown[1]
+        flags = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+        near = difflib.get_close_matches(flag, flags, n=1)
+        hint = f"; did you mean {near[0]}?" if near else f"; {prog or 'the job'} --help lists them"
+        raise InvalidParameter(flag.lstrip("-"), value, f"is not a flag of this job{hint}")
     (arguments,) = parser.parse_args_into_dataclasses(args=argv)
     return arguments
 
