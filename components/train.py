@@ -89,13 +89,14 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
     prepare_runtime(arguments.accelerator, arguments.tpu)  # before TensorFlow loads, which the storage calls do
     attempts = Attempts(arguments)
     attempts.refuse_a_repeat()
+    with attempts.recorded(begun=False):  # a TPU that does not start is a failure to count, once it happens
+        strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
+    plan = plan_training(arguments, strategy.num_replicas_in_sync)  # bad input: nothing written
     with attempts.recorded():
-        return _train(arguments)
+        return _train(arguments, plan, strategy, kind)
 
 
-def _train(arguments: TrainArguments) -> dict[str, Any]:
-    strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
-    plan = plan_training(arguments, strategy.num_replicas_in_sync)
+def _train(arguments: TrainArguments, plan: TrainingPlan, strategy: Any, kind: str) -> dict[str, Any]:
     log.info(
         "%s strategy, %d replica(s), global batch %d (%d micro-batch(es) of %d per replica), %d steps",
         kind,
@@ -159,22 +160,28 @@ class Attempts:
             )
 
     @contextlib.contextmanager
-    def recorded(self) -> Iterator[None]:
+    def recorded(self, begun: bool = True) -> Iterator[None]:
+        """Records the attempt as running, then how it ended; with ``begun=False`` only a failure is written."""
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.records.append({"key": self.key, "step": self.step, "started": started, "outcome": "running"})
-        self._write()
+        record = {"key": self.key, "step": self.step, "started": started, "outcome": "running"}
+        if begun:
+            self.records.append(record)
+            self._write()
         try:
             yield
         except SystemExit as stop:
-            self._end("stopped" if stop.code == 128 + signal.SIGTERM else "failed", f"exit {stop.code}")
+            self._end(record, "stopped" if stop.code == 128 + signal.SIGTERM else "failed", f"exit {stop.code}")
             raise
         except Exception as error:
-            self._end("failed", f"{type(error).__name__}: {error}"[:2000])
+            self._end(record, "failed", f"{type(error).__name__}: {error}"[:2000])
             raise
-        self._end("done", "")
+        if begun:
+            self._end(record, "done", "")
 
-    def _end(self, outcome: str, error: str) -> None:
-        self.records[-1].update(outcome=outcome, error=error)
+    def _end(self, record: dict[str, Any], outcome: str, error: str) -> None:
+        if record not in self.records:
+            self.records.append(record)
+        record.update(outcome=outcome, error=error)
         with contextlib.suppress(Exception):  # the failure itself matters more than its record
             self._write()
 
@@ -304,8 +311,9 @@ def _training_loop(
 
 class CallPace:
     """How many steps the next call into the graph may run: at most ``steps_per_execution``, and no more than
-    fit in ``CALL_SECONDS`` at the pace of the calls so far (the first, which compiles, aside). A SIGTERM is
-    heard only between calls, and Vertex AI gives about 30 s after it."""
+    fit in ``CALL_SECONDS`` at the pace of the last call. The first call's pace counts its compile too, so the
+    second call is the shorter for it, never longer. A SIGTERM is heard only between calls, and Vertex AI gives
+    about 30 s after it."""
 
     CALL_SECONDS = 10.0
 
@@ -328,8 +336,7 @@ class CallPace:
         seconds = time.perf_counter() - self._started
         if self._calls == 1:  # the first call traces and compiles
             self.first_call_seconds = seconds
-        else:
-            self.seconds_per_step = seconds / steps
+        self.seconds_per_step = seconds / steps
 
 
 class StopRequest:

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -94,6 +95,13 @@ class SmokeArguments(SmokeRun):
     scratch: str = field(metadata={"help": "Folder (gs:// on Vertex AI) for the data, model and smoke.json."})
     accelerator: str = field(default="tpu", metadata={"help": "tpu, gpu, cpu or auto.", "choices": ACCELERATORS})
     replicas: int = field(default=0, metadata={"help": "Replicas; 0: the TPU type's, else every device."})
+    exit_zero: bool = field(
+        default=False,
+        metadata={
+            "help": "Exit 0 once smoke.json is written, whatever the verdict (the custom job's setting: a failed "
+            "exit would have Vertex AI restart the worker, and tpu-mlm smoke reads the verdict from the report)."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -123,23 +131,35 @@ class Report:
             raise
         finally:
             found["seconds"] = round(time.perf_counter() - started, 1)
+            self.write()  # stage by stage: a job killed later still leaves what it found
 
     def write(self) -> None:
         storage.write_text_atomic(self.uri, json.dumps(self.values, indent=2, default=str) + "\n")
 
 
+class Stopped(Exception):
+    """A SIGTERM outside the training loop (which checkpoints and exits on its own): Vertex AI ending the job at
+    its timeout, or cancelling it."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise Stopped("SIGTERM: the job was stopped (its timeout, or a cancel)")
+
+
 def smoke(arguments: SmokeArguments) -> dict[str, Any]:
-    """Runs the stages, writes ``smoke.json`` and returns the report; a failed stage is re-raised after."""
+    """Runs the stages, writes ``smoke.json`` and returns the report; a failed stage is re-raised after, unless
+    ``exit_zero`` (the report then says it)."""
     report = Report(arguments)
+    signal.signal(signal.SIGTERM, _stop)
     try:
         with report.stage("runtime") as found:
             found.update(runtime())
             prepare_runtime(arguments.accelerator)
         with report.stage("data") as found:
-            tokenizer, shards = make_data(arguments)
-            found.update(tokenizer=tokenizer, shards=shards)
+            tokenizer, shards, validation = make_data(arguments)
+            found.update(tokenizer=tokenizer, shards=shards, validation_shards=validation)
         with report.stage("train") as found:
-            found.update(run_training(arguments, tokenizer, shards))
+            found.update(run_training(arguments, tokenizer, shards, validation))
         with report.stage("memory") as found:
             found.update(peak_memory(report.values["stages"]["train"]["accelerator"]))
             found.update(memory_estimate(arguments, shards, report.values["stages"]["train"]["num_parameters"]))
@@ -148,6 +168,9 @@ def smoke(arguments: SmokeArguments) -> dict[str, Any]:
             written = json.loads(storage.read_text(storage.join(model, SUMMARY_FILE)))
             found.update(model=model, read_back=written["total_steps"] == arguments.steps)
         report.values.update(judge(arguments, report.values["stages"]))
+    except (Exception, SystemExit):
+        if not arguments.exit_zero:
+            raise
     finally:
         report.write()
         for line in describe(report.values):
@@ -169,8 +192,9 @@ def runtime() -> dict[str, Any]:
     }
 
 
-def make_data(arguments: SmokeArguments) -> tuple[str, str]:
-    """A tokenizer of ``vocab_size`` pieces and training shards holding a few global batches, under scratch."""
+def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
+    """A tokenizer of ``vocab_size`` pieces, and training and validation shards holding a few global batches
+    each (the same text: the validation is there to be compiled and run, not to measure), under scratch."""
     from transformers import PreTrainedTokenizerFast
 
     from components.shards import ShardArguments, write_shards
@@ -194,16 +218,21 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str]:
         copies = math.ceil(needed_tokens / (TOKENS_PER_BYTE_LOW * text_bytes))
         corpus = Path(local, "corpus.txt")
         corpus.write_text("\n".join(lines * copies) + "\n", encoding="utf-8")
-        write_shards(
-            ShardArguments(
-                corpus=str(corpus), tokenizer=tokenizer_uri, output=shards_uri, max_length=arguments.max_length
+        for split in ("train", "validation"):
+            write_shards(
+                ShardArguments(
+                    corpus=str(corpus),
+                    tokenizer=tokenizer_uri,
+                    output=storage.join(shards_uri, split),
+                    split=split,
+                    max_length=arguments.max_length,
+                )
             )
-        )
-    return tokenizer_uri, shards_uri
+    return tokenizer_uri, storage.join(shards_uri, "train"), storage.join(shards_uri, "validation")
 
 
-def run_training(arguments: SmokeArguments, tokenizer: str, shards: str) -> dict[str, Any]:
-    """The train step itself for ``steps`` steps, one checkpoint and the model saved at the end."""
+def run_training(arguments: SmokeArguments, tokenizer: str, shards: str, validation: str) -> dict[str, Any]:
+    """The train step itself for ``steps`` steps, one checkpoint with its validation, and the model saved."""
     from components.train import TrainArguments, train
 
     tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
@@ -212,6 +241,7 @@ def run_training(arguments: SmokeArguments, tokenizer: str, shards: str) -> dict
         TrainArguments(
             tokenizer=tokenizer,
             train_shards=shards,
+            eval_shards=validation,
             output=storage.join(arguments.scratch, "model"),
             checkpoint_dir=storage.join(arguments.scratch, "checkpoints"),
             tensorboard_dir=storage.join(arguments.scratch, "logs"),
@@ -255,9 +285,11 @@ def peak_memory(kind: str) -> dict[str, Any]:
     for device in tf.config.list_logical_devices(kind.upper()):
         try:
             peaks.append(tf.config.experimental.get_memory_info(device.name)["peak"])
-        except ValueError as error:  # "Allocator stats not available" on the CPU
+        except ValueError as error:  # "Allocator stats not available": the CPU, and allocators without stats
             return {"peak_gib_per_replica": None, "why_not": str(error)}
-    return {"peak_gib_per_replica": round(max(peaks) / GIB, 2) if peaks else None}
+    if not peaks:
+        return {"peak_gib_per_replica": None, "why_not": f"no {kind.upper()} device listed"}
+    return {"peak_gib_per_replica": round(max(peaks) / GIB, 2)}
 
 
 def judge(arguments: SmokeArguments, stages: dict[str, Any]) -> dict[str, Any]:
@@ -275,13 +307,19 @@ def judge(arguments: SmokeArguments, stages: dict[str, Any]) -> dict[str, Any]:
     if not stages["storage"]["read_back"]:
         problems.append("the model's training_summary.json read back does not match the run")
     peak = stages["memory"]["peak_gib_per_replica"]
+    warnings = []
+    if peak is None and trained["accelerator"] != "cpu":
+        warnings.append(
+            f"peak memory not measured ({stages['memory']['why_not']}): the runtime keeps no count; the estimate "
+            "alone stands, and a longer run's memory is not proven by this one"
+        )
     if tpu and peak is not None and peak > MemoryEstimate.FITS * tpu.memory_gib_per_replica:
         problems.append(
             f"peak memory {peak:.1f} GiB per replica is above {MemoryEstimate.FITS:.0%} of a {tpu.name} replica's "
             f"{tpu.memory_gib_per_replica:.0f} GiB: a longer run may run out; lower per_replica_batch_size and raise "
             "gradient_accumulation_steps"
         )
-    return {"verdict": "fail" if problems else "pass", "problems": problems}
+    return {"verdict": "fail" if problems else "pass", "problems": problems, "warnings": warnings}
 
 
 def memory_estimate(arguments: SmokeArguments, shards: str, num_parameters: int) -> dict[str, float]:
@@ -309,6 +347,7 @@ def describe(values: dict[str, Any]) -> list[str]:
     if "failed_at" in values:
         lines.append(f"failed at the {values['failed_at']} stage: {values['error']}")
     lines += [f"problem: {problem}" for problem in values.get("problems", [])]
+    lines += [f"warning: {warning}" for warning in values.get("warnings", [])]
     if "runtime" in stages:
         packages = ", ".join(f"{name} {version}" for name, version in stages["runtime"]["packages"].items())
         lines.append(f"runtime: {packages}; TPU devices: {len(stages['runtime']['tpu_devices'])}")

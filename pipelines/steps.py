@@ -26,6 +26,7 @@ from kfp.dsl import Dataset, Input, Output
 from components.evaluate import EvaluateArguments, evaluate
 from components.lib import storage
 from components.lib.accelerators import PRICES, TPU_TYPES, TpuType
+from components.lib.errors import InvalidParameter
 from components.lib.results import REPORT_FILE
 from components.preflight import PreflightArguments, preflight
 from components.push import PushArguments, push
@@ -99,6 +100,9 @@ def run_train(
     if not settings["price_per_hour"] and tpu_type:
         settings.update(list_price(TPU_TYPES[tpu_type], tpu_provisioning))
     if not settings["checkpoint_dir"] and run_id:
+        for name, value in (("pipeline_root", pipeline_root), ("run_id", run_id)):
+            if "{{" in value:  # a placeholder the backend did not fill: the run's checkpoints would go astray
+                raise InvalidParameter(name, value, "was not resolved by the pipeline's backend; set checkpoint_dir")
         # one folder for the pipeline run, whichever attempt of the task or restart of its job trains: a retried
         # task resumes (its model artifact may be a new folder)
         settings["checkpoint_dir"] = storage.join(output_root or pipeline_root, "checkpoints", run_id)
@@ -120,11 +124,11 @@ def list_price(tpu: TpuType, provisioning: str) -> dict[str, Any]:
     if provisioning == "SPOT":
         return {
             "price_per_hour": tpu.spot_list_price_per_hour,
-            "price_source": f"the {tpu.name}'s Spot list price; {PRICES}",
+            "price_source": f"the {tpu.name}'s Spot list price; {PRICES}, set tpu_price_per_hour",
         }
     return {
         "price_per_hour": tpu.list_price_per_hour,
-        "price_source": f"the {tpu.name}'s on-demand list price; {PRICES}",
+        "price_source": f"the {tpu.name}'s on-demand list price; {PRICES}, set tpu_price_per_hour",
     }
 
 

@@ -197,7 +197,7 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
         return f"no estimate: {error}"
     memory = result["memory"]
     if memory["verdict"] == "does not fit" or (memory["verdict"] == "tight" and not values["allow_tight_memory"]):
-        raise InvalidParameter("per_replica_batch_size", values["per_replica_batch_size"], memory["refusal"])
+        raise InvalidParameter("per_replica_batch_size", int(values["per_replica_batch_size"]), memory["refusal"])
     print(f"Estimate of the training on a {tpu} (before the data exists):\n{estimate_table(result)}", file=sys.stderr)
     return result
 

@@ -38,6 +38,9 @@ MAX_TIMEOUT_MINUTES = 120
 class SmokeJobArguments(SmokeRun):
     """Where and how the smoke job runs, and the run it tries."""
 
+    tpu_type: str = field(
+        default="v3-8", metadata={"help": "The TPU to try, as the run will have it.", "choices": sorted(TPU_TYPES)}
+    )
     project: str = field(metadata={"help": "Google Cloud project id."})
     scratch: str = field(metadata={"help": "gs:// folder; the job writes its data, model and smoke.json under it."})
     tpu_image: str = field(metadata={"help": "The TPU image the pipeline's train step will run."})
@@ -62,7 +65,6 @@ class SmokeJobArguments(SmokeRun):
     )
 
     def __post_init__(self) -> None:
-        self.tpu_type = self.tpu_type or "v3-8"  # compile's default TPU
         if self.tpu_type not in TPU_TYPES:
             raise InvalidParameter("tpu_type", self.tpu_type, f"must be one of {sorted(TPU_TYPES)}")
         super().__post_init__()
@@ -78,12 +80,39 @@ class SmokeJobArguments(SmokeRun):
                 "timeout_minutes", self.timeout_minutes, f"must be from 5 to {MAX_TIMEOUT_MINUTES} minutes"
             )
         tpu_runtime_env(self.tpu_env)  # its errors, before anything is sent
+        check_memory_fits(self)
+
+
+def check_memory_fits(arguments: SmokeRun) -> None:
+    """A run the memory estimate says cannot fit is refused before the TPU is taken (a tight one is what the
+    smoke test is there to try)."""
+    from components.lib.estimates import EstimateArguments, estimate_run
+
+    estimate = estimate_run(
+        EstimateArguments(
+            model_config=arguments.model_config,
+            tpu_type=arguments.tpu_type,
+            per_replica_batch_size=arguments.per_replica_batch_size,
+            gradient_accumulation_steps=arguments.gradient_accumulation_steps,
+            bf16=arguments.bf16,
+            max_length=arguments.max_length,
+            vocab_size=arguments.vocab_size,
+            max_steps=arguments.steps,
+        )
+    )
+    if estimate["memory"]["verdict"] == "does not fit":
+        raise InvalidParameter(
+            "per_replica_batch_size", arguments.per_replica_batch_size, estimate["memory"]["refusal"]
+        )
 
 
 def in_job_arguments(arguments: SmokeJobArguments, folder: str) -> list[str]:
     """The command line of ``pipelines.smoke`` in the job: the run's settings, the TPU, the job's folder."""
     run = SmokeArguments(
-        scratch=folder, accelerator="tpu", **{name.name: getattr(arguments, name.name) for name in fields(SmokeRun)}
+        scratch=folder,
+        accelerator="tpu",
+        exit_zero=True,
+        **{name.name: getattr(arguments, name.name) for name in fields(SmokeRun)},
     )
     line = []
     for name in fields(SmokeArguments):
@@ -180,7 +209,9 @@ def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any
     if not storage.exists(report_uri):
         raise ServiceFailed(
             f"the smoke job ended {state.name} without a report at {report_uri}: the container did not get to run "
-            f"the smoke test (image, permissions, quota?); see the job's logs ({created.name})"
+            f"the smoke test (the image not pulled, no access to the bucket, no quota, or its "
+            f"{arguments.timeout_minutes}-minute limit reached before the first stage ended); see the job's logs "
+            f"({created.name})"
         )
     report = json.loads(storage.read_text(report_uri))
     for line in describe(report):

@@ -106,6 +106,10 @@ def test_dry_run_prints_the_job_and_sends_nothing(template, monkeypatch):
         "my-project",
         "--pipeline_root",
         "gs://bucket/root",
+        "--parameters",
+        '{"corpus": "hf:wikitext:wikitext-103-raw-v1"}',
+        "--corpus_bytes",
+        "546500949",
         "--dry_run",
         timeout=120,
     )
@@ -119,10 +123,10 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
     parameters = {"corpus": "hf:wikitext:wikitext-103-raw-v1", "tpu_price_per_hour": 4.8, "per_replica_batch_size": 64}
     result = submit(arguments(template, dry_run=True, corpus_bytes=546_500_949, parameters=json.dumps(parameters)))
     estimate = result["estimate"]
-    # the template's TPU (a v5e-4: 4 replicas) and defaults (one epoch, bf16), with the values given
-    assert estimate["tpu_type"] == "v5e-4" and estimate["global_batch_size"] == 256
+    # the template's TPU (a v5e-4: 4 replicas) and defaults (one epoch, bf16, 4 micro-batches), with the values given
+    assert estimate["tpu_type"] == "v5e-4" and estimate["global_batch_size"] == 64 * 4 * 4
     assert estimate["data"]["samples"] == int(546_500_949 * 0.95 * 0.312 // 128)  # the default 5% held out
-    assert estimate["steps"] == estimate["data"]["samples"] // 256
+    assert estimate["steps"] == estimate["data"]["samples"] // 1024
     assert estimate["cost"] == 4.8 * estimate["hours"]
     assert "Estimate of the training on a v5e-4" in capsys.readouterr().err
 
@@ -147,6 +151,22 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
             r"--hf-token-secret='hf_abc123': must be a Secret Manager name",
         ),
         ({"labels": "Team=NLP"}, r"--labels='Team=NLP'"),
+        # what the run could only find out on Vertex AI, after paying for the steps before
+        ({"parameters": '{"corpus": "/home/me/corpus.txt"}'}, r"--corpus='/home/me/corpus.txt': is a path on this"),
+        ({"parameters": '{"output_root": "runs"}'}, r"--output-root='runs': is a path on this machine"),
+        ({"parameters": '{"replicas": 8}'}, r"--replicas=8: a v5e-4 has 4"),
+        (
+            {
+                "corpus_bytes": 546_500_949,
+                "parameters": '{"corpus": "hf:wikitext", "model_config": "roberta-large", "bf16": false}',
+            },
+            r"--per-replica-batch-size=128: needs at least .* GiB per replica",
+        ),
+        (
+            {"corpus_bytes": 546_500_949, "parameters": '{"corpus": "hf:wikitext", "model_config": "roberta-huge"}'},
+            r"--model-config='roberta-huge': unknown preset",
+        ),
+        ({"parameters": '{"corpus": "embedded"}'}, r"--per-replica-batch-size=128: x 4 replicas x 4 micro-batches"),
     ],
 )
 def test_bad_submissions_fail_before_any_request(template, monkeypatch, overrides, message):

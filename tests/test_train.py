@@ -24,7 +24,7 @@ from components.lib.results import SUMMARY_FILE
 from components.lib.shard_set import read_manifest
 from components.report import ReportArguments, write_report
 from components.shards import ShardArguments, write_shards
-from components.train import TrainArguments, train
+from components.train import CallPace, TrainArguments, train
 
 TINY = {"model_config": "tiny", "per_replica_batch_size": 16, "accelerator": "cpu", "log_every_steps": 10}
 
@@ -166,6 +166,18 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
 
 
 @pytest.mark.slow  # two trainings in subprocesses
+def test_calls_into_the_graph_stay_within_seconds_from_the_second_on(monkeypatch):
+    clock = iter([0.0, 60.0, 100.0, 105.0])  # a first call of 50 steps that compiled for a minute, then 2 steps in 5 s
+    monkeypatch.setattr("components.train.time.perf_counter", lambda: next(clock))
+    pace = CallPace()
+    assert pace.steps_per_call() > 50  # the first call: steps_per_execution and the log boundaries decide
+    pace.start(), pace.done(50)
+    assert pace.first_call_seconds == 60.0
+    assert pace.steps_per_call() == 8  # 10 s at the first call's 1.2 s a step, its compile included: fewer, never more
+    pace.start(), pace.done(2)
+    assert pace.steps_per_call() == 4  # then the last call's 2.5 s a step
+
+
 def test_a_sigterm_checkpoints_where_training_is_and_the_rerun_ends_at_the_planned_step(
     tmp_path, wikitext_shards, uninterrupted_history
 ):

@@ -105,7 +105,7 @@ TPU_TYPES: dict[str, TpuType] = {
 # CPU machines about 15% above Compute Engine's), which no stored copy of its price table gave.
 PRICES = (
     "Cloud TPU list prices, us-central1, USD an hour (Cloud Billing catalog as mirrored by "
-    "skypilot-org/skypilot-catalog, 2026); Vertex AI's own rates differ, override with --price_per_hour"
+    "skypilot-org/skypilot-catalog, 2026); Vertex AI's own rates differ"
 )
 # Peak dense bf16 (fp16 where the chip has no bf16) TFLOP/s of one GPU, from NVIDIA's data sheets.
 GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "L4": 121.0, "V100": 125.0, "T4": 65.0}

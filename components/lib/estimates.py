@@ -255,7 +255,7 @@ def prices(price_per_hour: float, tpu: TpuType, hours: float) -> dict[str, Any]:
         "cost": hours * tpu.list_price_per_hour,
         "spot_price_per_hour": tpu.spot_list_price_per_hour,
         "spot_cost": hours * tpu.spot_list_price_per_hour,
-        "price_source": PRICES,
+        "price_source": f"{PRICES}, override with --price_per_hour",
     }
 
 
