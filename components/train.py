@@ -92,11 +92,12 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
     with attempts.recorded(begun=False):  # a TPU that does not start is a failure to count, once it happens
         strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
     plan = plan_training(arguments, strategy.num_replicas_in_sync)  # bad input: nothing written
+    token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
     with attempts.recorded():
-        return _train(arguments, plan, strategy, kind)
+        return _train(arguments, plan, strategy, kind, token)
 
 
-def _train(arguments: TrainArguments, plan: TrainingPlan, strategy: Any, kind: str) -> dict[str, Any]:
+def _train(arguments: TrainArguments, plan: TrainingPlan, strategy: Any, kind: str, token: str) -> dict[str, Any]:
     log.info(
         "%s strategy, %d replica(s), global batch %d (%d micro-batch(es) of %d per replica), %d steps",
         kind,
@@ -108,7 +109,6 @@ def _train(arguments: TrainArguments, plan: TrainingPlan, strategy: Any, kind: s
     )
     if arguments.price_per_hour:
         log.info("cost at $%.2f an hour: %s", arguments.price_per_hour, arguments.price_source or "--price_per_hour")
-    token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
     state = _set_up(arguments, plan, strategy)
     pusher = None
     if arguments.hub_repo_id:

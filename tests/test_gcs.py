@@ -86,7 +86,12 @@ def test_the_local_pipeline_keeps_its_data_in_a_bucket_and_pushes_to_the_hub(gcs
         assert artifacts[name].startswith(gcs + "/runs/run-"), name
     model = bucket_objects(artifacts["model"])
     assert {"config.json", "tf_model.h5", "tokenizer.json", "training_summary.json"} <= model.keys()
-    assert any(name.startswith("checkpoints/") for name in model)
+    # the checkpoints are the run's, under output_root, where every attempt of the train task finds them
+    assert not any(name.startswith("checkpoints/") for name in model)
+    checkpoint_dir = json.loads(model["training_summary.json"])["arguments"]["checkpoint_dir"]
+    assert checkpoint_dir.startswith(gcs + "/runs/run-") and "/checkpoints/" in checkpoint_dir
+    checkpoints = bucket_objects(checkpoint_dir)
+    assert any(name.endswith("ckpt-30.index") for name in checkpoints), sorted(checkpoints)
     manifest = json.loads(bucket_objects(artifacts["train shards"])["manifest.json"])
     assert manifest["num_parts"] == 2 and manifest["corpus"]["source"] == corpus
     metrics = json.loads(bucket_objects(artifacts["evaluation"])["metrics.json"])
