@@ -43,6 +43,11 @@ TIMEOUT_FLOOR_HOURS, TIMEOUT_CAP_HOURS = 2.0, 168.0
 TPU_PROVISIONING = ("STANDARD", "SPOT")
 
 
+def check_tpu_provisioning(provisioning: str) -> None:
+    if provisioning not in TPU_PROVISIONING:
+        raise InvalidParameter("tpu_provisioning", provisioning, f"must be one of {list(TPU_PROVISIONING)}")
+
+
 @dataclass(kw_only=True)
 class PreflightArguments(TrainingSettings):
     """The training's settings (checked as the train step checks them), with what only preflight needs."""
@@ -92,10 +97,7 @@ class PreflightArguments(TrainingSettings):
                 raise InvalidParameter("replicas", self.replicas, f"a {tpu.name} has {tpu.replicas} replicas")
         if self.hf_token_secret:
             check_secret_name(self.hf_token_secret)
-        if self.tpu_provisioning not in TPU_PROVISIONING:
-            raise InvalidParameter(
-                "tpu_provisioning", self.tpu_provisioning, f"must be one of {list(TPU_PROVISIONING)}"
-            )
+        check_tpu_provisioning(self.tpu_provisioning)
 
     @property
     def training_replicas(self) -> int:

@@ -146,11 +146,10 @@ class Attempts:
 
     def refuse_a_repeat(self) -> None:
         last = self.records[-self.REPEATS :]
-        same = all(
-            (a["key"], a["step"], a["outcome"]) in {(self.key, self.step, "failed"), (self.key, self.step, "running")}
-            for a in last
+        failed = all(
+            a["key"] == self.key and a["step"] == self.step and a["outcome"] in ("failed", "running") for a in last
         )
-        if len(last) == self.REPEATS and same:
+        if len(last) == self.REPEATS and failed:
             error = last[-1].get("error") or "it ended without a word (killed: a timeout, or the runtime crashed)"
             raise InvalidParameter(
                 "checkpoint_dir",
@@ -288,7 +287,6 @@ def _training_loop(
                 pace.start()
                 loss = float(train_steps(iterator, tf.constant(steps, tf.int32)))
                 pace.done(steps)
-            state.first_call_seconds = pace.first_call_seconds
             step += steps
             window.add(steps, loss)
             if step % arguments.log_every_steps == 0 or step == plan.total_steps:
@@ -306,6 +304,7 @@ def _training_loop(
             if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
                 with naming_corrupt_shards(*shard_sources):
                     _at_checkpoint(arguments, plan, state, step, writer, validation, pusher)
+    state.first_call_seconds = pace.first_call_seconds
     writer.flush()
 
 
@@ -320,7 +319,6 @@ class CallPace:
     def __init__(self) -> None:
         self.seconds_per_step: float | None = None
         self.first_call_seconds: float | None = None  # tracing and compiling the step, and its first steps
-        self._calls = 0
         self._started = 0.0
 
     def steps_per_call(self) -> int:
@@ -332,9 +330,8 @@ class CallPace:
         self._started = time.perf_counter()
 
     def done(self, steps: int) -> None:
-        self._calls += 1
         seconds = time.perf_counter() - self._started
-        if self._calls == 1:  # the first call traces and compiles
+        if self.first_call_seconds is None:  # the first call traces and compiles
             self.first_call_seconds = seconds
         self.seconds_per_step = seconds / steps
 

@@ -307,7 +307,7 @@ def build_pipeline(
         checked.set_caching_options(False)  # the token and the storage are checked anew on every run
         # the TPU's peak for MFU, known here whatever the TPU VM's environment says
         # on a TPU: the job's hard limit, which preflight derived from its estimate (Vertex AI's default is 7 days)
-        # and how the TPU is provisioned: the custom job's scheduling strategy (on demand, Spot, flex-start)
+        # and how the TPU is provisioned: the custom job's scheduling strategy (on demand or Spot)
         # and, for the cost lines where the run gives no price, the TPU type (its list prices)
         tpu_job = {
             "timeout": checked.outputs["Output"],

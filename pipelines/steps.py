@@ -121,14 +121,10 @@ def run_train(
 
 def list_price(tpu: TpuType, provisioning: str) -> dict[str, Any]:
     """The train step's price where the run gives none: the TPU's Cloud TPU list price for its provisioning."""
-    if provisioning == "SPOT":
-        return {
-            "price_per_hour": tpu.spot_list_price_per_hour,
-            "price_source": f"the {tpu.name}'s Spot list price; {PRICES}, set tpu_price_per_hour",
-        }
+    kind = "Spot" if provisioning == "SPOT" else "on-demand"
     return {
-        "price_per_hour": tpu.list_price_per_hour,
-        "price_source": f"the {tpu.name}'s on-demand list price; {PRICES}, set tpu_price_per_hour",
+        "price_per_hour": tpu.list_price(provisioning),
+        "price_source": f"the {tpu.name}'s {kind} list price; {PRICES}, set tpu_price_per_hour",
     }
 
 

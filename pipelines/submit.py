@@ -82,17 +82,20 @@ def check_parameters(template: dict[str, Any], values: dict[str, Any]) -> dict[s
     if values.get("hf_token_secret"):
         check_secret_name(values["hf_token_secret"])
     check_reachable_on_vertex(values)
-    tpu = TPU_TYPES[
-        template["root"]["dag"]["tasks"]["preflight-step"]["inputs"]["parameters"]["tpu_type"]["runtimeValue"][
-            "constant"
-        ]
-    ]
+    tpu = TPU_TYPES[template_tpu_type(template)]
     if values.get("replicas", 0) not in (0, tpu.replicas):
         raise InvalidParameter(
             "replicas", values["replicas"], f"a {tpu.name} has {tpu.replicas}; leave it at the template's"
         )
     check_values(values)  # every step's own checks, before a run is created
     return values
+
+
+def template_tpu_type(template: dict[str, Any]) -> str:
+    """The TPU type the template was compiled for (preflight's constant)."""
+    return template["root"]["dag"]["tasks"]["preflight-step"]["inputs"]["parameters"]["tpu_type"]["runtimeValue"][
+        "constant"
+    ]
 
 
 def check_reachable_on_vertex(values: dict[str, Any]) -> None:
@@ -166,8 +169,7 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
         for name, parameter in spec["root"]["inputDefinitions"]["parameters"].items()
     }
     values = {**defaults, **json.loads(arguments.parameters)}
-    preflight = spec["root"]["dag"]["tasks"]["preflight-step"]["inputs"]["parameters"]
-    tpu = preflight["tpu_type"]["runtimeValue"]["constant"]
+    tpu = template_tpu_type(spec)
     try:
         result = estimate_run(
             EstimateArguments(
@@ -184,6 +186,7 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
                 holdout_fraction=0.0 if values["validation_corpus"] else float(values["holdout_fraction"]),
                 vocab_size=int(values["vocab_size"]),
                 mlm_probability=float(values["mlm_probability"]),
+                allow_tight_memory=bool(values["allow_tight_memory"]),
                 price_per_hour=float(values["tpu_price_per_hour"]),
             )
         )
@@ -195,9 +198,10 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
     except Exception as error:  # the corpus's bucket, unreachable from here: the estimate is advice
         print(f"warning: no estimate of the training: {type(error).__name__}: {error}", file=sys.stderr)
         return f"no estimate: {error}"
-    memory = result["memory"]
-    if memory["verdict"] == "does not fit" or (memory["verdict"] == "tight" and not values["allow_tight_memory"]):
-        raise InvalidParameter("per_replica_batch_size", int(values["per_replica_batch_size"]), memory["refusal"])
+    if result["memory"]["refusal"]:
+        raise InvalidParameter(
+            "per_replica_batch_size", int(values["per_replica_batch_size"]), result["memory"]["refusal"]
+        )
     print(f"Estimate of the training on a {tpu} (before the data exists):\n{estimate_table(result)}", file=sys.stderr)
     return result
 

@@ -25,7 +25,7 @@ from components.lib import storage
 from components.lib.accelerators import PRICES, TPU_TYPES, tpu_runtime_env, tpu_type
 from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.jobs import log, run_job
-from components.preflight import TPU_PROVISIONING
+from components.preflight import TPU_PROVISIONING, check_tpu_provisioning
 from pipelines.compile import check_image_uri
 from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe
 from pipelines.submit import check_project
@@ -48,7 +48,7 @@ class SmokeJobArguments(SmokeRun):
     service_account: str = field(default="", metadata={"help": "Service account the job runs as."})
     tpu_provisioning: str = field(
         default="STANDARD",
-        metadata={"help": "On demand, Spot or flex-start, as the run will be.", "choices": TPU_PROVISIONING},
+        metadata={"help": "On demand (STANDARD) or SPOT, as the run will be.", "choices": TPU_PROVISIONING},
     )
     tpu_env: list[str] = field(
         default_factory=list,
@@ -65,16 +65,14 @@ class SmokeJobArguments(SmokeRun):
     )
 
     def __post_init__(self) -> None:
-        if self.tpu_type not in TPU_TYPES:
-            raise InvalidParameter("tpu_type", self.tpu_type, f"must be one of {sorted(TPU_TYPES)}")
+        tpu_type(self.tpu_type)  # a TPU, not SmokeRun's "none"
         super().__post_init__()
         if not self.scratch.startswith("gs://"):
             raise InvalidParameter("scratch", self.scratch, "must be a gs:// folder: the job on Vertex AI writes there")
         storage.check_uri("scratch", self.scratch)
         check_project(self.project)
         check_image_uri("tpu_image", self.tpu_image)
-        if self.tpu_provisioning not in TPU_PROVISIONING:
-            raise InvalidParameter("tpu_provisioning", self.tpu_provisioning, f"must be one of {TPU_PROVISIONING}")
+        check_tpu_provisioning(self.tpu_provisioning)
         if not 5 <= self.timeout_minutes <= MAX_TIMEOUT_MINUTES:
             raise InvalidParameter(
                 "timeout_minutes", self.timeout_minutes, f"must be from 5 to {MAX_TIMEOUT_MINUTES} minutes"
@@ -98,9 +96,10 @@ def check_memory_fits(arguments: SmokeRun) -> None:
             max_length=arguments.max_length,
             vocab_size=arguments.vocab_size,
             max_steps=arguments.steps,
+            allow_tight_memory=True,
         )
     )
-    if estimate["memory"]["verdict"] == "does not fit":
+    if estimate["memory"]["refusal"]:
         raise InvalidParameter(
             "per_replica_batch_size", arguments.per_replica_batch_size, estimate["memory"]["refusal"]
         )
@@ -157,11 +156,11 @@ def smoke_job(arguments: SmokeJobArguments, folder: str) -> Any:
 def cost_limit(arguments: SmokeJobArguments) -> str:
     """The most the job can cost: its timeout on the TPU at the TPU's list price for the provisioning."""
     tpu = tpu_type(arguments.tpu_type)
-    spot = arguments.tpu_provisioning == "SPOT"
-    price = tpu.spot_list_price_per_hour if spot else tpu.list_price_per_hour
+    price = tpu.list_price(arguments.tpu_provisioning)
+    spot = " Spot" if arguments.tpu_provisioning == "SPOT" else ""
     return (
         f"at most ${price * arguments.timeout_minutes / 60:,.2f}: {arguments.timeout_minutes} min of a {tpu.name} at "
-        f"${price:.2f} an hour{' Spot' if spot else ''} ({PRICES})"
+        f"${price:.2f} an hour{spot} ({PRICES})"
     )
 
 
@@ -187,7 +186,6 @@ def job_client(region: str, endpoint: str = "") -> Any:
 
 def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any]:
     """Creates the job (or prints it), waits for it and returns its report."""
-
     folder = storage.join(arguments.scratch, f"smoke-{arguments.tpu_type}-{datetime.now(UTC):%Y%m%d-%H%M%S}")
     job = smoke_job(arguments, folder)
     parent = f"projects/{arguments.project}/locations/{arguments.region}"

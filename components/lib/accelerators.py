@@ -76,6 +76,10 @@ class TpuType:
     list_price_per_hour: float  # USD, Cloud TPU on demand (PRICES)
     spot_list_price_per_hour: float  # USD, Cloud TPU Spot
 
+    def list_price(self, provisioning: str) -> float:
+        """The Cloud TPU list price an hour (PRICES) for Vertex AI's scheduling strategy: SPOT or on demand."""
+        return self.spot_list_price_per_hour if provisioning == "SPOT" else self.list_price_per_hour
+
     @property
     def machine_spec(self) -> dict[str, Any]:
         """The custom job's ``machine_spec`` for this TPU."""

@@ -59,6 +59,9 @@ class EstimateArguments:
     num_epochs: int = field(default=1, metadata={"help": "As for the train step."})
     max_steps: int = field(default=0, metadata={"help": "As for the train step (> 0 wins over num_epochs)."})
     bf16: bool = field(default=True, metadata={"help": "Mixed bfloat16, as the vertex target trains."})
+    allow_tight_memory: bool = field(
+        default=False, metadata={"help": "As for preflight: a tight memory estimate is no refusal."}
+    )
     mlm_probability: float = field(default=0.15, metadata={"help": "As for the train step (the head's memory)."})
     train_shards: str = field(default="", metadata={"help": "Training shards: their manifest gives the samples."})
     corpus: str = field(default="", metadata={"help": "Without shards: the corpus, whose size gives the samples."})
@@ -211,7 +214,7 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
             "available_gib": tpu.memory_gib_per_replica,
             "verdict": memory.verdict,
             "largest_per_replica_batch": memory.largest_batch,
-            "refusal": memory.refusal(tpu.name, arguments.bf16, allow_tight=False),
+            "refusal": memory.refusal(tpu.name, arguments.bf16, arguments.allow_tight_memory),
         },
         **prices(arguments.price_per_hour, tpu, hours),
         "cpu_steps": cpu_steps(data),
