@@ -39,10 +39,12 @@ def test_the_smoke_script_trains_two_cpu_replicas_on_data_it_makes_and_passes(tm
     manifest = json.loads(storage.read_text(f"{scratch}/shards/train/manifest.json"))
     assert manifest["num_records"] >= 2 * 16
     memory = report["stages"]["memory"]
-    assert memory["peak_gib_per_replica"] is None and "not available" in memory["why_not"]  # the CPU keeps no count
+    # TensorFlow's CPU allocator keeps a count on some machines and not on others: either way it is reported
+    peak = memory["peak_gib_per_replica"]
+    assert (peak is None and memory["why_not"]) or (peak >= 0 and "why_not" not in memory), memory
     assert 0 < memory["estimate_low_gib"] <= memory["estimate_high_gib"]
     assert report["stages"]["storage"]["read_back"] is True
-    assert report["warnings"] == []  # the CPU keeps no memory count, which is no warning there
+    assert report["warnings"] == []  # a CPU without a memory count is no warning
     # the validation ran at the final checkpoint, on shards of its own
     assert json.loads(storage.read_text(f"{scratch}/shards/validation/manifest.json"))["split"] == "validation"
     assert "validation loss" in result.stderr

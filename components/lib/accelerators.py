@@ -52,11 +52,22 @@ def tpu_runtime_env(changes: list[str], parameter: str = "tpu_env") -> dict[str,
     return env
 
 
-# Google's PCI vendor id: how JAX and torch_xla find TPU chips whatever their device files are called
+# TPU chips on the PCI bus, as JAX and libtpu find them whatever their device files are called: Google's vendor id
+# and a TPU's device id. The vendor alone is not a TPU: gVNIC, most GCE VMs' network card, is Google's too (0x0042).
 TPU_PCI_VENDOR = "0x1ae0"
+TPU_PCI_DEVICES = {
+    "0x0027": "v2/v3",
+    "0x0056": "no public name",
+    "0x005e": "v4",
+    "0x0062": "v5p",
+    "0x0063": "v5e",
+    "0x006f": "v6e",
+    "0x0076": "TPU7x",
+}
 NO_TPU_DEVICE = (
-    "this machine has no TPU device: no /dev/accel* (TPU v2-v4), no /dev/vfio/N (TPU v5e and later) and no PCI "
-    f"device of Google's vendor id {TPU_PCI_VENDOR} under /sys/bus/pci/devices"
+    "this machine has no TPU device: no PCI device of Google's vendor id "
+    f"{TPU_PCI_VENDOR} with a TPU's device id under /sys/bus/pci/devices, and, where that folder is hidden, no "
+    "/dev/accel* (TPU v2-v4) and no /dev/vfio/N (TPU v5e and later)"
 )
 
 
@@ -215,14 +226,25 @@ def local_tpu_missing(accelerator: str, tpu: str = "local") -> bool:
 
 
 def tpu_devices(root: str = "/") -> list[str]:
-    """What shows this machine's TPU chips: the device files libtpu opens and the PCI devices of Google's vendor
-    id; none off a TPU VM. ``root``: another root to look under (the tests' stand-in of a TPU VM)."""
-    files = glob.glob(os.path.join(root, "dev/accel*")) + glob.glob(os.path.join(root, "dev/vfio/[0-9]*"))
-    for vendor_file in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
-        with contextlib.suppress(OSError), open(vendor_file) as vendor:
-            if vendor.read().strip().lower() == TPU_PCI_VENDOR:
-                files.append(os.path.dirname(vendor_file))
-    return sorted(files)
+    """This machine's TPU chips, one entry each: the PCI devices with Google's vendor id and a TPU's device id or,
+    where the PCI bus is hidden (some containers), the device files libtpu opens; none off a TPU VM. ``root``:
+    another root to look under (the tests' stand-ins of VMs)."""
+    pci = os.path.join(root, "sys/bus/pci/devices")
+    if not os.path.isdir(pci):
+        return sorted(glob.glob(os.path.join(root, "dev/accel*")) + glob.glob(os.path.join(root, "dev/vfio/[0-9]*")))
+    return sorted(device for device in glob.glob(os.path.join(pci, "*")) if _is_tpu_chip(device))
+
+
+def _is_tpu_chip(device: str) -> bool:
+    return _pci_id(device, "vendor") == TPU_PCI_VENDOR and _pci_id(device, "device") in TPU_PCI_DEVICES
+
+
+def _pci_id(device: str, name: str) -> str:
+    try:
+        with open(os.path.join(device, name)) as file:
+            return file.read().strip().lower()
+    except OSError:
+        return ""
 
 
 def skip_tpu_runtime() -> None:
