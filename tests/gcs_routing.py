@@ -8,6 +8,10 @@ does not expect: chunked request bodies (it sends them even with a ``Content-Len
 ``Transfer-Encoding: identity`` header. Responses that point back at the emulator (the resumable-upload
 ``Location``) are pointed at the https host again, while the links the emulator stores name the emulator
 itself, so that the other clients can follow them. Nothing in the product knows about any of this.
+
+The proxy also stands for the account the README grants: object roles on the bucket, no bucket permissions. It
+answers requests for the bucket itself (its metadata, the bucket list), and any request to a bucket the account
+has no role on, with Cloud Storage's 403.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import datetime
 import http.client
 import http.server
 import json
+import re
 import socket
 import ssl
 import sys
@@ -23,6 +28,10 @@ import threading
 from pathlib import Path
 
 GOOGLE_STORAGE_HOSTS = ("www.googleapis.com", "storage.googleapis.com", "oauth2.googleapis.com")
+# a bucket's own resource (metadata, IAM, the bucket list) in the JSON API; its objects are under /o
+BUCKET_REQUEST = re.compile(r"/storage/v1/b(?:/([^/]+))?")
+SERVICE_ACCOUNT = "trainer@my-project.iam.gserviceaccount.com"
+NOT_GRANTED_BUCKET = "not-granted"  # a bucket the account has no role on
 
 
 def make_certificate(folder: Path, hosts: tuple[str, ...] = GOOGLE_STORAGE_HOSTS) -> tuple[Path, Path]:
@@ -102,7 +111,47 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         while not self.close_connection:
             self.handle_one_request()
 
+    def _denied_permission(self) -> str:
+        """The permission Cloud Storage would deny the README's account (object roles on the test bucket only,
+        ``roles/storage.objectAdmin``): the bucket's own resource (metadata, the bucket list) needs
+        ``storage.buckets.*``, and ``NOT_GRANTED_BUCKET`` is a bucket it has no role on; "" where it is allowed."""
+        path = self.path.split("?", 1)[0].rstrip("/")
+        bucket = BUCKET_REQUEST.fullmatch(path)
+        if bucket:
+            return "storage.buckets.get" if bucket.group(1) else "storage.buckets.list"
+        if f"/b/{NOT_GRANTED_BUCKET}/o" not in path:
+            return ""
+        if self.command in ("POST", "PUT"):
+            return "storage.objects.create"
+        if self.command == "DELETE":
+            return "storage.objects.delete"
+        return "storage.objects.get" if path.split(f"/b/{NOT_GRANTED_BUCKET}/o", 1)[1] else "storage.objects.list"
+
+    def _deny(self) -> bool:
+        permission = self._denied_permission()
+        if not permission:
+            return False
+        message = (
+            f"{SERVICE_ACCOUNT} does not have {permission} access to the Google Cloud Storage "
+            f"{'bucket' if 'buckets' in permission else 'object'}. Permission '{permission}' denied on resource (or "
+            "it may not exist)."
+        )
+        payload = json.dumps(
+            {"error": {"code": 403, "message": message, "errors": [{"message": message, "reason": "forbidden"}]}}
+        ).encode()
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(403, "Forbidden")
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+        self.wfile.flush()
+        return True
+
     def _forward(self) -> None:
+        if self._deny():
+            return
         transfer_encoding = self.headers.get("Transfer-Encoding", "").lower()
         if "chunked" in transfer_encoding:
             body = _read_chunked(self.rfile)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import run_module
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as gcs_client
 
@@ -36,6 +37,43 @@ def test_tensorflow_writes_renames_and_lists_in_the_emulator(gcs):
     assert storage.listdir(storage.join(gcs, "folder")) == ["file.json"]  # the temporary name is gone
     assert storage.size(uri) == 8
     assert bucket_objects(gcs) == {"folder/file.json": b'{"a": 1}'}
+
+
+def test_the_steps_need_no_bucket_permission_only_object_ones(gcs):
+    """The stand-in answers as Cloud Storage does for the README's account (object roles only): the bucket's
+    metadata is a 403. TensorFlow's recursive makedirs walks up to the bucket's root and asks for it; the storage
+    layer's does not, and TensorFlow's own folder-making (checkpoints, summaries) below its folders stops there."""
+    import tensorflow as tf
+
+    with pytest.raises(tf.errors.PermissionDeniedError) as denied:
+        tf.io.gfile.makedirs(storage.join(gcs, "fresh", "prefix"))
+    assert storage.permission_denied(denied.value, [gcs, "/a/local/folder"]) == (
+        "permission denied on gs://bucket: the account lacks storage.buckets.get (the README's service account step "
+        "lists the roles the steps need)"
+    )
+    assert storage.permission_denied(ValueError("storage.buckets.get gs://bucket/")) == ""
+    folder = storage.join(gcs, "run", "checkpoints")
+    storage.makedirs(folder)
+    storage.makedirs(folder)  # again: it exists
+    checkpoint = tf.train.Checkpoint(step=tf.Variable(3))
+    tf.train.CheckpointManager(checkpoint, storage.join(folder, "deeper"), max_to_keep=1).save()
+    with tf.summary.create_file_writer(storage.join(folder, "logs")).as_default():
+        tf.summary.scalar("loss", 1.0, step=1)
+        tf.summary.flush()
+    names = bucket_objects(folder)
+    assert "deeper/checkpoint" in names and any(name.startswith("logs/events.out.tfevents.") for name in names)
+
+
+def test_a_storage_permission_error_is_one_line_naming_the_uri_and_the_permission(gcs):
+    from gcs_routing import NOT_GRANTED_BUCKET
+
+    output = f"gs://{NOT_GRANTED_BUCKET}/run/tokenizer"
+    result = run_module("components.tokenizer", "--corpus", "embedded", "--vocab_size", "500", "--output", output)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: permission denied on {output}/: the account lacks storage.objects.create (the README's service "
+        "account step lists the roles the steps need)"  # the folder's marker, its first write
+    )
 
 
 @pytest.mark.slow  # 16 s: out of the fast tier (make test-fast under 3 minutes)

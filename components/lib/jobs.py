@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from components.lib import storage
 from components.lib.errors import InvalidParameter, ServiceFailed
 
 Arguments = TypeVar("Arguments")
@@ -45,6 +46,14 @@ def parse_arguments(
     return arguments
 
 
+def uri_arguments(arguments: object) -> list[str]:
+    """The job's arguments that are storage URIs (one or a list)."""
+    values = vars(arguments).values() if hasattr(arguments, "__dict__") else ()
+    found = [value for value in values if isinstance(value, str)]
+    found += [item for value in values if isinstance(value, list) for item in value if isinstance(item, str)]
+    return [value for value in found if storage.is_remote(value)]
+
+
 def run_job(
     arguments_class: type[Arguments],
     job: Callable[[Arguments], dict[str, Any]],
@@ -55,6 +64,7 @@ def run_job(
     """Parses ``argv`` into ``arguments_class``, runs ``job`` and prints its summary as JSON (unless the job
     shows its own). Returns the exit code."""
     setup_logging()
+    arguments = None
     try:
         # the usage line names the module the job runs as (what its container runs), not "tpu-mlm" or "-c"
         spec = sys.modules[job.__module__].__spec__  # run as python -m X, the module's __name__ is __main__
@@ -66,6 +76,12 @@ def run_job(
         return 2
     except ServiceFailed as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        denied = storage.permission_denied(error, uri_arguments(arguments))
+        if not denied:
+            raise
+        print(f"error: {denied}", file=sys.stderr)
         return 1
     if print_summary:
         print(json.dumps(summary, indent=2, default=str))

@@ -8,12 +8,15 @@ Writes that must never be seen half-done go to a temporary name and are renamed 
 from __future__ import annotations
 
 import bz2
+import contextlib
 import functools
 import gzip
 import io
 import lzma
 import os
 import posixpath
+import re
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -101,7 +104,41 @@ def size(uri: str) -> int:
 
 
 def makedirs(uri: str) -> None:
-    gfile().makedirs(uri)
+    """Makes the folder ``uri``. In a bucket, one folder marker object for ``uri`` itself: Cloud Storage has no
+    folders, and TensorFlow's recursive makedirs walks up the path until something exists, which at the bucket's
+    root means reading the bucket's metadata (``storage.buckets.get``), a permission the README's object roles do
+    not grant. TensorFlow's own recursive calls (checkpoints, summaries) under ``uri`` then stop at the marker."""
+    if not is_remote(uri):
+        gfile().makedirs(uri)
+        return
+    import tensorflow as tf
+
+    with contextlib.suppress(tf.errors.AlreadyExistsError):
+        gfile().mkdir(uri)
+
+
+# what a storage error names: the permission Cloud Storage denied, and the object (TensorFlow's message names
+# the object it was reading or writing, not the bucket whose metadata it asked for)
+_DENIED_PERMISSION = re.compile(r"storage\.[a-zA-Z]+\.[a-zA-Z]+")
+_URI = re.compile(r"gs://[^\s'\"]+")
+
+
+def permission_denied(error: BaseException, uris: Iterable[str] = ()) -> str:
+    """One line for a storage permission error (TensorFlow's ``PermissionDeniedError`` from a bucket), naming the
+    permission and the URI, else the buckets of ``uris`` (what the job was given); "" for any other error."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(error, tf.errors.PermissionDeniedError):
+        return ""
+    message = str(error)
+    permission = _DENIED_PERMISSION.search(message)
+    named = _URI.search(message)
+    buckets = sorted({"gs://" + uri[len("gs://") :].split("/", 1)[0] for uri in uris if is_remote(uri)})
+    where = named.group(0) if named else " or ".join(buckets) or "a bucket"
+    lacking = permission.group(0) if permission else "a storage permission"
+    return (
+        f"permission denied on {where}: the account lacks {lacking} (the README's service account step lists the "
+        "roles the steps need)"
+    )
 
 
 def remove(uri: str) -> None:
