@@ -19,19 +19,14 @@ every checkpoint pushed to the Hub is such a folder too.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
 import math
 import os
-import re
-import signal
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,12 +38,14 @@ from components.lib.accelerators import (
     prepare_runtime,
     select_strategy,
 )
+from components.lib.attempts import STOPPED_EXIT, Attempts
 from components.lib.errors import InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, masked_lm_loss, max_predictions
 from components.lib.masking import Masking, masked_dataset, naming_corrupt_shards
 from components.lib.modeling import training_flops_per_token
+from components.lib.preemption import CallPace, StopRequest
 from components.lib.pytorch_weights import save_model_folder
 from components.lib.results import HISTORY_FILE, SUMMARY_FILE
 from components.lib.training import CHECKPOINT_IDENTITY_FILE, TrainingPlan, TrainingSettings, plan_training
@@ -86,18 +83,23 @@ class TrainArguments(TrainingSettings):
 
 def train(arguments: TrainArguments) -> dict[str, Any]:
     """Trains (or resumes) and saves the model; returns the training summary."""
-    prepare_runtime(arguments.accelerator, arguments.tpu)  # before TensorFlow loads, which the storage calls do
-    attempts = Attempts(arguments)
-    attempts.refuse_a_repeat()
-    with attempts.recorded(begun=False):  # a TPU that does not start is a failure to count, once it happens
-        strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
-    plan = plan_training(arguments, strategy.num_replicas_in_sync)  # bad input: nothing written
-    token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
-    with attempts.recorded():
-        return _train(arguments, plan, strategy, kind, token)
+    with StopRequest() as stop:  # from the start: a preemption while the TPU starts or the step compiles is no failure
+        prepare_runtime(arguments.accelerator, arguments.tpu)  # before TensorFlow loads, which the storage calls do
+        settings = {k: v for k, v in asdict(arguments).items() if k not in ("output", "tensorboard_dir")}
+        attempts = Attempts(arguments.checkpoint_dir, settings, (*TPU_RUNTIME_VARIABLES, "TF_XLA_FLAGS"))
+        stop.on_stop.append(attempts.stopped)
+        attempts.refuse_a_repeat()
+        with attempts.recorded(begun=False):  # a TPU that does not start is a failure to count, once it happens
+            strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
+        plan = plan_training(arguments, strategy.num_replicas_in_sync)  # bad input: nothing written
+        token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
+        with attempts.recorded():
+            return _train(arguments, plan, strategy, kind, token, stop)
 
 
-def _train(arguments: TrainArguments, plan: TrainingPlan, strategy: Any, kind: str, token: str) -> dict[str, Any]:
+def _train(
+    arguments: TrainArguments, plan: TrainingPlan, strategy: Any, kind: str, token: str, stop: StopRequest
+) -> dict[str, Any]:
     log.info(
         "%s strategy, %d replica(s), global batch %d (%d micro-batch(es) of %d per replica), %d steps",
         kind,
@@ -116,85 +118,13 @@ def _train(arguments: TrainArguments, plan: TrainingPlan, strategy: Any, kind: s
         pusher = BackgroundPush(arguments.hub_repo_id, token)
     started = time.perf_counter()
     try:
-        _training_loop(arguments, plan, strategy, kind, state, pusher)
+        _training_loop(arguments, plan, strategy, kind, state, pusher, stop)
     finally:
         push_failures = pusher.close() if pusher else []
     summary = _summary(arguments, plan, strategy, kind, state, time.perf_counter() - started)
     summary["hub_push_failures"] = push_failures
     _save_model(state.model, plan.tokenizer, arguments.output, summary)
     return summary
-
-
-class Attempts:
-    """This training's attempts (``attempts.json`` in the checkpoint folder), so that the restarts Vertex AI makes
-    of a failing job (up to 5 a worker, then 3 of the whole job) and the pipeline's retries do not each pay a TPU
-    start, a compile and the steps to the failure again. Each attempt is recorded when it starts and again when
-    it ends: done, stopped by a SIGTERM (a preemption: no failure) or failed; one still "running" when the next
-    starts was killed (a timeout, a crash of the runtime). After ``REPEATS`` failed or killed attempts from the
-    same checkpoint with the same settings and runtime, the next is refused before the TPU is initialised."""
-
-    FILE = "attempts.json"
-    REPEATS = 2
-
-    def __init__(self, arguments: TrainArguments):
-        self.uri = storage.join(arguments.checkpoint_dir, self.FILE)
-        settings = {k: v for k, v in asdict(arguments).items() if k not in ("output", "tensorboard_dir")}
-        runtime = {name: os.environ.get(name, "") for name in (*TPU_RUNTIME_VARIABLES, "TF_XLA_FLAGS")}
-        self.key = hashlib.sha256(json.dumps([settings, runtime], sort_keys=True, default=str).encode()).hexdigest()
-        self.step = _latest_checkpoint_step(arguments.checkpoint_dir)
-        self.records = json.loads(storage.read_text(self.uri)) if storage.exists(self.uri) else []
-
-    def refuse_a_repeat(self) -> None:
-        last = self.records[-self.REPEATS :]
-        failed = all(
-            a["key"] == self.key and a["step"] == self.step and a["outcome"] in ("failed", "running") for a in last
-        )
-        if len(last) == self.REPEATS and failed:
-            error = last[-1].get("error") or "it ended without a word (killed: a timeout, or the runtime crashed)"
-            raise InvalidParameter(
-                "checkpoint_dir",
-                storage.dirname(self.uri),
-                f"the last {self.REPEATS} attempts of this training, with these settings and runtime, failed from "
-                f"step {self.step}: {error}; fix the cause (or delete {self.FILE} there to try again)",
-            )
-
-    @contextlib.contextmanager
-    def recorded(self, begun: bool = True) -> Iterator[None]:
-        """Records the attempt as running, then how it ended; with ``begun=False`` only a failure is written."""
-        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        record = {"key": self.key, "step": self.step, "started": started, "outcome": "running"}
-        if begun:
-            self.records.append(record)
-            self._write()
-        try:
-            yield
-        except SystemExit as stop:
-            self._end(record, "stopped" if stop.code == 128 + signal.SIGTERM else "failed", f"exit {stop.code}")
-            raise
-        except Exception as error:
-            self._end(record, "failed", f"{type(error).__name__}: {error}"[:2000])
-            raise
-        if begun:
-            self._end(record, "done", "")
-
-    def _end(self, record: dict[str, Any], outcome: str, error: str) -> None:
-        if record not in self.records:
-            self.records.append(record)
-        record.update(outcome=outcome, error=error)
-        with contextlib.suppress(Exception):  # the failure itself matters more than its record
-            self._write()
-
-    def _write(self) -> None:
-        storage.write_text_atomic(self.uri, json.dumps(self.records, indent=1) + "\n")
-
-
-def _latest_checkpoint_step(checkpoint_dir: str) -> int:
-    """The step of the latest checkpoint, from the checkpoint manager's state file; 0 without one."""
-    state = storage.join(checkpoint_dir, "checkpoint")
-    if not storage.exists(state):
-        return 0
-    found = re.search(r'^model_checkpoint_path: ".*?(\d+)"', storage.read_text(state), re.M)
-    return int(found.group(1)) if found else 0
 
 
 @dataclass
@@ -251,6 +181,7 @@ def _training_loop(
     kind: str,
     state: TrainingState,
     pusher: BackgroundPush | None,
+    stop: StopRequest,
 ) -> None:
     """Runs the steps left in chunks that end at log and checkpoint boundaries."""
     import tensorflow as tf
@@ -274,7 +205,8 @@ def _training_loop(
     writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
     step = state.start_step
     pace = CallPace()
-    with StopRequest() as stop:
+    stop.in_loop = True  # a SIGTERM from here on is acted on between calls: checkpoint, then exit
+    try:
         while step < plan.total_steps:
             boundaries = (
                 plan.total_steps,
@@ -300,62 +232,14 @@ def _training_loop(
                     "SIGTERM: checkpoint at step %d of %d saved; a restarted job resumes there", step, plan.total_steps
                 )
                 writer.flush()
-                raise SystemExit(128 + signal.SIGTERM)  # a failure, so that Vertex AI or the pipeline runs it again
+                raise SystemExit(STOPPED_EXIT)  # a failure, so that Vertex AI or the pipeline runs it again
             if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
                 with naming_corrupt_shards(*shard_sources):
                     _at_checkpoint(arguments, plan, state, step, writer, validation, pusher)
+    finally:
+        stop.in_loop = False
     state.first_call_seconds = pace.first_call_seconds
     writer.flush()
-
-
-class CallPace:
-    """How many steps the next call into the graph may run: at most ``steps_per_execution``, and no more than
-    fit in ``CALL_SECONDS`` at the pace of the last call. The first call's pace counts its compile too, so the
-    second call is the shorter for it, never longer. A SIGTERM is heard only between calls, and Vertex AI gives
-    about 30 s after it."""
-
-    CALL_SECONDS = 10.0
-
-    def __init__(self) -> None:
-        self.seconds_per_step: float | None = None
-        self.first_call_seconds: float | None = None  # tracing and compiling the step, and its first steps
-        self._started = 0.0
-
-    def steps_per_call(self) -> int:
-        if self.seconds_per_step is None:
-            return sys.maxsize
-        return max(1, int(self.CALL_SECONDS / self.seconds_per_step))
-
-    def start(self) -> None:
-        self._started = time.perf_counter()
-
-    def done(self, steps: int) -> None:
-        seconds = time.perf_counter() - self._started
-        if self.first_call_seconds is None:  # the first call traces and compiles
-            self.first_call_seconds = seconds
-        self.seconds_per_step = seconds / steps
-
-
-class StopRequest:
-    """Notes a SIGTERM, which Vertex AI sends before it preempts a Spot VM or stops a job (about 30 s before),
-    so that the training loop checkpoints at the end of the steps running and exits. A call into the graph
-    runs ``steps_per_execution`` steps: that is how long the checkpoint can wait."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-
-    def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():  # where Python delivers signals
-            self._previous = signal.signal(signal.SIGTERM, self._note)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-
-    def _note(self, signum: int, frame: Any) -> None:
-        self.requested = True
 
 
 def _datasets(

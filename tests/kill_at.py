@@ -6,6 +6,9 @@
 
 A real SIGKILL of the real process: no handler, no flush, no cleanup runs, as when a VM is preempted or
 the kernel's OOM killer strikes. The crash tests use it to stop a job at exact, repeatable places.
+
+With ``--hang``, the call never returns instead, and never gives Python's signal handlers a turn: as a long native
+call does, the TPU's initialisation or a compile.
 """
 
 import argparse
@@ -15,7 +18,16 @@ import signal
 import sys
 
 
-def arm(function: str, matching: str, nth: int, after: bool) -> None:
+def hang() -> None:
+    """Blocks the calling thread for good, as a long native call does (the TPU's initialisation, a compile): with
+    SIGTERM blocked in this thread, the wait is never interrupted and Python's handlers never get a turn here."""
+    import threading
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Event().wait()
+
+
+def arm(function: str, matching: str, nth: int, after: bool, hang_instead: bool = False) -> None:
     module_name, _, attribute = function.partition(":")
     owner = importlib.import_module(module_name)
     *parents, name = attribute.split(".")
@@ -29,6 +41,8 @@ def arm(function: str, matching: str, nth: int, after: bool) -> None:
         if matching and not any(matching in str(value) for value in (*args, *kwargs.values())):
             return original(*args, **kwargs)
         calls += 1
+        if calls == nth and hang_instead:
+            hang()
         if calls == nth and not after:
             os.kill(os.getpid(), signal.SIGKILL)
         result = original(*args, **kwargs)
@@ -45,10 +59,11 @@ def main() -> None:
     parser.add_argument("--matching", default="", help="count only calls with an argument containing this")
     parser.add_argument("--nth", type=int, default=1, help="kill at this (counted) call")
     parser.add_argument("--after", action="store_true", help="kill just after the call returns, not before")
+    parser.add_argument("--hang", action="store_true", help="never return from the call instead of a kill")
     split = sys.argv.index("--")
     options = parser.parse_args(sys.argv[1:split])
     module, *arguments = sys.argv[split + 1 :]  # after "--": the module to run, then its arguments
-    arm(options.function, options.matching, options.nth, options.after)
+    arm(options.function, options.matching, options.nth, options.after, options.hang)
     # the module's own main(), not runpy: a second copy of the module as __main__ would not be armed
     sys.exit(importlib.import_module(module).main(arguments))
 

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +20,13 @@ from components.lib import storage
 from components.lib.accelerators import select_strategy
 from components.lib.errors import InvalidParameter
 from components.lib.modeling import PRESETS, model_config
+from components.lib.preemption import CallPace
 from components.lib.pytorch_weights import TF_LOADING
 from components.lib.results import SUMMARY_FILE
 from components.lib.shard_set import read_manifest
 from components.report import ReportArguments, write_report
 from components.shards import ShardArguments, write_shards
-from components.train import CallPace, TrainArguments, train
+from components.train import TrainArguments, train
 
 TINY = {"model_config": "tiny", "per_replica_batch_size": 16, "accelerator": "cpu", "log_every_steps": 10}
 
@@ -168,7 +170,7 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
 @pytest.mark.slow  # two trainings in subprocesses
 def test_calls_into_the_graph_stay_within_seconds_from_the_second_on(monkeypatch):
     clock = iter([0.0, 60.0, 100.0, 105.0])  # a first call of 50 steps that compiled for a minute, then 2 steps in 5 s
-    monkeypatch.setattr("components.train.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("components.lib.preemption.time.perf_counter", lambda: next(clock))
     pace = CallPace()
     assert pace.steps_per_call() > 50  # the first call: steps_per_execution and the log boundaries decide
     pace.start(), pace.done(50)
@@ -217,6 +219,40 @@ def test_a_sigterm_checkpoints_where_training_is_and_the_rerun_ends_at_the_plann
     assert [point["step"] for point in summary["history"]] == sorted(uninterrupted_history)
     for point in summary["history"]:
         assert point["learning_rate"] == pytest.approx(uninterrupted_history[point["step"]])
+
+
+@pytest.mark.slow  # three trainings in subprocesses
+def test_a_sigterm_while_the_step_starts_is_no_failure_however_often_it_comes(tmp_path, wikitext_shards):
+    """Preemptions before the first step (the TPU starting, the first compile: long native calls that give Python
+    no turn) end the attempt as stopped, at once; the attempt after two of them is not refused."""
+    checkpoints = tmp_path / "checkpoints"
+    data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
+    job = ["components.train", *data, *RESUME_ARGS, "--output", str(tmp_path / "model")]
+    job += ["--max_steps", "10", "--checkpoint_dir", str(checkpoints)]
+    hang = [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), "--function", "components.train:_set_up"]
+    for attempt in range(2):
+        process = subprocess.Popen(
+            [*hang, "--hang", "--", *job],
+            cwd=PROJECT_ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        )
+        record = checkpoints / "attempts.json"
+        deadline = time.monotonic() + 300
+        while not (record.exists() and len(json.loads(record.read_text())) == attempt + 1):
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)  # the attempt is running, and its main thread hangs in native code
+        assert process.wait(timeout=60) == 128 + signal.SIGTERM, process.stderr.read()[-3000:]
+        assert "SIGTERM: the step did not stop within 5 s" in process.stderr.read()
+    attempts = json.loads((checkpoints / "attempts.json").read_text())
+    assert [(a["step"], a["outcome"], a["error"]) for a in attempts] == [(0, "stopped", "SIGTERM")] * 2
+
+    third = run_module(*job)
+    assert third.returncode == 0, third.stderr[-3000:]
+    attempts = json.loads((checkpoints / "attempts.json").read_text())
+    assert [a["outcome"] for a in attempts] == ["stopped", "stopped", "done"]
 
 
 def test_strategy_selection(caplog):

@@ -1,0 +1,97 @@
+"""A training's attempts (``attempts.json`` in its checkpoint folder), so that the restarts Vertex AI makes of a
+failing job (up to 5 a worker, then 3 of the whole job) and the pipeline's retries do not each pay a TPU start,
+a compile and the steps to the same failure again.
+
+Each attempt is recorded when it starts and again when it ends: done, stopped by a SIGTERM (a preemption or a
+stop: no failure, whenever it comes) or failed; one still "running" when the next starts died without a word
+(a timeout, a crash of the runtime). After ``REPEATS`` failed or silently dead attempts from the same checkpoint
+with the same settings and runtime, the next is refused before the TPU is initialised."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from components.lib import storage
+from components.lib.errors import InvalidParameter
+
+FILE = "attempts.json"
+REPEATS = 2
+STOPPED_EXIT = 128 + signal.SIGTERM  # how a step that heard a SIGTERM exits
+
+
+class Attempts:
+    def __init__(self, checkpoint_dir: str, settings: dict[str, Any], runtime_variables: tuple[str, ...]):
+        self.uri = storage.join(checkpoint_dir, FILE)
+        runtime = {name: os.environ.get(name, "") for name in runtime_variables}
+        self.key = hashlib.sha256(json.dumps([settings, runtime], sort_keys=True, default=str).encode()).hexdigest()
+        self.step = latest_checkpoint_step(checkpoint_dir)
+        self.records = json.loads(storage.read_text(self.uri)) if storage.exists(self.uri) else []
+        self._current: dict[str, Any] | None = None
+
+    def refuse_a_repeat(self) -> None:
+        last = self.records[-REPEATS:]
+        failed = all(
+            a["key"] == self.key and a["step"] == self.step and a["outcome"] in ("failed", "running") for a in last
+        )
+        if len(last) == REPEATS and failed:
+            error = last[-1].get("error") or "it ended without a word (killed: a timeout, or the runtime crashed)"
+            raise InvalidParameter(
+                "checkpoint_dir",
+                storage.dirname(self.uri),
+                f"the last {REPEATS} attempts of this training, with these settings and runtime, failed from "
+                f"step {self.step}: {error}; fix the cause (or delete {FILE} there to try again)",
+            )
+
+    @contextlib.contextmanager
+    def recorded(self, begun: bool = True) -> Iterator[None]:
+        """Records the attempt as running, then how it ended; with ``begun=False`` only a failure is written."""
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        record = {"key": self.key, "step": self.step, "started": started, "outcome": "running"}
+        if begun:
+            self.records.append(record)
+            self._write()
+            self._current = record
+        try:
+            yield
+        except SystemExit as stop:
+            self._end(record, "stopped" if stop.code == STOPPED_EXIT else "failed", f"exit {stop.code}")
+            raise
+        except Exception as error:
+            self._end(record, "failed", f"{type(error).__name__}: {error}"[:2000])
+            raise
+        finally:
+            self._current = None
+        if begun:
+            self._end(record, "done", "")
+
+    def stopped(self) -> None:
+        """Records the running attempt as stopped by a SIGTERM, at once: the process may not live to say it."""
+        if self._current is not None:
+            self._end(self._current, "stopped", "SIGTERM")
+
+    def _end(self, record: dict[str, Any], outcome: str, error: str) -> None:
+        if record not in self.records:
+            self.records.append(record)
+        record.update(outcome=outcome, error=error)
+        with contextlib.suppress(Exception):  # the failure itself matters more than its record
+            self._write()
+
+    def _write(self) -> None:
+        storage.write_text_atomic(self.uri, json.dumps(self.records, indent=1) + "\n")
+
+
+def latest_checkpoint_step(checkpoint_dir: str) -> int:
+    """The step of the latest checkpoint, from the checkpoint manager's state file; 0 without one."""
+    state = storage.join(checkpoint_dir, "checkpoint")
+    if not storage.exists(state):
+        return 0
+    found = re.search(r'^model_checkpoint_path: ".*?(\d+)"', storage.read_text(state), re.M)
+    return int(found.group(1)) if found else 0
