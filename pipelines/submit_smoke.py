@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -29,9 +28,10 @@ from components.preflight import TPU_PROVISIONING, check_tpu_provisioning
 from pipelines.compile import check_image_uri
 from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe
 from pipelines.submit import check_project
+from pipelines.vertex_jobs import JobWait, job_client
 
-TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
 MAX_TIMEOUT_MINUTES = 120
+MAX_QUEUED_MINUTES = 24 * 60
 
 
 @dataclass(kw_only=True)
@@ -58,6 +58,13 @@ class SmokeJobArguments(SmokeRun):
         default=20,
         metadata={"help": f"Hard limit of the job (TPU start, compile, steps, save); at most {MAX_TIMEOUT_MINUTES}."},
     )
+    max_queued_minutes: float = field(
+        default=30.0,
+        metadata={
+            "help": "How long the job may stay queued or pending (no TPU capacity or quota) before it is cancelled; "
+            f"at most {MAX_QUEUED_MINUTES}."
+        },
+    )
     poll_seconds: float = field(default=30.0, metadata={"help": "Seconds between looks at the job's state."})
     dry_run: bool = field(default=False, metadata={"help": "Print the job instead of creating it."})
     api_endpoint: str = field(
@@ -76,6 +83,10 @@ class SmokeJobArguments(SmokeRun):
         if not 5 <= self.timeout_minutes <= MAX_TIMEOUT_MINUTES:
             raise InvalidParameter(
                 "timeout_minutes", self.timeout_minutes, f"must be from 5 to {MAX_TIMEOUT_MINUTES} minutes"
+            )
+        if not 0 < self.max_queued_minutes <= MAX_QUEUED_MINUTES:
+            raise InvalidParameter(
+                "max_queued_minutes", self.max_queued_minutes, f"must be above 0 and at most {MAX_QUEUED_MINUTES}"
             )
         tpu_runtime_env(self.tpu_env)  # its errors, before anything is sent
         check_memory_fits(self)
@@ -164,24 +175,21 @@ def cost_limit(arguments: SmokeJobArguments) -> str:
     )
 
 
+def why_queued(arguments: SmokeJobArguments) -> str:
+    """What keeps a TPU job from starting, to check when it stayed queued."""
+    tpu = tpu_type(arguments.tpu_type)
+    spot = "Spot capacity (try --tpu_provisioning STANDARD), " if arguments.tpu_provisioning == "SPOT" else ""
+    return (
+        f"check the project's Vertex AI training quota for the {tpu.name} in {arguments.region} (console: IAM & Admin "
+        f"> Quotas), that {arguments.region} offers it for Vertex AI training, {spot}or try another region"
+    )
+
+
 def job_json(job: Any) -> str:
     """The job as the REST API takes it: enums by name, unset fields left out."""
     from google.cloud import aiplatform_v1 as vertex
 
     return vertex.CustomJob.to_json(job, use_integers_for_enums=False, always_print_fields_with_no_presence=False)
-
-
-def job_client(region: str, endpoint: str = "") -> Any:
-    """Vertex AI's job service over REST. An ``http://`` endpoint is a local stand-in (the tests'), reached
-    without credentials, as Google's clients treat their emulators."""
-    from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import aiplatform_v1 as vertex
-
-    endpoint = endpoint or f"{region}-aiplatform.googleapis.com"
-    credentials = AnonymousCredentials() if endpoint.startswith("http://") else None
-    options = ClientOptions(api_endpoint=endpoint)
-    return vertex.JobServiceClient(transport="rest", client_options=options, credentials=credentials)
 
 
 def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any]:
@@ -194,15 +202,22 @@ def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any
     if arguments.dry_run:
         return {"dry_run": True, "parent": parent, "cost_limit": limit, "would_create": json.loads(job_json(job))}
     client = client or job_client(arguments.region, arguments.api_endpoint)
-    created = client.create_custom_job(parent=parent, custom_job=job)
-    log.info("created %s; its report will be %s", created.name, storage.join(folder, REPORT_FILE))
-    log.info(
-        "console: https://console.cloud.google.com/vertex-ai/locations/%s/training/%s?project=%s",
-        arguments.region,
-        created.name.rsplit("/", 1)[-1],
-        arguments.project,
+    waiting = JobWait(
+        client,
+        arguments.poll_seconds,
+        max_queued_seconds=arguments.max_queued_minutes * 60,
+        why_queued=why_queued(arguments),
     )
-    state = wait(client, created.name, arguments.poll_seconds)
+    with waiting:  # from here a Ctrl-C cancels the job, even one being created
+        created = client.create_custom_job(parent=parent, custom_job=job)
+        log.info("created %s; its report will be %s", created.name, storage.join(folder, REPORT_FILE))
+        log.info(
+            "console: https://console.cloud.google.com/vertex-ai/locations/%s/training/%s?project=%s",
+            arguments.region,
+            created.name.rsplit("/", 1)[-1],
+            arguments.project,
+        )
+        state = waiting.follow(created.name).state
     report_uri = storage.join(folder, REPORT_FILE)
     if not storage.exists(report_uri):
         raise ServiceFailed(
@@ -226,21 +241,6 @@ class SmokeFailed(ServiceFailed):
     def __init__(self, report: dict[str, Any]):
         reason = report.get("error") or "; ".join(report.get("problems", []))
         super().__init__(f"the smoke test failed on the {report['arguments']['tpu_type']}: {reason}")
-
-
-def wait(client: Any, name: str, poll_seconds: float) -> Any:
-    """Polls the job until it ends, logging each change of state; returns the last state."""
-    started, last = time.monotonic(), None
-    while True:
-        job = client.get_custom_job(name=name)
-        if job.state != last:
-            log.info("%s after %.0f s", job.state.name, time.monotonic() - started)
-            last = job.state
-        if job.state.name in TERMINAL_STATES:
-            if job.error.message:
-                log.warning("the job's error: %s", job.error.message)
-            return job.state
-        time.sleep(poll_seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,9 +5,14 @@ job service."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
-from conftest import run_module
+from conftest import PROJECT_ROOT, run_module
 from transformers import HfArgumentParser
 
 from components.lib import storage
@@ -113,3 +118,69 @@ def test_smoke_creates_the_job_follows_it_and_prints_the_report_it_wrote_when_no
     )
     (report,) = storage.glob(f"{gcs}/smoke-v5e-1-*/smoke.json")
     assert json.loads(storage.read_text(report))["failed_at"] == "runtime"
+
+
+SMOKE_JOB = ["--project", "my-project-123", "--tpu_type", "v5e-1", "--tpu_image", "us-docker.pkg.dev/p/r/tpu:1"]
+
+
+def wait_for(condition, process: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
+        time.sleep(0.1)
+
+
+def test_smoke_cancels_a_job_that_stays_queued_and_says_what_to_check(gcs):
+    from vertex_server import VertexStandIn
+
+    with VertexStandIn(start_jobs=False) as vertex:  # no TPU capacity or quota: the job never starts
+        result = run_module(
+            "pipelines.submit_smoke",
+            *SMOKE_JOB,
+            *("--scratch", gcs, "--api_endpoint", vertex.url, "--poll_seconds", "0.2", "--tpu_provisioning", "SPOT"),
+            *("--max_queued_minutes", "0.05"),
+        )
+        (name,) = vertex.jobs
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert vertex.cancel_requests == [name] and vertex.jobs[name]["state"] == "JOB_STATE_CANCELLED"
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {name} stayed queued or pending for more than 0.05 min and was cancelled (JOB_STATE_CANCELLED); "
+        "check the project's Vertex AI training quota for the v5e-1 in us-central1 (console: IAM & Admin > Quotas), "
+        "that us-central1 offers it for Vertex AI training, Spot capacity (try --tpu_provisioning STANDARD), or try "
+        "another region"
+    )
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_cancels_the_smoke_job_and_a_second_leaves_without_waiting(gcs, presses):
+    from vertex_server import VertexStandIn
+
+    # a job still pending; on the second press, a cancel that has not taken yet
+    with VertexStandIn(start_jobs=False, cancels_take=presses == 1) as vertex:
+        command = [sys.executable, "-m", "pipelines.submit_smoke", *SMOKE_JOB, "--scratch", gcs]
+        process = subprocess.Popen(
+            [*command, "--api_endpoint", vertex.url, "--poll_seconds", "0.2"],
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        )
+        wait_for(lambda: vertex.jobs, process)
+        process.send_signal(signal.SIGINT)
+        if presses == 2:
+            wait_for(lambda: vertex.cancel_requests, process)
+            process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 1
+        stderr = process.stderr.read()
+        (name,) = vertex.jobs
+    assert vertex.cancel_requests == [name] and "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    if presses == 1:
+        assert vertex.jobs[name]["state"] == "JOB_STATE_CANCELLED"
+        assert last == f"error: stopped by SIGINT: {name} is JOB_STATE_CANCELLED"
+    else:
+        assert vertex.jobs[name]["state"] == "JOB_STATE_CANCELLING"
+        assert last == (
+            f"error: left without waiting: the cancel of {name} was requested; see where it stands in the console, "
+            "or cancel it again with: gcloud ai custom-jobs cancel 1 --region=us-central1 --project=my-project-123"
+        )

@@ -1,5 +1,5 @@
 """A local stand-in for Vertex AI's job service over REST, enough for ``aiplatform_v1.JobServiceClient``:
-create a custom job and get it. A created job runs its first worker pool's container command on this machine,
+create a custom job, get it and cancel it. A created job runs its first worker pool's container command on this machine,
 as the container would run it (the project's Python, the job's environment on top of this process's): the job
 is ``JOB_STATE_RUNNING`` while it runs, then ``JOB_STATE_SUCCEEDED`` or ``JOB_STATE_FAILED`` by its exit status.
 What the job can do here is what this machine has: no TPU.
@@ -21,10 +21,15 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 class VertexStandIn:
-    def __init__(self) -> None:
+    """``start_jobs=False``: jobs stay ``JOB_STATE_PENDING`` (no TPU capacity, no quota); ``cancels_take=False``:
+    a cancelled job stays ``JOB_STATE_CANCELLING``. ``cancel_requests`` lists the jobs asked to cancel."""
+
+    def __init__(self, start_jobs: bool = True, cancels_take: bool = True) -> None:
+        self.start_jobs, self.cancels_take = start_jobs, cancels_take
         self.jobs: dict[str, dict] = {}
         self.processes: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, str] = {}
+        self.cancel_requests: list[str] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -47,14 +52,29 @@ class VertexStandIn:
             command[0] = sys.executable  # the image's Python is this project's here
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
         env.update({variable["name"]: variable["value"] for variable in container.get("env", [])})
-        self.jobs[name] = {**job, "name": name, "state": "JOB_STATE_RUNNING"}
-        self.processes[name] = subprocess.Popen(
-            command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        self.jobs[name] = {**job, "name": name, "state": "JOB_STATE_PENDING"}
+        if self.start_jobs:
+            self.jobs[name]["state"] = "JOB_STATE_RUNNING"
+            self.processes[name] = subprocess.Popen(
+                command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
         return self.jobs[name]
 
+    def cancel(self, name: str) -> None:
+        """As Vertex AI does: the job is cancelling, then cancelled once its VMs are gone."""
+        self.cancel_requests.append(name)
+        job = self.jobs[name]
+        if job["state"] in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"):
+            return
+        job["state"] = "JOB_STATE_CANCELLING"
+        if name in self.processes:
+            self.processes[name].kill()
+            self.processes[name].wait()
+        if self.cancels_take:
+            job["state"] = "JOB_STATE_CANCELLED"
+
     def get(self, name: str) -> dict:
-        job, process = self.jobs[name], self.processes[name]
+        job, process = self.jobs[name], self.processes.get(name)
         if job["state"] == "JOB_STATE_RUNNING" and process.poll() is not None:
             self.logs[name] = process.stdout.read()
             if process.returncode == 0:
@@ -83,7 +103,13 @@ class VertexStandIn:
                 self.wfile.write(data)
 
             def do_POST(self) -> None:
-                match = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+)/customJobs", urlparse(self.path).path)
+                path = urlparse(self.path).path
+                cancel = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+):cancel", path)
+                if cancel and cancel.group(1) in stand_in.jobs:
+                    self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                    stand_in.cancel(cancel.group(1))
+                    return self._reply(200, {})
+                match = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+)/customJobs", path)
                 if not match:
                     return self._reply(404, {"error": {"code": 404, "message": self.path}})
                 job = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

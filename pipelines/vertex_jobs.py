@@ -1,0 +1,141 @@
+"""Vertex AI custom jobs, as this project creates and waits on them (the smoke test's job, the pipeline's TPU task):
+the job service's client, and a wait that never leaves a job to start and bill with nobody waiting on it.
+
+A wait follows the job's state until it ends. It cancels the job it follows when it has stayed queued or pending
+longer than its limit (no TPU capacity, no quota), and when whoever waits is stopped: a SIGTERM (a pipeline task
+cancelled) or a Ctrl-C (a second Ctrl-C leaves without waiting for the cancel to take, saying how to check it).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+from components.lib.errors import ServiceFailed
+
+log = logging.getLogger("tpu_mlm.vertex")
+
+SUCCEEDED = "JOB_STATE_SUCCEEDED"
+ENDED_WITHOUT_SUCCESS = ("JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
+TERMINAL_STATES = (SUCCEEDED, *ENDED_WITHOUT_SUCCESS)
+WAITING_STATES = ("JOB_STATE_QUEUED", "JOB_STATE_PENDING")  # before the job's VMs run: no TPU billed yet
+CANCEL_WAIT_SECONDS = 300.0  # how long a stopped wait follows the cancel before it leaves
+
+
+def job_client(region: str, endpoint: str = "") -> Any:
+    """Vertex AI's job service over REST. An ``http://`` endpoint is a local stand-in (the tests'), reached
+    without credentials, as Google's clients treat their emulators."""
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform_v1 as vertex
+
+    endpoint = endpoint or f"{region}-aiplatform.googleapis.com"
+    credentials = AnonymousCredentials() if endpoint.startswith("http://") else None
+    options = ClientOptions(api_endpoint=endpoint)
+    return vertex.JobServiceClient(transport="rest", client_options=options, credentials=credentials)
+
+
+def cancel_command(name: str) -> str:
+    """The gcloud command that cancels the job ``name`` (projects/P/locations/R/customJobs/ID)."""
+    _, project, _, region, _, job_id = name.split("/")
+    return f"gcloud ai custom-jobs cancel {job_id} --region={region} --project={project}"
+
+
+class LeftWaiting(ServiceFailed):
+    """A second Ctrl-C: the command leaves without waiting for its job's cancel to take."""
+
+
+class JobWait:
+    """Follows a custom job to its end; see the module's docstring. Entered before the job is created, so that a
+    signal while it is being created cancels it too. ``max_queued_seconds``: how long the job may stay queued or
+    pending (None: no limit); ``why_queued``: what to check when it does, for the error."""
+
+    def __init__(
+        self,
+        client: Any,
+        poll_seconds: float = 30.0,
+        max_queued_seconds: float | None = None,
+        why_queued: str = "",
+    ):
+        self.client, self.poll_seconds = client, poll_seconds
+        self.max_queued_seconds, self.why_queued = max_queued_seconds, why_queued
+        self.name = ""  # the job followed, once known
+        self.stop_signal: int | None = None  # the signal that asked for the job's cancel
+        self._woken = threading.Event()
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> JobWait:
+        """SIGTERM and SIGINT ask for the job's cancel; a second SIGINT leaves at once. Main thread only."""
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+            for number in self._previous:
+                signal.signal(number, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _on_signal(self, number: int, frame: Any) -> None:
+        if self.stop_signal is not None and number == signal.SIGINT:
+            where = (
+                f"the cancel of {self.name} was requested; see where it stands in the console, or cancel it again "
+                f"with: {cancel_command(self.name)}"
+                if self.name
+                else "the job may have been created meanwhile: see gcloud ai custom-jobs list"
+            )
+            raise LeftWaiting(f"left without waiting: {where}")
+        if self.stop_signal is None:
+            self.stop_signal = number
+            if number == signal.SIGINT:
+                log.warning("Ctrl-C: cancelling the job; Ctrl-C again to leave without waiting")
+        self._woken.set()
+
+    def follow(self, name: str) -> Any:
+        """Polls the job ``name`` until it ends, logging each change of state, and returns it; cancels it past the
+        queue limit (then raises ``ServiceFailed``) or when stopped (then raises ``ServiceFailed`` once it has
+        ended, or ``LeftWaiting`` on a second Ctrl-C)."""
+        self.name = name
+        started, last, cancelled_at = time.monotonic(), None, None
+        while True:
+            job = self.client.get_custom_job(name=name)
+            waited = time.monotonic() - started
+            if job.state.name != last:
+                log.info("%s after %.0f s", job.state.name, waited)
+                last = job.state.name
+            if job.state.name in TERMINAL_STATES:
+                if job.error.message:
+                    log.warning("the job's error: %s", job.error.message)
+                break
+            if cancelled_at is None and self._queued_too_long(job.state.name, waited):
+                cancelled_at = self._cancel(f"it stayed queued or pending for {waited:.0f} s")
+            if cancelled_at is None and self.stop_signal is not None:
+                cancelled_at = self._cancel(f"{signal.Signals(self.stop_signal).name} received")
+            if cancelled_at is not None and time.monotonic() - cancelled_at > CANCEL_WAIT_SECONDS:
+                log.warning("the cancel has not taken after %.0f s; leaving %s", CANCEL_WAIT_SECONDS, name)
+                break
+            self._woken.wait(self.poll_seconds)
+            self._woken.clear()
+        if self.stop_signal is not None:
+            raise ServiceFailed(f"stopped by {signal.Signals(self.stop_signal).name}: {name} is {job.state.name}")
+        if cancelled_at is not None:
+            raise ServiceFailed(
+                f"{name} stayed queued or pending for more than {self.max_queued_seconds / 60:g} min and was "
+                f"cancelled ({job.state.name}); {self.why_queued}"
+            )
+        return job
+
+    def _queued_too_long(self, state: str, waited: float) -> bool:
+        return self.max_queued_seconds is not None and state in WAITING_STATES and waited > self.max_queued_seconds
+
+    def _cancel(self, why: str) -> float:
+        log.warning("%s: cancelling %s", why, self.name)
+        try:
+            self.client.cancel_custom_job(name=self.name)
+        except Exception as error:  # the job goes on: say how to stop it, whatever the client raised
+            message = f"could not cancel {self.name} ({error}); cancel it with: {cancel_command(self.name)}"
+            raise ServiceFailed(message) from None
+        return time.monotonic()
