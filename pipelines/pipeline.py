@@ -60,8 +60,10 @@ RETRY_BACKOFF = "600s"
 STANDALONE_TIMEOUT = "86400s"
 
 
-def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str]) -> Any:
-    """The train component as a Vertex AI custom job on the TPU ``tpu``.
+def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str], launcher_image: str) -> Any:
+    """The train component as a Vertex AI custom job on the TPU ``tpu``, launched from ``launcher_image`` (the CPU
+    image) by ``pipelines.launch_custom_job``, whose retries create a new job where GCPC's would re-read the failed
+    one.
 
     * ``restart_job_on_worker_restart``: when Vertex AI restarts the worker (VM maintenance, a crash), the whole
       job restarts, and training resumes from its last checkpoint; it does not retry a job that failed.
@@ -90,6 +92,11 @@ def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str]) ->
     # TPU v5e takes machine type + topology, no accelerator fields, which the helper cannot say
     worker_pool["machine_spec"] = tpu.machine_spec
     worker_pool["container_spec"]["command"] = exec_command(worker_pool["container_spec"]["command"])
+    launcher = job.component_spec.implementation.container
+    if launcher.args[:2] != ["--type", "CustomJob"] or "--gcp_resources" not in launcher.args:
+        raise RuntimeError(f"GCPC's custom job launcher changed its arguments: {launcher.args[::2]}")
+    launcher.image = launcher_image
+    launcher.command = ["python", "-m", "pipelines.launch_custom_job"]
     return job
 
 
@@ -272,7 +279,7 @@ def build_pipeline(
     tpu = TPU_TYPES[tpu_type]
     steps = make_steps(cpu_image, tpu_image or cpu_image)
     env = TPU_RUNTIME_ENV if tpu_env is None else tpu_env
-    train_component = tpu_training_job(steps["train"], tpu, env) if vertex else steps["train"]
+    train_component = tpu_training_job(steps["train"], tpu, env, cpu_image) if vertex else steps["train"]
     parameters = pipeline_parameters(target_defaults(target, tpu))
 
     def step(name: str, component: Any = None, **arguments: Any) -> Any:

@@ -169,7 +169,13 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     assert trained - {"tokenizer", "train_shards", "eval_shards"} <= set(preflight_inputs)
 
     executors = spec["deploymentSpec"]["executors"]
-    assert "google-cloud-pipeline-components" in executors["exec-train-step"]["container"]["image"]
+    # the TPU job's launcher is the project's (retries that retry), in the CPU image, with GCPC's arguments
+    launcher = executors["exec-train-step"]["container"]
+    assert launcher["image"] == CPU_IMAGE and launcher["command"] == ["python", "-m", "pipelines.launch_custom_job"]
+    flags = dict(zip(launcher["args"][::2], launcher["args"][1::2], strict=True))
+    assert list(flags) == ["--type", "--payload", "--project", "--location", "--gcp_resources"]
+    assert flags["--type"] == "CustomJob"
+    assert flags["--gcp_resources"] == "{{$.outputs.parameters['gcp_resources'].output_file}}"
     cpu_steps = [e for name, e in executors.items() if name != "exec-train-step"]
     assert {e["container"]["image"] for e in cpu_steps} == {CPU_IMAGE}
     limited = [e for e in cpu_steps if "resources" in e["container"]]
