@@ -271,9 +271,11 @@ def component_source(step: Step) -> str:
     lines += [f"){' -> ' + step.returns if step.returns else ''}:", *docstring(step)]
     lines += [
         "    values = dict(locals())",
+        "    from components.lib.storage import permission_errors_in_one_line",
         f"    from pipelines.steps import {step.runner.__name__}",
         "",
-        f"    return {step.runner.__name__}(**values)",
+        "    with permission_errors_in_one_line(values.values()):",
+        f"        return {step.runner.__name__}(**values)",
     ]
     return "\n".join(lines) + "\n"
 

@@ -11,12 +11,14 @@ import pytest
 from conftest import run_module
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as gcs_client
+from kfp.dsl import Artifact
 
 from components.lib import storage
 from components.lib.corpus import embedded_lines
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from pipelines.run_local import RunLocalArguments, run_local
+from pipelines.steps import STEPS, make_component
 
 
 def bucket_objects(prefix: str) -> dict[str, bytes]:
@@ -74,6 +76,12 @@ def test_a_storage_permission_error_is_one_line_naming_the_uri_and_the_permissio
         f"error: permission denied on {output}/: the account lacks storage.objects.create (the README's service "
         "account step lists the roles the steps need)"  # the folder's marker, its first write
     )
+    # the same step as a pipeline component (what runs on Vertex AI): the same line, the artifact's bucket named
+    tokenizer_step = make_component(STEPS["tokenizer"], "image").python_func
+    with pytest.raises(storage.PermissionDenied) as denied:
+        tokenizer_step(tokenizer=Artifact(uri=output), corpus="embedded", vocab_size=500)
+    assert str(denied.value) == result.stderr.strip().splitlines()[-1].removeprefix("error: ")
+    assert denied.value.__suppress_context__  # no TensorFlow traceback under it
 
 
 @pytest.mark.slow  # 16 s: out of the fast tier (make test-fast under 3 minutes)

@@ -46,14 +46,6 @@ def parse_arguments(
     return arguments
 
 
-def uri_arguments(arguments: object) -> list[str]:
-    """The job's arguments that are storage URIs (one or a list)."""
-    values = vars(arguments).values() if hasattr(arguments, "__dict__") else ()
-    found = [value for value in values if isinstance(value, str)]
-    found += [item for value in values if isinstance(value, list) for item in value if isinstance(item, str)]
-    return [value for value in found if storage.is_remote(value)]
-
-
 def run_job(
     arguments_class: type[Arguments],
     job: Callable[[Arguments], dict[str, Any]],
@@ -64,24 +56,18 @@ def run_job(
     """Parses ``argv`` into ``arguments_class``, runs ``job`` and prints its summary as JSON (unless the job
     shows its own). Returns the exit code."""
     setup_logging()
-    arguments = None
     try:
         # the usage line names the module the job runs as (what its container runs), not "tpu-mlm" or "-c"
         spec = sys.modules[job.__module__].__spec__  # run as python -m X, the module's __name__ is __main__
         prog = f"python -m {spec.name}" if spec else None
         arguments = parse_arguments(arguments_class, argv, description or job.__doc__ or "", prog)
-        summary = job(arguments)
+        with storage.permission_errors_in_one_line(vars(arguments).values()):
+            summary = job(arguments)
     except InvalidParameter as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except ServiceFailed as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
-    except Exception as error:
-        denied = storage.permission_denied(error, uri_arguments(arguments))
-        if not denied:
-            raise
-        print(f"error: {denied}", file=sys.stderr)
         return 1
     if print_summary:
         print(json.dumps(summary, indent=2, default=str))

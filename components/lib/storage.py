@@ -18,13 +18,13 @@ import posixpath
 import re
 import sys
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from backports import zstd
 
-from components.lib.errors import InvalidParameter
+from components.lib.errors import InvalidParameter, ServiceFailed
 
 REMOTE_SCHEMES = ("gs",)
 TEMP_SUFFIX = ".partial"
@@ -121,6 +121,33 @@ def makedirs(uri: str) -> None:
 # the object it was reading or writing, not the bucket whose metadata it asked for)
 _DENIED_PERMISSION = re.compile(r"storage\.[a-zA-Z]+\.[a-zA-Z]+")
 _URI = re.compile(r"gs://[^\s'\"]+")
+
+
+class PermissionDenied(ServiceFailed):
+    """Cloud Storage refused the account something: one line naming the URI and the permission."""
+
+
+@contextlib.contextmanager
+def permission_errors_in_one_line(values: Iterable[Any]) -> Iterator[None]:
+    """Turns a storage permission error into ``PermissionDenied``, naming the URI it names or else the buckets of
+    ``values`` (a job's arguments: URIs, artifacts with a ``uri``, lists of either)."""
+    try:
+        yield
+    except Exception as error:
+        denied = permission_denied(error, remote_uris(values))
+        if not denied:
+            raise
+        raise PermissionDenied(denied) from None
+
+
+def remote_uris(values: Iterable[Any]) -> list[str]:
+    found = []
+    for value in values:
+        for item in value if isinstance(value, list) else [value]:
+            uri = getattr(item, "uri", item)
+            if isinstance(uri, str) and is_remote(uri):
+                found.append(uri)
+    return found
 
 
 def permission_denied(error: BaseException, uris: Iterable[str] = ()) -> str:
