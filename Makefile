@@ -6,7 +6,8 @@
 # make test      ruff, then the whole test suite (slow tests included): what CI runs
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipelines), while working
 # make bench     the sharding, training and parts-reading benchmarks on WikiText-2 (../shared/data)
-# make images    build and tag the CPU and TPU images (make cpu-image: the CPU one alone)
+# make images    build and tag the CPU image and both TPU images (make cpu-image, make tpu-image: one alone;
+#                make tpu-image TPU_RUNTIME=tf2.19: the TPU image on tensorflow-tpu 2.19.1 + libtpu 0.0.10)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,9 +16,17 @@ RUNS ?= runs
 VOCAB_SIZE ?= 5000
 
 CPU_IMAGE ?= tpu-mlm-cpu:latest
+# The TPU images' runtimes (containers/tpu.Dockerfile's RUNTIME), the default first; make tpu-image builds
+# TPU_RUNTIME's. TPU_IMAGE is the default runtime's image; another's is TPU_IMAGE with -<runtime> after its
+# repository: tpu-mlm-tpu-tf2.19:latest, or $REPO/tpu-tf2.19:0.1.0 beside TPU_IMAGE=$REPO/tpu:0.1.0.
+TPU_RUNTIMES := tf2.20 tf2.19
+TPU_RUNTIME ?= $(firstword $(TPU_RUNTIMES))
 TPU_IMAGE ?= tpu-mlm-tpu:latest
+tpu_image = $(if $(filter $(firstword $(TPU_RUNTIMES)),$(1)),$(TPU_IMAGE),$(shell echo '$(TPU_IMAGE)' \
+	| sed -E 's,^(.*/)?([^/:]+)(:[^/]*)?$$,\1\2-$(1)\3,'))
+TPU_IMAGE_TARGETS := $(addprefix tpu-image-,$(TPU_RUNTIMES))
 
-.PHONY: install run prepare docs compile test test-fast lint bench images cpu-image tpu-image clean
+.PHONY: install run prepare docs compile test test-fast lint bench images cpu-image tpu-image $(TPU_IMAGE_TARGETS) clean
 
 install: $(VENV)/.installed
 
@@ -42,13 +51,15 @@ docs: install
 compile: install
 	$(BIN)/tpu-mlm compile --target local --output $(OUT)/pipeline-local.yaml
 
-images: cpu-image tpu-image
+images: cpu-image $(TPU_IMAGE_TARGETS)
 
 cpu-image:
 	docker build --network host -f containers/cpu.Dockerfile -t $(CPU_IMAGE) .
 
-tpu-image:
-	docker build --network host -f containers/tpu.Dockerfile -t $(TPU_IMAGE) .
+tpu-image: tpu-image-$(TPU_RUNTIME)
+
+$(TPU_IMAGE_TARGETS): tpu-image-%:
+	docker build --network host -f containers/tpu.Dockerfile --build-arg RUNTIME=$* -t $(call tpu_image,$*) .
 
 lint: install
 	$(BIN)/ruff check .

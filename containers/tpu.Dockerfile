@@ -1,7 +1,11 @@
 # TPU image: the train step on Cloud TPU VMs (Vertex AI custom jobs with machine type cloud-tpu or ct5lp-*).
 # Build from the project root: docker build --network host -f containers/tpu.Dockerfile -t tpu-mlm-tpu:latest .
-# It needs PyPI only (tensorflow-tpu and libtpu are published there). About 4.5 GB.
+# It needs PyPI only (tensorflow-tpu and libtpu are published there). About 2.9 GB (tf2.19: 2.2 GB).
+# RUNTIME picks the TensorFlow/libtpu pair by its pins (make tpu-image TPU_RUNTIME=...): tf2.20, the default,
+# tensorflow-tpu 2.20.0 + libtpu 0.0.14 from the project's constraints.txt; tf2.19, tensorflow-tpu 2.19.1 + libtpu
+# 0.0.10 from containers/tpu-tf2.19.constraints.txt (--build-arg RUNTIME=tf2.19 -t tpu-mlm-tpu-tf2.19:latest).
 FROM python:3.11-slim
+ARG RUNTIME=tf2.20
 
 # FORCE_TF_AVAILABLE: transformers 4.57 decides that TensorFlow is installed from the installed distribution's
 #   name, and its list of names has no "tensorflow-tpu"; without it is_tf_available() is False and the TF
@@ -19,11 +23,12 @@ ENV PYTHONUNBUFFERED=1 \
     TPU_LIBRARY_PATH=/lib/libtpu.so
 
 WORKDIR /opt/tpu-mlm
-# Everything from the project's resolved pins without resolution: tensorflow-tpu (its own TensorFlow build, so
-# `tensorflow` itself is left out) and the libtpu build it names (constraints.txt says which and why).
-COPY constraints.txt ./
-RUN grep -vE '^(tensorflow|pytest|ruff|gcp-storage-emulator|iniconfig|pluggy)==' constraints.txt \
-        > /tmp/runtime.txt \
+# Everything from the runtime's resolved pins without resolution: tensorflow-tpu (its own TensorFlow build, so
+# `tensorflow` itself is left out) and the libtpu build it names (the pins file says which and why).
+COPY constraints.txt containers/tpu-*.constraints.txt ./
+RUN pins=constraints.txt && if [ "$RUNTIME" != tf2.20 ]; then pins="tpu-$RUNTIME.constraints.txt"; fi \
+    && test -f "$pins" || { echo "RUNTIME=$RUNTIME: no containers/$pins"; exit 1; } \
+    && grep -vE '^(tensorflow|pytest|ruff|gcp-storage-emulator|iniconfig|pluggy)==' "$pins" > /tmp/runtime.txt \
     && pip install --no-deps -r /tmp/runtime.txt \
     && site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
     && mv "$site/libtpu/libtpu.so" /lib/libtpu.so \

@@ -9,18 +9,47 @@ from pathlib import Path
 import pytest
 from conftest import HUB_TOKEN, PROJECT_ROOT
 
+from components.lib.accelerators import TPU_RUNTIMES, select_strategy, tpu_init_failed
+from components.lib.errors import InvalidParameter
+from components.lib.results import SUMMARY_FILE
 from pipelines import submit_smoke
 from pipelines.run_local import RunLocalArguments, run_local
 
 CPU_DOCKERFILE = PROJECT_ROOT / "containers" / "cpu.Dockerfile"
 TPU_DOCKERFILE = PROJECT_ROOT / "containers" / "tpu.Dockerfile"
 TEST_IMAGE = "tpu-mlm-cpu:test"
-TPU_TEST_IMAGE = "tpu-mlm-tpu:test"
+DEFAULT_RUNTIME = TPU_RUNTIMES[0]
 
 
 def pinned(name: str) -> str:
     dependencies = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     return next(d.split("==")[1] for d in dependencies if d.split("==")[0] == name)
+
+
+def runtime_pins(runtime: str) -> Path:
+    """The pins file the TPU image of ``runtime`` installs (containers/tpu.Dockerfile's RUNTIME)."""
+    if runtime == DEFAULT_RUNTIME:
+        return PROJECT_ROOT / "constraints.txt"
+    return PROJECT_ROOT / "containers" / f"tpu-{runtime}.constraints.txt"
+
+
+def pins(path: Path) -> dict[str, str]:
+    """Name (normalised: tf-keras, not tf_keras) -> version, of a pins file."""
+    return pins_of(path.read_text().splitlines())
+
+
+def pins_of(lines: list[str]) -> dict[str, str]:
+    found = [re.match(r"([A-Za-z0-9_.-]+)==(\S+)", line) for line in lines]
+    return {re.sub(r"[-_.]+", "-", pin[1].lower()): pin[2] for pin in found if pin}
+
+
+def minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def tpu_test_image(runtime: str) -> str:
+    """The test's tag of the TPU image of ``runtime``, named as make tpu-image names them."""
+    return "tpu-mlm-tpu:test" if runtime == DEFAULT_RUNTIME else f"tpu-mlm-tpu-{runtime}:test"
 
 
 def docker_engine() -> bool:
@@ -29,14 +58,16 @@ def docker_engine() -> bool:
     return subprocess.run(["docker", "version"], capture_output=True).returncode == 0
 
 
-def build_image(dockerfile: Path, tag: str) -> None:
+def build_image(dockerfile: Path, tag: str, *build_args: str) -> None:
     """Builds the image from the project root as the README says, or skips where no engine runs."""
     if not docker_engine():
         pytest.skip(
             "no Docker engine: start one with ../shared/tools/docker-sandbox and export DOCKER_HOST (.ci/run does)"
         )
     build = subprocess.run(
-        ["docker", "build", "--network", "host", "-f", str(dockerfile), "-t", tag, "."],
+        ["docker", "build", "--network", "host", "-f", str(dockerfile), "-t", tag]
+        + [option for build_arg in build_args for option in ("--build-arg", build_arg)]
+        + ["."],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
@@ -44,13 +75,71 @@ def build_image(dockerfile: Path, tag: str) -> None:
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
 
 
-def test_tpu_image_pins_tensorflow_tpu_and_libtpu_and_sets_only_what_tensorflow_reads():
+@pytest.mark.parametrize("runtime", TPU_RUNTIMES)
+def test_each_tpu_runtime_pins_tensorflow_tpu_libtpu_and_keras_of_one_minor(runtime):
+    found = pins(runtime_pins(runtime))
+    assert f"tf{minor(found['tensorflow-tpu'])}" == runtime  # the name the TPU-init error derives from the version
+    assert re.fullmatch(r"0\.0\.\d+", found["libtpu"])  # pinned: pip would take the newest otherwise
+    assert minor(found["tf-keras"]) == minor(found["tensorboard"]) == minor(found["tensorflow-tpu"])
+    # tensorflow itself is never installed beside tensorflow-tpu: what the image's filter leaves of the pins
+    left_out = re.compile(re.search(r"grep -vE '([^']+)' \"\$pins\"", TPU_DOCKERFILE.read_text())[1])
+    installed = pins_of([line for line in runtime_pins(runtime).read_text().splitlines() if not left_out.match(line)])
+    assert "tensorflow-tpu" in installed and "tensorflow" not in installed and {"kfp", "transformers"} <= set(installed)
+    if runtime == DEFAULT_RUNTIME:  # the project's own pins: the CPU image's TensorFlow minor
+        assert minor(found["tensorflow-tpu"]) == minor(pinned("tensorflow")) and found["kfp"] == pinned("kfp")
+
+
+def test_the_tpu_runtimes_are_named_alike_in_the_code_makefile_and_dockerfile():
+    makefile = (PROJECT_ROOT / "Makefile").read_text()
+    assert re.search(r"^TPU_RUNTIMES := (.+)$", makefile, re.M)[1].split() == list(TPU_RUNTIMES)
     text = TPU_DOCKERFILE.read_text()
-    constraints = (PROJECT_ROOT / "constraints.txt").read_text()
-    tpu_version = re.search(r"^tensorflow-tpu==(\S+)", constraints, re.M)[1]
-    assert tpu_version.rsplit(".", 1)[0] == pinned("tensorflow").rsplit(".", 1)[0]  # the same minor as the CPU image
-    assert re.search(r"^libtpu==0\.0\.\d+", constraints, re.M)  # pinned: pip would take the newest otherwise
-    # tensorflow itself must not be installed beside tensorflow-tpu: it is filtered out of the pins
+    assert f"ARG RUNTIME={DEFAULT_RUNTIME}\n" in text and f'if [ "$RUNTIME" != {DEFAULT_RUNTIME} ]' in text
+    assert (
+        'pins="tpu-$RUNTIME.constraints.txt"' in text
+        and "COPY constraints.txt containers/tpu-*.constraints.txt" in text
+    )
+
+
+def test_a_tpu_its_runtime_cannot_initialise_is_one_line_naming_the_pair_and_the_other_image(monkeypatch):
+    import tensorflow as tf
+
+    no_kernel = tf.errors.InvalidArgumentError(
+        None,
+        None,
+        "No OpKernel was registered to support Op 'ConfigureDistributedTPU' used by {{node ConfigureDistributedTPU}}"
+        ' with these attrs: [embedding_config="", is_global_init=false]\nRegistered devices: [CPU]\n\t [[{{node '
+        "ConfigureDistributedTPU}}]] [Op:__inference__tpu_init_fn_4]",
+    )
+    line = f"error: {tpu_init_failed(no_kernel, 'local', 'tensorflow-tpu 2.19.1 + libtpu 0.0.10')}"
+    assert "\n" not in line and "[[" not in line
+    assert line.startswith(
+        "error: --accelerator='tpu': TensorFlow could not initialise the TPU at --tpu='local' with tensorflow-tpu "
+        "2.19.1 + libtpu 0.0.10 (InvalidArgumentError: No OpKernel was registered to support Op "
+        "'ConfigureDistributedTPU'"
+    )
+    assert line.endswith(
+        "try the other TPU image, tf2.20 (make tpu-image TPU_RUNTIME=tf2.20, push it, then tpu-mlm compile ... "
+        "--tpu_image <its URI>)"
+    )
+    not_found = tf.errors.NotFoundError(None, None, "TPU initialization failed: No TPU devices found.")
+    line = str(tpu_init_failed(not_found, "local", "tensorflow-tpu 2.20.0 + libtpu 0.0.14"))
+    assert "with tensorflow-tpu 2.20.0 + libtpu 0.0.14 (NotFoundError: TPU initialization failed" in line
+    assert "try the other TPU image, tf2.19 (make tpu-image TPU_RUNTIME=tf2.19," in line
+    assert len(str(tpu_init_failed(tf.errors.InternalError(None, None, "x" * 5000), "local", "?"))) < 700
+
+    # select_strategy turns TensorFlow's errors at the TPU's initialisation into that line (a TPU by address: no
+    # device files looked for)
+    def initialise(resolver):
+        raise no_kernel
+
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda resolver: None)
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", initialise)
+    with pytest.raises(InvalidParameter, match=r"initialise the TPU at --tpu='grpc://10.0.0.2:8470' with .* \(Inv"):
+        select_strategy("tpu", "grpc://10.0.0.2:8470")
+
+
+def test_tpu_image_sets_only_what_tensorflow_reads():
+    text = TPU_DOCKERFILE.read_text()
     assert "grep -vE '^(tensorflow|" in text and "pip install --no-deps -r /tmp/runtime.txt" in text
     assert "^(tensorflow-tpu|libtpu|" in CPU_DOCKERFILE.read_text()  # and the CPU image gets neither
     for variable in (
@@ -102,17 +191,51 @@ def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner_and_push
     assert HUB_TOKEN not in printed.out + printed.err  # the steps' logs, streamed from the containers
 
 
+def train_through_the_kfp_executor(image: str, root: Path, data: Path) -> dict:
+    """The train component as the project's kfp compiles it, run in ``image`` by kfp.local's DockerRunner: the
+    image's own kfp executor reads the executor input and runs the step, as on Vertex AI. Returns its summary."""
+    from kfp import dsl, local
+
+    from pipelines.steps import make_steps
+
+    local.init(runner=local.DockerRunner(network_mode="none"), pipeline_root=str(root))  # mounted as it is
+    train = make_steps(image, image)["train"]
+
+    def imported(name: str, kind: type):  # the importer task's artifact
+        return dsl.importer(artifact_uri=str(data / name), artifact_class=kind, reimport=False).output
+
+    @dsl.pipeline(name="train-by-the-executor")
+    def train_only():
+        train(
+            tokenizer=imported("tokenizer", dsl.Artifact),
+            train_shards=imported("train", dsl.Dataset),
+            eval_shards=imported("validation", dsl.Dataset),
+            model_config="tiny",
+            accelerator="cpu",
+            per_replica_batch_size=8,
+            max_steps=1,
+            checkpoint_every_steps=1,
+            checkpoint_dir=str(root / "executor-checkpoints"),
+        )
+
+    train_only()
+    (summary,) = root.glob(f"train-by-the-executor-*/train-step/model/{SUMMARY_FILE}")
+    return json.loads(summary.read_text())
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("runtime", TPU_RUNTIMES)
 def test_the_tpu_image_builds_trains_on_two_cpu_replicas_and_refuses_a_missing_tpu_in_one_line(
-    tmp_path, embedded_shards
+    tmp_path, embedded_shards, runtime
 ):
-    build_image(TPU_DOCKERFILE, TPU_TEST_IMAGE)
+    image = tpu_test_image(runtime)
+    build_image(TPU_DOCKERFILE, image, f"RUNTIME={runtime}")
     data = tmp_path / "data"
     for name in ("tokenizer", "train", "validation"):
         shutil.copytree(embedded_shards[name], data / name)
 
     def train(*arguments: str) -> subprocess.CompletedProcess:
-        command = ["docker", "run", "--rm", "--network", "none", "-v", f"{data}:/data", TPU_TEST_IMAGE, "tpu-mlm"]
+        command = ["docker", "run", "--rm", "--network", "none", "-v", f"{data}:/data", image, "tpu-mlm"]
         command += ["train", "--tokenizer", "/data/tokenizer", "--train_shards", "/data/train", "--model_config"]
         return subprocess.run([*command, "tiny", *arguments], capture_output=True, text=True, timeout=600)
 
@@ -133,6 +256,10 @@ def test_the_tpu_image_builds_trains_on_two_cpu_replicas_and_refuses_a_missing_t
     )
     assert not (data / "tpu-model").exists()
 
+    if pins(runtime_pins(runtime))["kfp"] != pinned("kfp"):  # the image's older kfp runs what the project's compiles
+        summary = train_through_the_kfp_executor(image, tmp_path, data)
+        assert summary["total_steps"] == 1 and summary["accelerator"] == "cpu"
+
     # the smoke job's container as Vertex AI would start it (its command, arguments and environment) fails in
     # seconds off a TPU, with its report written: TensorFlow never waits on libtpu for a TPU that is not there
     job = submit_smoke.smoke_job(
@@ -143,7 +270,7 @@ def test_the_tpu_image_builds_trains_on_two_cpu_replicas_and_refuses_a_missing_t
     )
     container = job.job_spec.worker_pool_specs[0].container_spec
     environment = [option for variable in container.env for option in ("-e", f"{variable.name}={variable.value}")]
-    docker = ["docker", "run", "--rm", "--network", "none", "-v", f"{data}:/data", *environment, TPU_TEST_IMAGE]
+    docker = ["docker", "run", "--rm", "--network", "none", "-v", f"{data}:/data", *environment, image]
     smoked = subprocess.run(
         [*docker, *container.command, *container.args],
         capture_output=True,
@@ -154,4 +281,8 @@ def test_the_tpu_image_builds_trains_on_two_cpu_replicas_and_refuses_a_missing_t
     report = json.loads((data / "smoke" / "smoke.json").read_text())
     assert report["verdict"] == "fail" and report["failed_at"] == "runtime" and "no TPU found" in report["error"]
     assert report["stages"]["runtime"]["environment"]["TF_XLA_FLAGS"].startswith("--tf_mlir_enable_mlir_bridge=true")
-    assert report["stages"]["runtime"]["packages"]["libtpu"] == "0.0.14"  # the constraints.txt pin, from inside
+    # the runtime pair it ran, read from inside, is its pins file's; and its log says so
+    pinned_pair, packages = pins(runtime_pins(runtime)), report["stages"]["runtime"]["packages"]
+    assert all(packages[name] == pinned_pair[name] for name in ("tensorflow-tpu", "libtpu"))
+    pair = f"tensorflow-tpu {pinned_pair['tensorflow-tpu']}, libtpu {pinned_pair['libtpu']}"
+    assert f"runtime: {pair}, transformers" in smoked.stderr

@@ -179,12 +179,19 @@ def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> 
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu)
             tf.config.experimental_connect_to_cluster(resolver)
             tf.tpu.experimental.initialize_tpu_system(resolver)
-            return _checked(tf.distribute.TPUStrategy(resolver), "tpu", replicas)
-        except (ValueError, tf.errors.NotFoundError, tf.errors.UnavailableError) as error:
+            strategy = tf.distribute.TPUStrategy(resolver)
+        except (ValueError, tf.errors.UnavailableError) as error:  # no TPU by that name, or none answering
             if accelerator == "tpu":
                 raise InvalidParameter(
-                    "accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({str(error).splitlines()[0]})"
+                    "accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({_first_line(error)})"
                 ) from error
+        except tf.errors.OpError as error:  # NotFoundError, InvalidArgumentError...: the runtime did not start it
+            failed = tpu_init_failed(error, tpu, tpu_runtime())
+            if accelerator == "tpu":
+                raise failed from error
+            log.warning("accelerator auto: %s; falling back", failed.expected)
+        else:
+            return _checked(strategy, "tpu", replicas)
     gpus = tf.config.list_physical_devices("GPU")
     if accelerator in ("auto", "gpu"):
         if gpus:
@@ -200,6 +207,45 @@ def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> 
         log.info("%d CPU replicas (logical devices) under MirroredStrategy", replicas)
         return tf.distribute.MirroredStrategy(devices), "cpu"
     return tf.distribute.OneDeviceStrategy("/cpu:0"), "cpu"
+
+
+# The TPU images' runtimes, each named after the tensorflow-tpu minor version it installs (containers/tpu.Dockerfile
+# --build-arg RUNTIME, make tpu-image TPU_RUNTIME=...); the first is the default, the one to smoke test first.
+TPU_RUNTIMES = ("tf2.20", "tf2.19")
+
+
+def tpu_runtime() -> str:
+    """The TPU runtime pair installed here, as "tensorflow-tpu 2.19.1 + libtpu 0.0.10" (the packages' metadata)."""
+    from importlib import metadata
+
+    pair = []
+    for name in ("tensorflow-tpu", "libtpu"):
+        try:
+            pair.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pair.append(f"no {name}")
+    return " + ".join(pair)
+
+
+def tpu_init_failed(error: Exception, tpu: str, runtime: str) -> InvalidParameter:
+    """The one line for a TPU that TensorFlow found but could not initialise (``NotFoundError``, or an
+    ``InvalidArgumentError`` such as "No OpKernel was registered to support Op 'ConfigureDistributedTPU'"): the
+    runtime pair that failed and the other TPU image to try, which only a compile flag switches."""
+    version = re.match(r"tensorflow-tpu (\d+\.\d+)\.", runtime)
+    others = [name for name in TPU_RUNTIMES if not version or name != f"tf{version[1]}"]
+    cause = _first_line(error)
+    cause = cause if len(cause) <= 300 else cause[:299] + "…"
+    return InvalidParameter(
+        "accelerator",
+        "tpu",
+        f"TensorFlow could not initialise the TPU at --tpu={tpu!r} with {runtime} ({type(error).__name__}: {cause}); "
+        f"this pair may not run this TPU: try the other TPU image, {' or '.join(others)} (make tpu-image "
+        f"TPU_RUNTIME={others[0]}, push it, then tpu-mlm compile ... --tpu_image <its URI>)",
+    )
+
+
+def _first_line(error: Exception) -> str:
+    return next(iter(str(error).strip().splitlines()), "")
 
 
 def prepare_runtime(accelerator: str, tpu: str = "local") -> None:
