@@ -7,8 +7,9 @@
 A real SIGKILL of the real process: no handler, no flush, no cleanup runs, as when a VM is preempted or
 the kernel's OOM killer strikes. The crash tests use it to stop a job at exact, repeatable places.
 
-With ``--hang``, the call never returns instead, and never gives Python's signal handlers a turn: as a long native
-call does, the TPU's initialisation or a compile.
+Other actions at that point: ``--action term`` sends the process a SIGTERM (as Vertex AI does before a preemption)
+and goes on; ``--action hang`` makes the call never return, never giving Python's signal handlers a turn, as a long
+native call does (the TPU's initialisation, a compile).
 """
 
 import argparse
@@ -27,7 +28,7 @@ def hang() -> None:
     threading.Event().wait()
 
 
-def arm(function: str, matching: str, nth: int, after: bool, hang_instead: bool = False) -> None:
+def arm(function: str, matching: str, nth: int, after: bool, action: str = "kill") -> None:
     module_name, _, attribute = function.partition(":")
     owner = importlib.import_module(module_name)
     *parents, name = attribute.split(".")
@@ -36,18 +37,21 @@ def arm(function: str, matching: str, nth: int, after: bool, hang_instead: bool 
     original = getattr(owner, name)
     calls = 0
 
+    def act() -> None:
+        if action == "hang":
+            hang()
+        os.kill(os.getpid(), signal.SIGTERM if action == "term" else signal.SIGKILL)
+
     def wrapper(*args, **kwargs):
         nonlocal calls
         if matching and not any(matching in str(value) for value in (*args, *kwargs.values())):
             return original(*args, **kwargs)
         calls += 1
-        if calls == nth and hang_instead:
-            hang()
         if calls == nth and not after:
-            os.kill(os.getpid(), signal.SIGKILL)
+            act()
         result = original(*args, **kwargs)
-        if calls == nth:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if calls == nth and after:
+            act()
         return result
 
     setattr(owner, name, wrapper)
@@ -57,13 +61,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--function", required=True, help="module:function or module:Class.method")
     parser.add_argument("--matching", default="", help="count only calls with an argument containing this")
-    parser.add_argument("--nth", type=int, default=1, help="kill at this (counted) call")
-    parser.add_argument("--after", action="store_true", help="kill just after the call returns, not before")
-    parser.add_argument("--hang", action="store_true", help="never return from the call instead of a kill")
+    parser.add_argument("--nth", type=int, default=1, help="act at this (counted) call")
+    parser.add_argument("--after", action="store_true", help="act just after the call returns, not before")
+    parser.add_argument("--action", choices=("kill", "term", "hang"), default="kill", help="what to do there")
     split = sys.argv.index("--")
     options = parser.parse_args(sys.argv[1:split])
     module, *arguments = sys.argv[split + 1 :]  # after "--": the module to run, then its arguments
-    arm(options.function, options.matching, options.nth, options.after, options.hang)
+    arm(options.function, options.matching, options.nth, options.after, options.action)
     # the module's own main(), not runpy: a second copy of the module as __main__ would not be armed
     sys.exit(importlib.import_module(module).main(arguments))
 

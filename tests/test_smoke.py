@@ -36,7 +36,7 @@ def test_the_smoke_script_trains_two_cpu_replicas_on_data_it_makes_and_passes(gc
     assert report["verdict"] == "pass" and report["problems"] == []
     trained = report["stages"]["train"]
     assert (trained["accelerator"], trained["replicas"], trained["global_batch_size"]) == ("cpu", 2, 16)
-    assert 0 < trained["compile_seconds"] < trained["first_call_seconds"]
+    assert 0 <= trained["compile_seconds"] < trained["first_call_seconds"]
     assert trained["samples_per_second"] == pytest.approx(16 / trained["step_seconds"])
     # the embedded corpus gives about 6,000 pieces: the tokenizer is padded to the run's vocabulary, and so is the model
     assert len(json.loads(storage.read_text(f"{scratch}/tokenizer/tokenizer.json"))["added_tokens"]) > 1000

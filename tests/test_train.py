@@ -188,34 +188,26 @@ def test_a_sigterm_checkpoints_where_training_is_and_the_rerun_ends_at_the_plann
     output = tmp_path / "model"
     data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
     job = ["components.train", *data, *RESUME_ARGS, "--output", str(output)]
-    process = subprocess.Popen(
-        [sys.executable, "-m", *job],
+    # the SIGTERM comes with the first log point, at step 10: between periodic checkpoints (every 20 steps)
+    term = ["--function", "components.train:LogWindow.point", "--action", "term"]
+    stopped = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *term, "--", *job],
         cwd=PROJECT_ROOT,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
     )
-    lines = []
-    for line in process.stderr:
-        lines.append(line)
-        if "step 10/60" in line:  # training runs: stopped between periodic checkpoints (every 20 steps)
-            process.send_signal(signal.SIGTERM)
-            break
-    lines += process.stderr.readlines()
-    assert process.wait(timeout=300) == 128 + signal.SIGTERM, "".join(lines)[-3000:]
-    (stopped,) = [line for line in lines if "SIGTERM: checkpoint at step" in line]
-    step = int(stopped.split("checkpoint at step ")[1].split()[0])
-    # at step 10 when the signal came before the next call began (it is heard between calls), later otherwise
-    assert 10 <= step < 60
-    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith(f"ckpt-{step}")
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "SIGTERM: checkpoint at step 10 of 60 saved" in stopped.stderr
+    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-10")
     assert not (output / SUMMARY_FILE).exists()  # nothing that looks done
 
     rerun = run_module(*job)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     summary = json.loads((output / SUMMARY_FILE).read_text())
-    assert summary["resumed_from_step"] == step and summary["steps_this_run"] == 60 - step
+    assert summary["resumed_from_step"] == 10 and summary["steps_this_run"] == 50
     attempts = json.loads((output / "checkpoints" / "attempts.json").read_text())  # a preemption is no failure
-    assert [(a["step"], a["outcome"]) for a in attempts] == [(0, "stopped"), (step, "done")]
+    assert [(a["step"], a["outcome"]) for a in attempts] == [(0, "stopped"), (10, "done")]
     assert [point["step"] for point in summary["history"]] == sorted(uninterrupted_history)
     for point in summary["history"]:
         assert point["learning_rate"] == pytest.approx(uninterrupted_history[point["step"]])
@@ -232,7 +224,7 @@ def test_a_sigterm_while_the_step_starts_is_no_failure_however_often_it_comes(tm
     hang = [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), "--function", "components.train:_set_up"]
     for attempt in range(2):
         process = subprocess.Popen(
-            [*hang, "--hang", "--", *job],
+            [*hang, "--action", "hang", "--", *job],
             cwd=PROJECT_ROOT,
             stderr=subprocess.PIPE,
             text=True,
