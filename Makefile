@@ -16,6 +16,8 @@ RUNS ?= runs
 VOCAB_SIZE ?= 5000
 
 CPU_IMAGE ?= tpu-mlm-cpu:latest
+# Vertex AI runs x86-64 machines: an image built for an ARM laptop's own platform fails there ("exec format error")
+PLATFORM ?= linux/amd64
 # The TPU images' runtimes (containers/tpu.Dockerfile's RUNTIME), the default first; make tpu-image builds
 # TPU_RUNTIME's. TPU_IMAGE is the default runtime's image; another's is TPU_IMAGE with -<runtime> after its
 # repository: tpu-mlm-tpu-tf2.19:latest, or $REPO/tpu-tf2.19:0.1.0 beside TPU_IMAGE=$REPO/tpu:0.1.0.
@@ -54,12 +56,12 @@ compile: install
 images: cpu-image $(TPU_IMAGE_TARGETS)
 
 cpu-image:
-	docker build --network host -f containers/cpu.Dockerfile -t $(CPU_IMAGE) .
+	docker build --platform $(PLATFORM) --network host -f containers/cpu.Dockerfile -t $(CPU_IMAGE) .
 
 tpu-image: tpu-image-$(TPU_RUNTIME)
 
 $(TPU_IMAGE_TARGETS): tpu-image-%:
-	docker build --network host -f containers/tpu.Dockerfile --build-arg RUNTIME=$* -t $(call tpu_image,$*) .
+	docker build --platform $(PLATFORM) --network host -f containers/tpu.Dockerfile --build-arg RUNTIME=$* -t $(call tpu_image,$*) .
 
 lint: install
 	$(BIN)/ruff check .

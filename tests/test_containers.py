@@ -155,6 +155,19 @@ def test_tpu_image_sets_only_what_tensorflow_reads():
     assert 'CMD ["tpu-mlm", "train", "--help"]' in text
 
 
+def test_make_images_builds_every_image_for_vertex_ai_s_x86_machines_whatever_the_host():
+    printed = subprocess.run(
+        ["make", "-n", "images", "CPU_IMAGE=r/cpu:1", "TPU_IMAGE=r/tpu:1"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    builds = [line for line in printed.splitlines() if line.startswith("docker build")]
+    assert [line.split(" -t ")[1].split()[0] for line in builds] == ["r/cpu:1", "r/tpu:1", "r/tpu-tf2.19:1"]
+    assert all("--platform linux/amd64" in line for line in builds)  # an ARM laptop's own would not run there
+
+
 def test_both_images_install_the_project_from_its_resolved_pins():
     for dockerfile in (CPU_DOCKERFILE, TPU_DOCKERFILE):
         text = dockerfile.read_text()
@@ -173,6 +186,12 @@ def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner_and_push
         text=True,
     )
     assert help_text.returncode == 0 and "--max_length" in help_text.stdout
+    # the pipeline's TPU task launcher runs in this image on Vertex AI, with GCPC's launcher's arguments
+    launcher = ["python", "-m", "pipelines.launch_custom_job", "--help"]
+    launcher_help = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", TEST_IMAGE, *launcher], capture_output=True, text=True
+    )
+    assert launcher_help.returncode == 0 and "--gcp_resources" in launcher_help.stdout
 
     for name in ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN"):  # passed into the containers' environment
         monkeypatch.setenv(name, hub.env[name])
