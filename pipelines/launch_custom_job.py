@@ -23,22 +23,18 @@ from typing import Any
 
 from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.jobs import log, run_job
-from pipelines.vertex_jobs import ENDED_WITHOUT_SUCCESS, SUCCEEDED, JobWait, job_client
+from pipelines.vertex_jobs import ENDED_WITHOUT_SUCCESS, SUCCEEDED, JobServiceArguments, JobWait, job_client
 
 RESOURCE_TYPE = "CustomJob"
 
 
-@dataclass
-class LaunchArguments:
+@dataclass(kw_only=True)
+class LaunchArguments(JobServiceArguments):
     type: str = field(metadata={"help": "What to launch: CustomJob (the only type)."})
     project: str = field(metadata={"help": "Google Cloud project id."})
     location: str = field(metadata={"help": "Vertex AI region."})
     payload: str = field(metadata={"help": "The custom job as JSON (Vertex AI's REST fields)."})
     gcp_resources: str = field(metadata={"help": "File recording the job (KFP's output parameter gcp_resources)."})
-    api_endpoint: str = field(
-        default="", metadata={"help": "Vertex AI's endpoint; default: LOCATION-aiplatform.googleapis.com."}
-    )
-    poll_seconds: float = field(default=30.0, metadata={"help": "Seconds between looks at the job's state."})
 
     def __post_init__(self) -> None:
         if self.type != RESOURCE_TYPE:

@@ -28,14 +28,14 @@ from components.preflight import TPU_PROVISIONING, check_tpu_provisioning
 from pipelines.compile import check_image_uri
 from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe
 from pipelines.submit import check_project
-from pipelines.vertex_jobs import JobWait, job_client
+from pipelines.vertex_jobs import JobServiceArguments, JobWait, job_client
 
 MAX_TIMEOUT_MINUTES = 120
 MAX_QUEUED_MINUTES = 24 * 60
 
 
 @dataclass(kw_only=True)
-class SmokeJobArguments(SmokeRun):
+class SmokeJobArguments(JobServiceArguments, SmokeRun):
     """Where and how the smoke job runs, and the run it tries."""
 
     tpu_type: str = field(
@@ -65,11 +65,7 @@ class SmokeJobArguments(SmokeRun):
             f"at most {MAX_QUEUED_MINUTES}."
         },
     )
-    poll_seconds: float = field(default=30.0, metadata={"help": "Seconds between looks at the job's state."})
     dry_run: bool = field(default=False, metadata={"help": "Print the job instead of creating it."})
-    api_endpoint: str = field(
-        default="", metadata={"help": "Vertex AI's endpoint; default: REGION-aiplatform.googleapis.com."}
-    )
 
     def __post_init__(self) -> None:
         tpu_type(self.tpu_type)  # a TPU, not SmokeRun's "none"

@@ -12,6 +12,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib.errors import ServiceFailed
@@ -23,6 +24,16 @@ ENDED_WITHOUT_SUCCESS = ("JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_E
 TERMINAL_STATES = (SUCCEEDED, *ENDED_WITHOUT_SUCCESS)
 WAITING_STATES = ("JOB_STATE_QUEUED", "JOB_STATE_PENDING")  # before the job's VMs run: no TPU billed yet
 CANCEL_WAIT_SECONDS = 300.0  # how long a stopped wait follows the cancel before it leaves
+
+
+@dataclass(kw_only=True)
+class JobServiceArguments:
+    """How a command reaches Vertex AI's job service and how often it looks at a job."""
+
+    poll_seconds: float = field(default=30.0, metadata={"help": "Seconds between looks at the job's state."})
+    api_endpoint: str = field(
+        default="", metadata={"help": "Vertex AI's endpoint; default: the region's, REGION-aiplatform.googleapis.com."}
+    )
 
 
 def job_client(region: str, endpoint: str = "") -> Any:
