@@ -65,11 +65,20 @@ class TrainArguments(TrainingSettings):
         default="",
         metadata={"help": "Where --price_per_hour comes from, said with the cost (the pipeline's list prices)."},
     )
+    start_minutes: float = field(
+        default=20.0,
+        metadata={
+            "help": "The accelerator must be ready (the TPU initialised) within this many minutes: a start that hangs "
+            "is a failed attempt, not a wait until the job's timeout that every restart and retry would pay again."
+        },
+    )
 
     def __post_init__(self) -> None:
         self.output = self.output or os.environ.get("AIP_MODEL_DIR", "")
         if not self.output:
             raise InvalidParameter("output", self.output, "is required (or set AIP_MODEL_DIR)")
+        if self.start_minutes <= 0:
+            raise InvalidParameter("start_minutes", self.start_minutes, "must be above 0")
         storage.check_uri("output", self.output)
         self.checkpoint_dir = (
             self.checkpoint_dir or os.environ.get("AIP_CHECKPOINT_DIR") or storage.join(self.output, "checkpoints")
@@ -89,7 +98,8 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
         attempts = Attempts(arguments.checkpoint_dir, settings, (*TPU_RUNTIME_VARIABLES, "TF_XLA_FLAGS"))
         stop.on_stop.append(attempts.stopped)
         attempts.refuse_a_repeat()
-        with attempts.recorded(begun=False):  # a TPU that does not start is a failure to count, once it happens
+        # a TPU that does not start, or hangs starting, is a failure to count, once it happens
+        with attempts.recorded(begun=False), attempts.start_deadline(arguments.start_minutes * 60):
             strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
         plan = plan_training(arguments, strategy.num_replicas_in_sync)  # bad input: nothing written
         token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""

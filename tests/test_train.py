@@ -247,6 +247,42 @@ def test_a_sigterm_while_the_step_starts_is_no_failure_however_often_it_comes(tm
     assert [a["outcome"] for a in attempts] == ["stopped", "stopped", "done"]
 
 
+@pytest.mark.slow  # three start-ups in subprocesses
+def test_a_start_that_hangs_is_a_failed_attempt_and_the_third_is_refused(tmp_path, wikitext_shards):
+    """A TPU whose initialisation hangs (a native call that never returns) fails the attempt at its deadline, so
+    the restarts and retries that follow are not each paid until the job's timeout."""
+    checkpoints = tmp_path / "checkpoints"
+    data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
+    job = ["components.train", *data, *RESUME_ARGS, "--output", str(tmp_path / "model")]
+    job += ["--checkpoint_dir", str(checkpoints), "--start_minutes", "0.05"]
+    hang = [
+        sys.executable,
+        str(PROJECT_ROOT / "tests" / "kill_at.py"),
+        "--function",
+        "components.train:select_strategy",
+    ]
+    for _ in range(2):
+        hung = subprocess.run(
+            [*hang, "--action", "hang", "--", *job],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        )
+        assert hung.returncode == 1, hung.stderr[-3000:]
+        assert "the accelerator did not start within 0.05 min: this attempt fails" in hung.stderr
+    attempts = json.loads((checkpoints / "attempts.json").read_text())
+    assert [(a["outcome"], a["error"]) for a in attempts] == [
+        ("failed", "the accelerator did not start within 0.05 min (--start_minutes)")
+    ] * 2
+    refused = run_module(*job)  # the same start would hang again: refused in seconds, before the TPU is touched
+    assert refused.returncode == 2
+    assert "the last 2 attempts of this training, with these settings and runtime, failed from step 0: the " in (
+        refused.stderr
+    )
+
+
 def test_strategy_selection(caplog):
     caplog.set_level(logging.INFO)
     strategy, kind = select_strategy("auto")

@@ -5,22 +5,27 @@ a compile and the steps to the same failure again.
 Each attempt is recorded when it starts and again when it ends: done, stopped by a SIGTERM (a preemption or a
 stop: no failure, whenever it comes) or failed; one still "running" when the next starts died without a word
 (a timeout, a crash of the runtime). After ``REPEATS`` failed or silently dead attempts from the same checkpoint
-with the same settings and runtime, the next is refused before the TPU is initialised."""
+with the same settings and runtime, the next is refused before the TPU is initialised. A start that hangs past its
+deadline is a failure too."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
+
+log = logging.getLogger("tpu_mlm.train")
 
 FILE = "attempts.json"
 REPEATS = 2
@@ -71,6 +76,27 @@ class Attempts:
             self._current = None
         if begun:
             self._end(record, "done", "")
+
+    @contextlib.contextmanager
+    def start_deadline(self, seconds: float) -> Iterator[None]:
+        """A start (the TPU's initialisation) that has not ended within ``seconds`` is recorded as a failed attempt
+        and ends the process, instead of hanging until the job's timeout."""
+
+        def expired() -> None:
+            minutes = f"{seconds / 60:g}"
+            record = {"key": self.key, "step": self.step, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            self._end(record, "failed", f"the accelerator did not start within {minutes} min (--start_minutes)")
+            log.error("the accelerator did not start within %s min: this attempt fails", minutes)
+            logging.shutdown()
+            os._exit(1)
+
+        timer = threading.Timer(seconds, expired)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
     def stopped(self) -> None:
         """Records the running attempt as stopped by a SIGTERM, at once: the process may not live to say it."""
