@@ -24,7 +24,7 @@ from components.lib.accelerators import TPU_TYPES
 from components.lib.corpus import EMBEDDED, HUB_PREFIX
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, check_secret_name
-from components.lib.jobs import run_job
+from components.lib.jobs import log, run_job
 from pipelines.pipeline import check_values
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
@@ -60,6 +60,19 @@ def check_project(project: str) -> None:
     if not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", project):
         raise InvalidParameter(
             "project", project, "is not a Google Cloud project id (6-30 lowercase letters, digits and hyphens)"
+        )
+
+
+def check_service_account(service_account: str, otherwise: str) -> None:
+    """A service account's email, or none: then a warning says who acts instead (``otherwise``), with other
+    roles than the ones the README grants the run's account."""
+    if not service_account:
+        log.warning("no --service_account: %s, not the run's account with the README's roles", otherwise)
+    elif not re.fullmatch(r"[^@\s]+@[^@\s]+\.gserviceaccount\.com", service_account):
+        raise InvalidParameter(
+            "service_account",
+            service_account,
+            "must be a service account's email (NAME@PROJECT.iam.gserviceaccount.com)",
         )
 
 
@@ -132,6 +145,7 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     if not arguments.pipeline_root.startswith("gs://"):
         raise InvalidParameter("pipeline_root", arguments.pipeline_root, "must be a gs:// URI on Vertex AI")
     check_project(arguments.project)
+    check_service_account(arguments.service_account, "the run acts as the project's Compute Engine default account")
     if not Path(arguments.template).is_file():
         raise InvalidParameter("template", arguments.template, "no such file; compile it with tpu-mlm compile")
     try:

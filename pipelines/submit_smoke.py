@@ -27,7 +27,7 @@ from components.lib.jobs import log, run_job
 from components.preflight import TPU_PROVISIONING, check_tpu_provisioning
 from pipelines.compile import check_image_uri
 from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe
-from pipelines.submit import check_project
+from pipelines.submit import check_project, check_service_account
 from pipelines.vertex_jobs import JobServiceArguments, JobWait, job_client
 
 MAX_TIMEOUT_MINUTES = 120
@@ -74,6 +74,7 @@ class SmokeJobArguments(JobServiceArguments, SmokeRun):
             raise InvalidParameter("scratch", self.scratch, "must be a gs:// folder: the job on Vertex AI writes there")
         storage.check_uri("scratch", self.scratch)
         check_project(self.project)
+        check_service_account(self.service_account, "the job runs as Vertex AI's Custom Code Service Agent")
         check_image_uri("tpu_image", self.tpu_image)
         check_tpu_provisioning(self.tpu_provisioning)
         if not 5 <= self.timeout_minutes <= MAX_TIMEOUT_MINUTES:

@@ -292,6 +292,16 @@ CASES = {
         "--project my-proj --scratch gs://b/smoke --tpu_image us-docker.pkg.dev/p/r/tpu:1 --timeout_minutes 600",
         "--timeout-minutes=600: must be from 5 to 120 minutes",
     ),
+    "a service account's name for its email": Case(
+        "smoke",
+        "--project my-proj --scratch gs://b/smoke --tpu_image us-docker.pkg.dev/p/r/tpu:1 --service_account trainer",
+        "--service-account='trainer': must be a service account's email (NAME@PROJECT.iam.gserviceaccount.com)",
+    ),
+    "a smoke job that may wait in the queue for ever": Case(
+        "smoke",
+        "--project my-proj --scratch gs://b/smoke --tpu_image us-docker.pkg.dev/p/r/tpu:1 --max_queued_minutes 0",
+        "--max-queued-minutes=0.0: must be above 0 and at most 1440",
+    ),
     "a bucket as the kfp.local root": Case(
         "run-local",
         "--pipeline_root gs://bucket/runs",

@@ -184,3 +184,39 @@ def test_ctrl_c_cancels_the_smoke_job_and_a_second_leaves_without_waiting(gcs, p
             f"error: left without waiting: the cancel of {name} was requested; see where it stands in the console, "
             "or cancel it again with: gcloud ai custom-jobs cancel 1 --region=us-central1 --project=my-project-123"
         )
+
+
+def test_smoke_refused_by_google_cloud_says_so_in_one_line(gcs, tmp_path):
+    from vertex_server import VertexStandIn
+
+    with VertexStandIn(refuse_creates=True) as vertex:
+        refused = run_module(
+            "pipelines.submit_smoke",
+            *SMOKE_JOB,
+            "--scratch",
+            gcs,
+            "--api_endpoint",
+            vertex.url,
+            "--poll_seconds",
+            "0.2",
+        )
+        assert not vertex.jobs
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "error: Google Cloud refused the request (403 Forbidden): Permission 'aiplatform.customJobs.create' denied on "
+        "resource 'projects/my-project-123/locations/us-central1'"
+    )
+    # no credentials on this machine (no ADC, no metadata server: its address is a closed local port)
+    no_credentials = {
+        **{key: value for key, value in os.environ.items() if key != "GOOGLE_APPLICATION_CREDENTIALS"},
+        "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+        "GCE_METADATA_HOST": "127.0.0.1:9",
+        "GCE_METADATA_IP": "127.0.0.1:9",
+        "NO_GCE_CHECK": "true",
+    }
+    unauthenticated = run_module("pipelines.submit_smoke", *SMOKE_JOB, "--scratch", gcs, env=no_credentials)
+    assert unauthenticated.returncode == 1, unauthenticated.stderr[-3000:]
+    assert unauthenticated.stderr.strip().splitlines()[-1] == (
+        "error: no Google Cloud credentials on this machine: run gcloud auth application-default login (or set "
+        "GOOGLE_APPLICATION_CREDENTIALS)"
+    )

@@ -22,10 +22,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 class VertexStandIn:
     """``start_jobs=False``: jobs stay ``JOB_STATE_PENDING`` (no TPU capacity, no quota); ``cancels_take=False``:
-    a cancelled job stays ``JOB_STATE_CANCELLING``. ``cancel_requests`` lists the jobs asked to cancel."""
+    a cancelled job stays ``JOB_STATE_CANCELLING``; ``refuse_creates``: a create is refused as Vertex AI refuses an
+    account without ``aiplatform.customJobs.create``. ``cancel_requests`` lists the jobs asked to cancel."""
 
-    def __init__(self, start_jobs: bool = True, cancels_take: bool = True) -> None:
-        self.start_jobs, self.cancels_take = start_jobs, cancels_take
+    def __init__(self, start_jobs: bool = True, cancels_take: bool = True, refuse_creates: bool = False) -> None:
+        self.start_jobs, self.cancels_take, self.refuse_creates = start_jobs, cancels_take, refuse_creates
         self.jobs: dict[str, dict] = {}
         self.processes: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, str] = {}
@@ -113,6 +114,9 @@ class VertexStandIn:
                 if not match:
                     return self._reply(404, {"error": {"code": 404, "message": self.path}})
                 job = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if stand_in.refuse_creates:
+                    message = f"Permission 'aiplatform.customJobs.create' denied on resource '{match.group(1)}'"
+                    return self._reply(403, {"error": {"code": 403, "message": message, "status": "PERMISSION_DENIED"}})
                 self._reply(200, stand_in.create(match.group(1), job))
 
             def do_GET(self) -> None:

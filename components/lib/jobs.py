@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -46,6 +47,23 @@ def parse_arguments(
     return arguments
 
 
+def google_cloud_refusal(error: BaseException) -> str:
+    """One line for what Google Cloud's clients raise at first contact (no credentials, an API not enabled, a
+    permission or quota refused), with what to do; "" for any other error."""
+    auth = sys.modules.get("google.auth.exceptions")
+    if auth is not None and isinstance(error, auth.DefaultCredentialsError):
+        return (
+            "no Google Cloud credentials on this machine: run gcloud auth application-default login (or set "
+            "GOOGLE_APPLICATION_CREDENTIALS)"
+        )
+    api = sys.modules.get("google.api_core.exceptions")
+    if api is not None and isinstance(error, api.GoogleAPICallError):
+        message = " ".join(str(error.message or error).split())
+        message = re.sub(r"^[A-Z]+ \S+: ", "", message)[:500]  # the REST client's "POST https://…: " before it
+        return f"Google Cloud refused the request ({error.code} {type(error).__name__}): {message}"
+    return ""
+
+
 def run_job(
     arguments_class: type[Arguments],
     job: Callable[[Arguments], dict[str, Any]],
@@ -68,6 +86,12 @@ def run_job(
         return 2
     except ServiceFailed as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        refused = google_cloud_refusal(error)
+        if not refused:
+            raise
+        print(f"error: {refused}", file=sys.stderr)
         return 1
     if print_summary:
         print(json.dumps(summary, indent=2, default=str))
