@@ -4,9 +4,17 @@ Cloud Pipeline Components' launcher, whose arguments it takes (``--type CustomJo
 
 GCPC's launcher, when the task's ``gcp_resources`` output already records a job (a launcher restarted after its own
 preemption), polls that job instead of creating one; a retried task that found a failed job there would fail again
-in seconds, without a new TPU job or a resume. This launcher looks at the recorded job first: one still queued,
-running or done is followed, one that failed, was cancelled or expired is replaced by a new job (which resumes
-from the run's checkpoints). A SIGTERM (the task cancelled) cancels the job it follows.
+in seconds, without a new TPU job or a resume. This launcher looks at the recorded job first:
+
+* queued, running or done: followed;
+* failed for a reason another try may not meet (a preemption, an internal error): replaced by a new job, which
+  resumes from the run's checkpoints, with what is left of the run's time limit: the jobs of one task share the
+  payload's ``timeout``, which preflight derived from the run's estimate;
+* cancelled (someone stopped it), expired, paused, or failed for a reason another try would meet again (bad
+  input, a permission, an image that does not exist): not replaced; the task fails, saying why.
+
+A job queued or pending longer than ``--max_queued_minutes`` is cancelled, and a SIGTERM (the task cancelled)
+cancels the job it follows. The job carries the pipeline run's labels, as GCPC's launcher gives them.
 
     python -m pipelines.launch_custom_job --type CustomJob --project my-project --location us-central1 \\
         --payload '{"display_name": "train", "job_spec": {...}}' --gcp_resources /tmp/gcp_resources
@@ -19,13 +27,26 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.jobs import log, run_job
-from pipelines.vertex_jobs import ENDED_WITHOUT_SUCCESS, SUCCEEDED, JobServiceArguments, JobWait, job_client
+from pipelines.vertex_jobs import (
+    CALL_TIMEOUT_SECONDS,
+    ENDED_WITHOUT_SUCCESS,
+    SUCCEEDED,
+    USER_ERROR_CODES,
+    JobServiceArguments,
+    JobWait,
+    call,
+    job_client,
+)
 
 RESOURCE_TYPE = "CustomJob"
+# the label that carries, from job to job of one task, the seconds its earlier jobs ran (the time limit is theirs)
+SECONDS_USED_LABEL = "tpu-mlm-seconds-used"
+SYSTEM_LABELS_VARIABLE = "VERTEX_AI_PIPELINES_RUN_LABELS"  # the run's labels (billing), as Vertex AI sets them
 
 
 @dataclass(kw_only=True)
@@ -35,6 +56,12 @@ class LaunchArguments(JobServiceArguments):
     location: str = field(metadata={"help": "Vertex AI region."})
     payload: str = field(metadata={"help": "The custom job as JSON (Vertex AI's REST fields)."})
     gcp_resources: str = field(metadata={"help": "File recording the job (KFP's output parameter gcp_resources)."})
+    max_queued_minutes: float = field(
+        default=24 * 60.0,
+        metadata={
+            "help": "How long the job may stay queued or pending (no TPU capacity or quota) before it is cancelled."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.type != RESOURCE_TYPE:
@@ -43,6 +70,8 @@ class LaunchArguments(JobServiceArguments):
             json.loads(self.payload, strict=False)
         except ValueError as error:
             raise InvalidParameter("payload", self.payload[:80], f"is not JSON ({error})") from None
+        if self.max_queued_minutes <= 0:
+            raise InvalidParameter("max_queued_minutes", self.max_queued_minutes, "must be above 0")
 
     @property
     def endpoint(self) -> str:
@@ -52,42 +81,82 @@ class LaunchArguments(JobServiceArguments):
 def launch(arguments: LaunchArguments) -> dict[str, Any]:
     """Follows the recorded job, or creates one; returns the job's name and state once it succeeded."""
     client = job_client(arguments.location, arguments.api_endpoint.removeprefix("https://"))
-    with JobWait(client, arguments.poll_seconds) as waiting:  # a SIGTERM from here on cancels the job
-        name = followed_job(client, arguments.gcp_resources)
+    waiting = JobWait(
+        client,
+        arguments.poll_seconds,
+        max_queued_seconds=arguments.max_queued_minutes * 60,
+        why_queued="check the project's Vertex AI training quota for the TPU in the region, and Spot capacity",
+    )
+    with waiting:  # a SIGTERM from here on cancels the job
+        job = custom_job(arguments.payload)
+        name, seconds_used = followed_job(client, arguments.gcp_resources)
         if not name:
-            created = client.create_custom_job(
-                parent=f"projects/{arguments.project}/locations/{arguments.location}",
-                custom_job=custom_job(arguments.payload),
-            )
-            name = created.name
-            record_job(arguments.gcp_resources, arguments.endpoint, name)
-            log.info("created %s", name)
-        job = waiting.follow(name)
-    if job.state.name != SUCCEEDED:
-        raise ServiceFailed(f"{name} ended {job.state.name}: {job.error.message or 'no error given'}")
-    return {"job": name, "state": job.state.name}
+            name = create(client, arguments, job, seconds_used)
+        ended = waiting.follow(name)
+    if ended.state.name != SUCCEEDED:
+        raise ServiceFailed(f"{name} ended {ended.state.name}: {ended.error.message or 'no error given'}")
+    return {"job": name, "state": ended.state.name}
 
 
-def followed_job(client: Any, gcp_resources: str) -> str:
-    """The job recorded in ``gcp_resources`` if it is to be followed (queued, running or succeeded); "" when
-    there is none, or when it ended without success and a new one is to be created."""
+def followed_job(client: Any, gcp_resources: str) -> tuple[str, int]:
+    """The job recorded in ``gcp_resources`` if it is to be followed, else "" (none recorded, or one to replace);
+    and the seconds the task's ended jobs ran. Raises ``ServiceFailed`` for a job that is not to be replaced."""
     if not os.path.exists(gcp_resources) or not os.path.getsize(gcp_resources):
-        return ""
+        return "", 0
     with open(gcp_resources) as file:
         (resource,) = json.load(file)["resources"]
     name = resource["resourceUri"].split("/v1/", 1)[1]
     from google.api_core.exceptions import NotFound
 
     try:
-        state = client.get_custom_job(name=name).state.name
+        recorded = call(client.get_custom_job, name=name)
     except NotFound:
         log.warning("the job this task recorded, %s, is not found: creating a new one", name)
-        return ""
-    if state in ENDED_WITHOUT_SUCCESS:
-        log.warning("the job this task recorded, %s, ended %s: this retry creates a new one", name, state)
-        return ""
-    log.info("following the job this task recorded, %s (%s)", name, state)
-    return name
+        return "", 0
+    state = recorded.state.name
+    if state not in ENDED_WITHOUT_SUCCESS:
+        log.info("following the job this task recorded, %s (%s)", name, state)
+        return name, 0
+    why = f"{name} ended {state} ({recorded.error.code}: {recorded.error.message or 'no error given'})"
+    if state != "JOB_STATE_FAILED" or recorded.error.code in USER_ERROR_CODES:
+        raise ServiceFailed(f"{why}: not replaced, as another job would stop or fail the same way")
+    ran = recorded.end_time - recorded.start_time if recorded.start_time and recorded.end_time else None
+    seconds_used = int(recorded.labels.get(SECONDS_USED_LABEL, 0)) + int(ran.total_seconds() if ran else 0)
+    log.warning("the job this task recorded, %s: this retry creates a new one", why)
+    return "", seconds_used
+
+
+def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int) -> str:
+    """Creates ``job`` with what is left of its time limit and the run's labels, and records it."""
+    limit = job.job_spec.scheduling.timeout
+    if seconds_used and limit:
+        left = int(limit.total_seconds()) - seconds_used
+        if left <= 0:
+            raise ServiceFailed(
+                f"the run's TPU time limit ({limit.total_seconds() / 3600:g} h) is spent by this task's earlier jobs: "
+                "no new job (raise tpu_job_timeout_hours to train on)"
+            )
+        job.job_spec.scheduling.timeout = timedelta(seconds=left)
+        log.info("the earlier jobs ran %d s of the time limit: the new job gets the %d s left", seconds_used, left)
+    job.labels = {**run_labels(), **job.labels, SECONDS_USED_LABEL: str(seconds_used)}
+    created = client.create_custom_job(
+        parent=f"projects/{arguments.project}/locations/{arguments.location}",
+        custom_job=job,
+        timeout=CALL_TIMEOUT_SECONDS,
+    )
+    record_job(arguments.gcp_resources, arguments.endpoint, created.name)
+    log.info("created %s", created.name)
+    return created.name
+
+
+def run_labels() -> dict[str, str]:
+    """The pipeline run's labels Vertex AI hands the task (its billing labels among them), or none."""
+    try:
+        labels = json.loads(os.environ.get(SYSTEM_LABELS_VARIABLE, "{}"))
+    except ValueError:
+        log.warning("%s is not JSON: the job goes without the run's labels", SYSTEM_LABELS_VARIABLE)
+        return {}
+    return labels if isinstance(labels, dict) else {}
 
 
 def record_job(gcp_resources: str, endpoint: str, name: str) -> None:
@@ -99,10 +168,15 @@ def record_job(gcp_resources: str, endpoint: str, name: str) -> None:
 
 
 def custom_job(payload: str) -> Any:
-    """The ``aiplatform_v1.CustomJob`` of the payload."""
+    """The ``aiplatform_v1.CustomJob`` of the payload. As GCPC's launcher does, ``max_wait_duration`` is dropped
+    unless the strategy is FLEX_START, the only one the API takes it with (GCPC's component sets a day)."""
     from google.cloud import aiplatform_v1 as vertex
 
-    return vertex.CustomJob.from_json(json.dumps(without_empty(json.loads(payload, strict=False))))
+    spec = without_empty(json.loads(payload, strict=False))
+    scheduling = spec.get("job_spec", {}).get("scheduling", {})
+    if scheduling.get("strategy") != "FLEX_START":
+        scheduling.pop("max_wait_duration", None)
+    return vertex.CustomJob.from_json(json.dumps(spec))
 
 
 def without_empty(value: Any) -> Any:

@@ -20,10 +20,26 @@ from components.lib.errors import ServiceFailed
 log = logging.getLogger("tpu_mlm.vertex")
 
 SUCCEEDED = "JOB_STATE_SUCCEEDED"
-ENDED_WITHOUT_SUCCESS = ("JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
+# where a wait ends without success (a paused job is not running: GCPC's launcher ends there too)
+ENDED_WITHOUT_SUCCESS = ("JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED", "JOB_STATE_PAUSED")
 TERMINAL_STATES = (SUCCEEDED, *ENDED_WITHOUT_SUCCESS)
-WAITING_STATES = ("JOB_STATE_QUEUED", "JOB_STATE_PENDING")  # before the job's VMs run: no TPU billed yet
+# before the job runs: queued, then pending while its VMs are provisioned and its image pulled (whether
+# provisioning is billed is not said in what was read)
+WAITING_STATES = ("JOB_STATE_QUEUED", "JOB_STATE_PENDING")
+# google.rpc.Code values of a job's error that another try would meet again (GCPC's launcher's list): invalid
+# argument, not found, already exists, permission denied, failed precondition, out of range, unimplemented
+USER_ERROR_CODES = (3, 5, 6, 7, 9, 11, 12)
 CANCEL_WAIT_SECONDS = 300.0  # how long a stopped wait follows the cancel before it leaves
+CALL_TIMEOUT_SECONDS = 60.0  # one call to the job service; a hung connection must not stall the wait
+CALL_RETRY_SECONDS = 600.0  # transient errors (503, 429, a reset connection) retried for this long, as GCPC does
+
+
+def call(method: Any, **request: Any) -> Any:
+    """A job-service call that can be repeated (get, cancel), retried on transient errors and bounded in time."""
+    from google.api_core.retry import Retry, if_transient_error
+
+    retry = Retry(predicate=if_transient_error, deadline=CALL_RETRY_SECONDS)
+    return method(**request, retry=retry, timeout=CALL_TIMEOUT_SECONDS)
 
 
 @dataclass(kw_only=True)
@@ -112,7 +128,15 @@ class JobWait:
         self.name = name
         started, last, cancelled_at = time.monotonic(), None, None
         while True:
-            job = self.client.get_custom_job(name=name)
+            if cancelled_at is None and self.stop_signal is not None:  # before anything else can fail
+                cancelled_at = self._cancel(f"{signal.Signals(self.stop_signal).name} received")
+            try:
+                job = call(self.client.get_custom_job, name=name)
+            except Exception:  # the service out of reach past the retries: no job is left running unwatched
+                if cancelled_at is None:
+                    log.error("cannot follow %s any more: cancelling it", name)
+                    self._cancel("the job service kept failing")
+                raise
             waited = time.monotonic() - started
             if job.state.name != last:
                 log.info("%s after %.0f s", job.state.name, waited)
@@ -123,8 +147,6 @@ class JobWait:
                 break
             if cancelled_at is None and self._queued_too_long(job.state.name, waited):
                 cancelled_at = self._cancel(f"it stayed queued or pending for {waited:.0f} s")
-            if cancelled_at is None and self.stop_signal is not None:
-                cancelled_at = self._cancel(f"{signal.Signals(self.stop_signal).name} received")
             if cancelled_at is not None and time.monotonic() - cancelled_at > CANCEL_WAIT_SECONDS:
                 log.warning("the cancel has not taken after %.0f s; leaving %s", CANCEL_WAIT_SECONDS, name)
                 break
@@ -145,7 +167,7 @@ class JobWait:
     def _cancel(self, why: str) -> float:
         log.warning("%s: cancelling %s", why, self.name)
         try:
-            self.client.cancel_custom_job(name=self.name)
+            call(self.client.cancel_custom_job, name=self.name)
         except Exception as error:  # the job goes on: say how to stop it, whatever the client raised
             message = f"could not cancel {self.name} ({error}); cancel it with: {cancel_command(self.name)}"
             raise ServiceFailed(message) from None

@@ -1,5 +1,6 @@
 """The pipeline's TPU task launcher against the Vertex AI stand-in: a retry creates a new job where the one the task
-recorded ended without success, follows one still running, and a cancelled task cancels its job."""
+recorded failed for a reason another try may not meet, with what is left of the time limit, and not where it was
+cancelled or failed for good; it follows one still running, and a cancelled task cancels its job."""
 
 from __future__ import annotations
 
@@ -27,7 +28,13 @@ def job(command: str) -> dict:
         "container_spec": {"image_uri": "us-docker.pkg.dev/p/r/tpu:1", "command": ["python", "-c", command], "env": []},
         "disk_spec": {},
     }
-    scheduling = {"timeout": "7200s", "strategy": "SPOT", "restart_job_on_worker_restart": True}
+    # GCPC's component compiles a max_wait_duration of a day, which the API takes with FLEX_START only
+    scheduling = {
+        "timeout": "7200s",
+        "strategy": "SPOT",
+        "restart_job_on_worker_restart": True,
+        "max_wait_duration": "86400s",
+    }
     return {"display_name": "train", "job_spec": {"worker_pool_specs": [pool], "scheduling": scheduling}}
 
 
@@ -45,10 +52,10 @@ def recorded(record) -> str:
     return resource["resourceUri"].split("/v1/", 1)[1]
 
 
-def earlier_job(vertex: VertexStandIn, command: str, record) -> str:
+def earlier_job(vertex: VertexStandIn, command: str, record, labels: dict | None = None) -> str:
     """A job of the task's earlier attempt, recorded in ``record`` as GCPC's launcher records it."""
     pool = {"containerSpec": {"command": ["python", "-c", command]}}
-    name = vertex.create(PARENT, {"jobSpec": {"workerPoolSpecs": [pool]}})["name"]
+    name = vertex.create(PARENT, {"jobSpec": {"workerPoolSpecs": [pool]}, "labels": labels or {}})["name"]
     resource = {"resourceType": "CustomJob", "resourceUri": f"{vertex.url}/v1/{name}"}
     record.write_text(json.dumps({"resources": [resource]}))
     return name
@@ -61,32 +68,72 @@ def wait_for(condition, seconds: float = 120) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("earlier", ["failed", "cancelled", "none"])
-def test_a_retry_creates_a_new_job_unless_the_recorded_one_can_still_succeed(tmp_path, earlier):
+def seconds_ran(job: dict) -> int:
+    from datetime import datetime
+
+    start, end = (datetime.fromisoformat(job[key].replace("Z", "+00:00")) for key in ("startTime", "endTime"))
+    return int((end - start).total_seconds())
+
+
+@pytest.mark.parametrize("earlier", ["failed", "none"])
+def test_a_retry_replaces_a_failed_job_with_what_is_left_of_the_time_limit(tmp_path, monkeypatch, earlier):
     record = tmp_path / "outputs" / "gcp_resources"
     record.parent.mkdir()
+    run_labels = {"vertex-ai-pipelines-run-billing-id": "1234", "tpu-mlm-seconds-used": "not the system's to set"}
+    monkeypatch.setenv("VERTEX_AI_PIPELINES_RUN_LABELS", json.dumps(run_labels))
     with VertexStandIn() as vertex:
-        if earlier != "none":
-            command = "raise SystemExit(3)" if earlier == "failed" else "import time; time.sleep(600)"
-            old = earlier_job(vertex, command, record)
-            if earlier == "cancelled":
-                vertex.cancel(old)
-            wait_for(lambda: vertex.get(old)["state"] != "JOB_STATE_RUNNING")
+        if earlier == "failed":  # a second retry: the job before it had already run 5,000 s of the 7,200
+            old = earlier_job(vertex, "raise SystemExit(3)", record, {"tpu-mlm-seconds-used": "5000"})
+            wait_for(lambda: vertex.get(old)["state"] == "JOB_STATE_FAILED")  # code 13: internal, may not recur
         result = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('trained')"), record))
         names = list(vertex.jobs)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(names) == (1 if earlier == "none" else 2)
     assert recorded(record) == names[-1] and vertex.jobs[names[-1]]["state"] == "JOB_STATE_SUCCEEDED"
     assert vertex.logs[names[-1]].strip() == "trained"
-    if earlier != "none":
-        ended = "JOB_STATE_FAILED" if earlier == "failed" else "JOB_STATE_CANCELLED"
-        assert f"the job this task recorded, {names[0]}, ended {ended}: this retry creates a new one" in result.stderr
-    # what Vertex AI got: the payload's job, its empty fields left out
-    created = vertex.jobs[names[-1]]["jobSpec"]
-    assert created["workerPoolSpecs"][0]["machineSpec"] == {"machineType": "ct5lp-hightpu-4t", "tpuTopology": "2x2"}
-    scheduling = Scheduling.from_json(json.dumps(created["scheduling"]))
-    assert (scheduling.timeout.total_seconds(), scheduling.strategy) == (7200, Scheduling.Strategy.SPOT)
-    assert scheduling.restart_job_on_worker_restart
+    created = vertex.jobs[names[-1]]
+    used = 0 if earlier == "none" else 5000 + seconds_ran(vertex.jobs[names[0]])
+    if earlier == "failed":
+        assert f"the job this task recorded, {names[0]} ended JOB_STATE_FAILED (13: The replica" in result.stderr
+    # what Vertex AI got: the payload's job, its empty fields and max_wait_duration left out, the time left, the
+    # run's labels (billing) beside the seconds used so far
+    assert created["jobSpec"]["workerPoolSpecs"][0]["machineSpec"] == {
+        "machineType": "ct5lp-hightpu-4t",
+        "tpuTopology": "2x2",
+    }
+    scheduling = Scheduling.from_json(json.dumps(created["jobSpec"]["scheduling"]))
+    assert (scheduling.timeout.total_seconds(), scheduling.strategy) == (7200 - used, Scheduling.Strategy.SPOT)
+    assert scheduling.restart_job_on_worker_restart and not scheduling.max_wait_duration
+    assert created["labels"] == {"vertex-ai-pipelines-run-billing-id": "1234", "tpu-mlm-seconds-used": str(used)}
+
+
+@pytest.mark.parametrize("ending", ["cancelled", "failed for good", "time spent"])
+def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp_path, ending):
+    record = tmp_path / "gcp_resources"
+    with VertexStandIn() as vertex:
+        labels = {"tpu-mlm-seconds-used": "7200"} if ending == "time spent" else {}
+        command = "import time; time.sleep(600)" if ending == "cancelled" else "raise SystemExit(3)"
+        old = earlier_job(vertex, command, record, labels)
+        if ending == "cancelled":  # someone stopped it, in the console, to stop paying
+            vertex.cancel(old)
+        wait_for(lambda: vertex.get(old)["state"] != "JOB_STATE_RUNNING")
+        if ending == "failed for good":
+            vertex.jobs[old]["error"] = {"code": 7, "message": "Permission denied on the image"}
+        result = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('trained')"), record))
+        assert list(vertex.jobs) == [old]  # no new TPU job
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    if ending == "time spent":
+        assert last == (
+            "error: the run's TPU time limit (2 h) is spent by this task's earlier jobs: no new job (raise "
+            "tpu_job_timeout_hours to train on)"
+        )
+    else:
+        state, code = (
+            ("JOB_STATE_CANCELLED", "0: no error given") if ending == "cancelled" else ("JOB_STATE_FAILED", "7")
+        )
+        assert last.startswith(f"error: {old} ended {state} ({code}")
+        assert last.endswith("not replaced, as another job would stop or fail the same way")
 
 
 def test_a_retry_follows_the_recorded_job_while_it_runs_and_reports_its_failure(tmp_path):

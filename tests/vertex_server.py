@@ -13,11 +13,16 @@ import re
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class VertexStandIn:
@@ -53,9 +58,9 @@ class VertexStandIn:
             command[0] = sys.executable  # the image's Python is this project's here
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
         env.update({variable["name"]: variable["value"] for variable in container.get("env", [])})
-        self.jobs[name] = {**job, "name": name, "state": "JOB_STATE_PENDING"}
+        self.jobs[name] = {**job, "name": name, "state": "JOB_STATE_PENDING", "createTime": now()}
         if self.start_jobs:
-            self.jobs[name]["state"] = "JOB_STATE_RUNNING"
+            self.jobs[name].update(state="JOB_STATE_RUNNING", startTime=now())
             self.processes[name] = subprocess.Popen(
                 command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
@@ -72,12 +77,13 @@ class VertexStandIn:
             self.processes[name].kill()
             self.processes[name].wait()
         if self.cancels_take:
-            job["state"] = "JOB_STATE_CANCELLED"
+            job.update(state="JOB_STATE_CANCELLED", endTime=now())
 
     def get(self, name: str) -> dict:
         job, process = self.jobs[name], self.processes.get(name)
         if job["state"] == "JOB_STATE_RUNNING" and process.poll() is not None:
             self.logs[name] = process.stdout.read()
+            job["endTime"] = now()
             if process.returncode == 0:
                 job["state"] = "JOB_STATE_SUCCEEDED"
             else:
@@ -114,6 +120,10 @@ class VertexStandIn:
                 if not match:
                     return self._reply(404, {"error": {"code": 404, "message": self.path}})
                 job = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                scheduling = job.get("jobSpec", {}).get("scheduling", {})
+                if "maxWaitDuration" in scheduling and scheduling.get("strategy") not in (6, "FLEX_START"):
+                    message = "max_wait_duration is only supported with the FLEX_START scheduling strategy"
+                    return self._reply(400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}})
                 if stand_in.refuse_creates:
                     message = f"Permission 'aiplatform.customJobs.create' denied on resource '{match.group(1)}'"
                     return self._reply(403, {"error": {"code": 403, "message": message, "status": "PERMISSION_DENIED"}})
