@@ -38,14 +38,14 @@ from components.lib.accelerators import (
     prepare_runtime,
     select_strategy,
 )
-from components.lib.attempts import STOPPED_EXIT, Attempts
+from components.lib.attempts import Attempts
 from components.lib.errors import InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, masked_lm_loss, max_predictions
 from components.lib.masking import Masking, masked_dataset, naming_corrupt_shards
 from components.lib.modeling import training_flops_per_token
-from components.lib.preemption import CallPace, StopRequest
+from components.lib.preemption import STOPPED_EXIT, CallPace, StopRequest
 from components.lib.pytorch_weights import save_model_folder
 from components.lib.results import HISTORY_FILE, SUMMARY_FILE
 from components.lib.training import CHECKPOINT_IDENTITY_FILE, TrainingPlan, TrainingSettings, plan_training

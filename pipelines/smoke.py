@@ -47,6 +47,7 @@ from components.lib.corpus import EMBEDDED, embedded_lines
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.masked_lm import max_predictions
+from components.lib.preemption import last_words
 from components.lib.results import SUMMARY_FILE
 from components.lib.training import TrainingSettings
 
@@ -117,12 +118,14 @@ class Report:
     def __init__(self, arguments: SmokeArguments):
         self.uri = storage.join(arguments.scratch, REPORT_FILE)
         self.values: dict[str, Any] = {"verdict": "fail", "arguments": asdict(arguments), "stages": {}}
+        self.stage_running = ""
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[dict[str, Any]]:
         started = time.perf_counter()
         found: dict[str, Any] = {}
         self.values["stages"][name] = found
+        self.stage_running = name
         try:
             yield found
         except BaseException as error:
@@ -132,6 +135,11 @@ class Report:
         finally:
             found["seconds"] = round(time.perf_counter() - started, 1)
             self.write()  # stage by stage: a job killed later still leaves what it found
+
+    def last_words(self, why: str) -> None:
+        """The report of a process ended where no ``finally`` runs (a TPU start that hung, say)."""
+        self.values.update(failed_at=self.stage_running, error=why)
+        self.write()
 
     def write(self) -> None:
         storage.write_text_atomic(self.uri, json.dumps(self.values, indent=2, default=str) + "\n")
@@ -151,6 +159,11 @@ def smoke(arguments: SmokeArguments) -> dict[str, Any]:
     ``exit_zero`` (the report then says it)."""
     report = Report(arguments)
     signal.signal(signal.SIGTERM, _stop)
+    with last_words(report.last_words):
+        return _run_stages(arguments, report)
+
+
+def _run_stages(arguments: SmokeArguments, report: Report) -> dict[str, Any]:
     try:
         with report.stage("runtime") as found:
             found.update(runtime())

@@ -28,7 +28,7 @@ def hang() -> None:
     threading.Event().wait()
 
 
-def arm(function: str, matching: str, nth: int, after: bool, action: str = "kill") -> None:
+def arm(function: str, matching: str, nth: int, after: bool, action: str = "kill", marker: str = "") -> None:
     module_name, _, attribute = function.partition(":")
     owner = importlib.import_module(module_name)
     *parents, name = attribute.split(".")
@@ -38,6 +38,8 @@ def arm(function: str, matching: str, nth: int, after: bool, action: str = "kill
     calls = 0
 
     def act() -> None:
+        if marker:  # for a test to wait on a state, not on a log line
+            open(marker, "w").close()
         if action == "hang":
             hang()
         os.kill(os.getpid(), signal.SIGTERM if action == "term" else signal.SIGKILL)
@@ -64,10 +66,11 @@ def main() -> None:
     parser.add_argument("--nth", type=int, default=1, help="act at this (counted) call")
     parser.add_argument("--after", action="store_true", help="act just after the call returns, not before")
     parser.add_argument("--action", choices=("kill", "term", "hang"), default="kill", help="what to do there")
+    parser.add_argument("--marker", default="", help="a file to create just before acting")
     split = sys.argv.index("--")
     options = parser.parse_args(sys.argv[1:split])
     module, *arguments = sys.argv[split + 1 :]  # after "--": the module to run, then its arguments
-    arm(options.function, options.matching, options.nth, options.after, options.action)
+    arm(options.function, options.matching, options.nth, options.after, options.action, options.marker)
     # the module's own main(), not runpy: a second copy of the module as __main__ would not be armed
     sys.exit(importlib.import_module(module).main(arguments))
 

@@ -55,6 +55,29 @@ def test_the_smoke_script_trains_two_cpu_replicas_on_data_it_makes_and_passes(gc
     assert "validation loss" in result.stderr
 
 
+def test_a_smoke_job_stopped_while_its_tpu_start_hangs_still_reports_where(tmp_path):
+    """Vertex AI ends the job (its timeout, a cancel) while the TPU's initialisation hangs in native code: the
+    process is ended without unwinding, and the report still says at which stage and why."""
+    scratch, marker = tmp_path / "smoke", tmp_path / "hanging"
+    hang = ["--function", "components.train:select_strategy", "--action", "hang", "--marker", str(marker)]
+    run = ["pipelines.smoke", "--scratch", str(scratch), "--accelerator", "cpu", "--model_config", "tiny"]
+    run += ["--steps", "3", "--per_replica_batch_size", "8", "--vocab_size", "6000", "--max_length", "32"]
+    process = subprocess.Popen(
+        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *hang, "--", *run],
+        cwd=PROJECT_ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )
+    wait_for(marker.exists, process)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 128 + signal.SIGTERM, process.stderr.read()[-3000:]
+    report = json.loads((scratch / "smoke.json").read_text())
+    assert report["verdict"] == "fail" and report["failed_at"] == "train"
+    assert report["error"].startswith("SIGTERM: the step did not stop within 15 s (a long native call")
+    assert "seconds" in report["stages"]["data"]  # the stages before it, as they were written
+
+
 def test_the_smoke_job_is_a_custom_job_on_the_tpu_with_a_hard_limit_no_retries_and_the_runtime_env(capsys):
     from google.cloud import aiplatform_v1 as vertex
 

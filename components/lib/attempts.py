@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import re
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -24,12 +23,12 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
+from components.lib.preemption import STOPPED_EXIT, hard_exit
 
 log = logging.getLogger("tpu_mlm.train")
 
 FILE = "attempts.json"
 REPEATS = 2
-STOPPED_EXIT = 128 + signal.SIGTERM  # how a step that heard a SIGTERM exits
 
 
 class Attempts:
@@ -86,9 +85,7 @@ class Attempts:
             minutes = f"{seconds / 60:g}"
             record = {"key": self.key, "step": self.step, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             self._end(record, "failed", f"the accelerator did not start within {minutes} min (--start_minutes)")
-            log.error("the accelerator did not start within %s min: this attempt fails", minutes)
-            logging.shutdown()
-            os._exit(1)
+            hard_exit(1, f"the accelerator did not start within {minutes} min: this attempt fails")
 
         timer = threading.Timer(seconds, expired)
         timer.daemon = True

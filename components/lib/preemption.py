@@ -4,18 +4,41 @@ graph short enough that the loop can checkpoint within the notice."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
-
-from components.lib.attempts import STOPPED_EXIT
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 log = logging.getLogger("tpu_mlm.train")
+
+STOPPED_EXIT = 128 + signal.SIGTERM  # how a step that heard a SIGTERM exits
+_LAST_WORDS: list[Callable[[str], None]] = []
+
+
+@contextlib.contextmanager
+def last_words(callback: Callable[[str], None]) -> Iterator[None]:
+    """While in the block, ``callback(why)`` runs before a ``hard_exit``, which skips every ``finally``: where a
+    report must still be written (the smoke test's)."""
+    _LAST_WORDS.append(callback)
+    try:
+        yield
+    finally:
+        _LAST_WORDS.remove(callback)
+
+
+def hard_exit(code: int, why: str) -> NoReturn:
+    """Ends the process now, from any thread (its main thread is stuck in a native call), after the last words."""
+    log.error(why)
+    for callback in list(_LAST_WORDS):
+        with contextlib.suppress(Exception):  # the exit matters more than any report of it
+            callback(why)
+    logging.shutdown()
+    os._exit(code)
 
 
 class StopRequest:
@@ -32,7 +55,7 @@ class StopRequest:
     In the main thread only (where Python delivers signals); elsewhere it never fires. Without a handler, a
     SIGTERM is ignored by the container's PID 1, which the step's Python is on Vertex AI."""
 
-    EXIT_GRACE = 5.0
+    EXIT_GRACE = 15.0  # of the ~30 s notice: a main thread that unwinds (an upload, say) has this long
 
     def __init__(self) -> None:
         self.requested = False
@@ -81,12 +104,11 @@ class StopRequest:
         if self.in_loop:
             return
         time.sleep(self.EXIT_GRACE)  # a daemon thread: if the main thread exits meanwhile, this ends with it
-        log.warning(
-            "SIGTERM: the step did not stop within %.0f s (a long native call: the TPU starting, a compile); exiting",
-            self.EXIT_GRACE,
+        hard_exit(
+            STOPPED_EXIT,
+            f"SIGTERM: the step did not stop within {self.EXIT_GRACE:.0f} s (a long native call: the TPU starting, "
+            "a compile); exiting",
         )
-        logging.shutdown()
-        os._exit(STOPPED_EXIT)
 
 
 class CallPace:
