@@ -212,6 +212,7 @@ def _training_loop(
         strategy.num_replicas_in_sync,
         arguments.price_per_hour,
     )
+    storage.makedirs(arguments.tensorboard_dir)  # in a bucket: its marker, where the writer's own walk stops
     writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
     step = state.start_step
     pace = CallPace()

@@ -64,6 +64,11 @@ def test_the_steps_need_no_bucket_permission_only_object_ones(gcs):
         tf.summary.flush()
     names = bucket_objects(folder)
     assert "deeper/checkpoint" in names and any(name.startswith("logs/events.out.tfevents.") for name in names)
+    # the bucket itself, given as a folder: taken as one, without asking for its metadata
+    assert storage.exists("gs://bucket") and storage.isdir("gs://bucket/")
+    at_the_root = f"gs://bucket/{gcs.rsplit('/', 1)[1]}.json"
+    storage.write_text_atomic(at_the_root, "{}")
+    assert storage.read_text(at_the_root) == "{}"
 
 
 def test_a_storage_permission_error_is_one_line_naming_the_uri_and_the_permission(gcs):

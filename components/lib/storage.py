@@ -83,12 +83,19 @@ def relocate(uri: str, root: str) -> str:
     return join(root, *uri.replace(os.sep, "/").rstrip("/").split("/")[-3:])
 
 
+def is_bucket(uri: str) -> bool:
+    """Whether ``uri`` is a bucket itself (gs://name), which TensorFlow asks about with a request for the bucket's
+    metadata, a permission the README's object roles do not grant: the steps take a bucket as an existing folder
+    (if it does not exist, the first write says so)."""
+    return is_remote(uri) and "/" not in uri[len("gs://") :].rstrip("/")
+
+
 def exists(uri: str) -> bool:
-    return gfile().exists(uri)
+    return is_bucket(uri) or gfile().exists(uri)
 
 
 def isdir(uri: str) -> bool:
-    return gfile().isdir(uri)
+    return is_bucket(uri) or gfile().isdir(uri)
 
 
 def glob(pattern: str) -> list[str]:
@@ -110,6 +117,8 @@ def makedirs(uri: str) -> None:
     not grant. TensorFlow's own recursive calls (checkpoints, summaries) under ``uri`` then stop at the marker."""
     if not is_remote(uri):
         gfile().makedirs(uri)
+        return
+    if is_bucket(uri):
         return
     import tensorflow as tf
 
