@@ -113,7 +113,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 
     def _denied_permission(self) -> str:
         """The permission Cloud Storage would deny the README's account (object roles on the test bucket only,
-        ``roles/storage.objectAdmin``): the bucket's own resource (metadata, the bucket list) needs
+        ``roles/storage.objectUser``): the bucket's own resource (metadata, the bucket list) needs
         ``storage.buckets.*``, and ``NOT_GRANTED_BUCKET`` is a bucket it has no role on; "" where it is allowed."""
         path = self.path.split("?", 1)[0].rstrip("/")
         bucket = BUCKET_REQUEST.fullmatch(path)
