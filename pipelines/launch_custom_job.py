@@ -36,6 +36,7 @@ from pipelines.vertex_jobs import (
     CALL_TIMEOUT_SECONDS,
     ENDED_WITHOUT_SUCCESS,
     SUCCEEDED,
+    TERMINAL_STATES,
     USER_ERROR_CODES,
     JobServiceArguments,
     JobWait,
@@ -47,6 +48,7 @@ RESOURCE_TYPE = "CustomJob"
 # the label that carries, from job to job of one task, the seconds its earlier jobs ran (the time limit is theirs)
 SECONDS_USED_LABEL = "tpu-mlm-seconds-used"
 SYSTEM_LABELS_VARIABLE = "VERTEX_AI_PIPELINES_RUN_LABELS"  # the run's labels (billing), as Vertex AI sets them
+RUN_LABEL = "vertex-ai-pipelines-run-billing-id"  # among them, the one that names the pipeline run
 
 
 @dataclass(kw_only=True)
@@ -90,6 +92,8 @@ def launch(arguments: LaunchArguments) -> dict[str, Any]:
     with waiting:  # a SIGTERM from here on cancels the job
         job = custom_job(arguments.payload)
         name, seconds_used = followed_job(client, arguments.gcp_resources)
+        if not name and not seconds_used:  # no record: a first try, or a retry that was not handed its record
+            name = live_job_of_this_run(client, arguments, job.display_name)
         if not name:
             name = create(client, arguments, job, seconds_used)
         ended = waiting.follow(name)
@@ -124,6 +128,25 @@ def followed_job(client: Any, gcp_resources: str) -> tuple[str, int]:
     seconds_used = int(recorded.labels.get(SECONDS_USED_LABEL, 0)) + int(ran.total_seconds() if ran else 0)
     log.warning("the job this task recorded, %s: this retry creates a new one", why)
     return "", seconds_used
+
+
+def live_job_of_this_run(client: Any, arguments: LaunchArguments, display_name: str) -> str:
+    """A job of this task in this pipeline run that has not ended (its launcher was lost and the retry got no
+    record of it): it is followed and recorded, never run twice beside a new one. "" where there is none, or
+    outside a Vertex AI pipeline run (no run label)."""
+    run = run_labels().get(RUN_LABEL)
+    if not run:
+        return ""
+    query = f'labels.{RUN_LABEL}="{run}" AND display_name="{display_name}"'
+    parent = f"projects/{arguments.project}/locations/{arguments.location}"
+    jobs = call(client.list_custom_jobs, request={"parent": parent, "filter": query})
+    live = [job for job in jobs if job.state.name not in TERMINAL_STATES]
+    if not live:
+        return ""
+    found = live[0]
+    log.warning("%s of this run has not ended (%s): following it, not creating another", found.name, found.state.name)
+    record_job(arguments.gcp_resources, arguments.endpoint, found.name)
+    return found.name
 
 
 def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int) -> str:

@@ -154,6 +154,29 @@ def test_a_retry_follows_the_recorded_job_while_it_runs_and_reports_its_failure(
     )
 
 
+RUN = "vertex-ai-pipelines-run-billing-id"
+
+
+def test_a_retry_without_its_record_follows_the_run_s_live_job_instead_of_starting_a_second(tmp_path, monkeypatch):
+    """Whether Vertex AI hands a retried task its predecessor's gcp_resources is not documented: where it does not,
+    a job of this task in this run that has not ended (its launcher lost) is found by the run's label."""
+    monkeypatch.setenv("VERTEX_AI_PIPELINES_RUN_LABELS", json.dumps({RUN: "run-7"}))
+    pool = {"containerSpec": {"command": ["python", "-c", "import time; time.sleep(3)"]}}
+    with VertexStandIn() as vertex:
+        names = [
+            vertex.create(
+                PARENT, {"displayName": "train", "jobSpec": {"workerPoolSpecs": [pool]}, "labels": {RUN: run}}
+            )["name"]
+            for run in ("run-8", "run-7")  # another run's job, then this run's
+        ]
+        record = tmp_path / "gcp_resources"  # none: a fresh output for the retried task
+        result = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('second')"), record))
+        assert list(vertex.jobs) == names  # no second TPU job for this run
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{names[1]} of this run has not ended (JOB_STATE_RUNNING): following it" in result.stderr
+    assert recorded(record) == names[1] and vertex.jobs[names[1]]["state"] == "JOB_STATE_SUCCEEDED"
+
+
 def test_a_cancelled_task_cancels_its_job(tmp_path):
     record = tmp_path / "gcp_resources"
     with VertexStandIn() as vertex:

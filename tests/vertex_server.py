@@ -16,7 +16,7 @@ import threading
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,6 +79,20 @@ class VertexStandIn:
         if self.cancels_take:
             job.update(state="JOB_STATE_CANCELLED", endTime=now())
 
+    def list(self, parent: str, query: str) -> list[dict]:
+        """The jobs under ``parent`` that match a filter of the API's form, ``A="x" AND labels.b="y"``."""
+        wanted = re.findall(r'(labels\.[\w-]+|display_name)\s*=\s*"([^"]*)"', query)
+        if query and len(wanted) != query.count("="):
+            raise ValueError(f"the stand-in does not understand the filter {query!r}")
+
+        def value(job: dict, key: str) -> str:
+            if key.startswith("labels."):
+                return job.get("labels", {}).get(key.removeprefix("labels."))
+            return job.get("displayName")
+
+        jobs = [self.get(name) for name in self.jobs if name.startswith(parent + "/")]
+        return [job for job in jobs if all(value(job, key) == expected for key, expected in wanted)]
+
     def get(self, name: str) -> dict:
         job, process = self.jobs[name], self.processes.get(name)
         if job["state"] == "JOB_STATE_RUNNING" and process.poll() is not None:
@@ -130,7 +144,11 @@ class VertexStandIn:
                 self._reply(200, stand_in.create(match.group(1), job))
 
             def do_GET(self) -> None:
-                name = urlparse(self.path).path.removeprefix("/v1/")
+                url = urlparse(self.path)
+                name = url.path.removeprefix("/v1/")
+                if name.endswith("/customJobs"):
+                    (query,) = parse_qs(url.query).get("filter", [""])
+                    return self._reply(200, {"customJobs": stand_in.list(name.removesuffix("/customJobs"), query)})
                 if name not in stand_in.jobs:
                     return self._reply(404, {"error": {"code": 404, "message": f"{name} not found"}})
                 self._reply(200, stand_in.get(name))
