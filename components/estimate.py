@@ -19,14 +19,12 @@ from components.lib.jobs import run_job
 
 
 def estimate(arguments: EstimateArguments) -> dict[str, Any]:
-    result = estimate_run(arguments)
-    if not arguments.json:
-        print(estimate_table(result), file=sys.stderr)
-    return result
+    """The job run as this module (its usage line names it): the estimate, as a table for people."""
+    return estimate_run(arguments)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(EstimateArguments, estimate, argv, description=__doc__)
+    return run_job(EstimateArguments, estimate, argv, description=__doc__, for_people=estimate_table)
 
 
 if __name__ == "__main__":

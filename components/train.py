@@ -490,8 +490,18 @@ def _save_model(model: Any, tokenizer: Any, output: str, summary: dict[str, Any]
     log.info("saved the model to %s", output)
 
 
+def summary_for_people(summary: dict[str, Any]) -> str:
+    first = summary["resumed_from_step"]
+    return (
+        f"trained steps {first + 1:,}-{summary['total_steps']:,} of {summary['total_steps']:,} on "
+        f"{summary['replicas']} x {summary['accelerator']} in {summary['seconds_this_run']:,.0f} s: loss "
+        f"{summary['first_loss']:.4f} to {summary['last_loss']:.4f}\nthe model and {SUMMARY_FILE}: "
+        f"{summary['arguments']['output']}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(TrainArguments, train, argv, description=__doc__)
+    return run_job(TrainArguments, train, argv, description=__doc__, for_people=summary_for_people)
 
 
 if __name__ == "__main__":

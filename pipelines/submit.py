@@ -236,8 +236,18 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
     return {"job": job.resource_name, "console": job._dashboard_uri()}
 
 
+def summary_for_people(summary: dict[str, Any]) -> str:
+    if summary.get("dry_run"):
+        request = summary["would_submit"]
+        return (
+            f"dry run: would submit {request['displayName']} with {len(request['runtimeConfig']['parameterValues'])} "
+            f"parameter values, root {request['runtimeConfig']['gcsOutputDirectory']} (--json prints the request)"
+        )
+    return f"submitted {summary['job']}\nconsole: {summary['console']}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(SubmitArguments, submit, argv, description=__doc__)
+    return run_job(SubmitArguments, submit, argv, description=__doc__, for_people=summary_for_people)
 
 
 if __name__ == "__main__":

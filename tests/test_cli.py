@@ -1,4 +1,5 @@
 import importlib
+import json
 import subprocess
 import sys
 
@@ -48,3 +49,16 @@ def test_console_script_lists_jobs_and_dispatches(tmp_path):
     assert result.returncode == 2
     assert "error: --vocab-size=3: must be larger than the 5 special tokens" in result.stderr
     assert not (tmp_path / "tok").exists()
+
+
+def test_a_command_ends_with_a_few_lines_for_people_and_the_whole_summary_behind_json(tmp_path, embedded_tokenizer):
+    command = ["components.shards", "--corpus", "embedded", "--tokenizer", embedded_tokenizer, "--max_length", "32"]
+    people = run_module(*command, "--output", str(tmp_path / "people"))
+    assert people.returncode == 0, people.stderr[-2000:]
+    lines = people.stdout.strip().splitlines()
+    # the manifest's plain values; its token counts (one per piece: 3,000 here) counted, not printed
+    assert len(lines) < 25 and "token_counts: 3,000 items" in lines, lines
+    assert any(line.startswith("num_records: ") for line in lines)
+    scripts = run_module(*command, "--output", str(tmp_path / "scripts"), "--json")
+    manifest = json.loads(scripts.stdout)
+    assert len(manifest["token_counts"]) == 3000 and manifest["num_records"] > 0

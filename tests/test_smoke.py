@@ -86,7 +86,7 @@ def test_the_smoke_job_is_a_custom_job_on_the_tpu_with_a_hard_limit_no_retries_a
             *("--project", "my-project-123", "--scratch", "gs://bucket/smoke", "--tpu_type", "v5e-4"),
             *("--tpu_image", "us-docker.pkg.dev/p/r/tpu:1", "--tpu_provisioning", "SPOT"),
             *("--tpu_env", "TF_XLA_FLAGS=", "LIBTPU_INIT_ARGS=--xla_tpu_enable_latency_hiding_scheduler"),
-            *("--service_account", "trainer@my-project-123.iam.gserviceaccount.com", "--dry_run"),
+            *("--service_account", "trainer@my-project-123.iam.gserviceaccount.com", "--dry_run", "--json"),
         ]
     )
     assert code == 0

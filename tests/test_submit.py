@@ -114,7 +114,10 @@ def test_dry_run_prints_the_job_and_sends_nothing(template, monkeypatch):
         timeout=120,
     )
     assert cli.returncode == 0, cli.stderr
-    assert json.loads(cli.stdout)["would_submit"]["displayName"] == "tpu-mlm-pretraining"
+    assert cli.stdout.strip().splitlines()[-1].startswith("dry run: would submit tpu-mlm-pretraining with 1 ")
+    assert len(cli.stdout.strip().splitlines()) < 10  # the request itself only with --json
+    scripted = run_module(*cli.args[2:], "--json", timeout=120)
+    assert json.loads(scripted.stdout)["would_submit"]["displayName"] == "tpu-mlm-pretraining"
 
 
 def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):

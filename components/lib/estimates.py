@@ -84,7 +84,6 @@ class EstimateArguments:
         default=0.0,
         metadata={"help": "The TPU's price per hour; 0: its Cloud TPU list prices (us-central1, on demand and Spot)."},
     )
-    json: bool = field(default=False, metadata={"help": "Print only the JSON, not the table."})
 
     def __post_init__(self) -> None:
         defaults = tpu_batch(tpu_type(self.tpu_type))

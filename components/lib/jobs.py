@@ -1,5 +1,6 @@
-"""Running a job from its command line: parse its arguments dataclass, set up logging, run it, print its
-summary as JSON. Bad input exits with status 2 and one line naming the parameter."""
+"""Running a job from its command line: parse its arguments dataclass, set up logging, run it, and end with its
+summary in a few lines for people (``--json``: the whole summary as JSON, for scripts; the whole record is in the
+files the job writes). Bad input exits with status 2 and one line naming the parameter."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def setup_logging() -> None:
 
 def parse_arguments(
     arguments_class: type[Arguments], argv: Sequence[str] | None, description: str, prog: str | None = None
-) -> Arguments:
+) -> tuple[Arguments, bool]:
+    """The job's arguments, and whether ``--json`` asks for the summary as JSON."""
     import argparse
 
     from transformers import HfArgumentParser
@@ -34,6 +36,9 @@ def parse_arguments(
         """Defaults shown, and the job's docstring as written: its usage examples keep their lines."""
 
     parser = HfArgumentParser(arguments_class, description=description, prog=prog, formatter_class=Formatter)
+    parser.add_argument(
+        "--json", action="store_true", help="Print the whole summary as JSON (for scripts), not the lines for people."
+    )
     _, unknown = parser.parse_known_args(args=argv)  # before the dataclass's own checks, which a typo would skew
     if unknown:
         flag, _, value = unknown[0].partition("=")
@@ -43,8 +48,23 @@ def parse_arguments(
         near = difflib.get_close_matches(flag, flags, n=1)
         hint = f"; did you mean {near[0]}?" if near else f"; {prog or 'the job'} --help lists them"
         raise InvalidParameter(flag.lstrip("-"), value, f"is not a flag of this job{hint}")
-    (arguments,) = parser.parse_args_into_dataclasses(args=argv)
-    return arguments
+    arguments, printing = parser.parse_args_into_dataclasses(args=argv)
+    return arguments, printing.json
+
+
+def summary_lines(summary: dict[str, Any]) -> str:
+    """A job's summary for people: its plain values, one a line; a list or a mapping only counted (what it holds
+    is in the files the job wrote, or behind --json)."""
+    lines = []
+    for key, value in summary.items():
+        if key == "arguments":
+            continue
+        if isinstance(value, dict | list):
+            value = f"{len(value):,} {'entries' if isinstance(value, dict) else 'items'}"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = f"{value:,}"
+        lines.append(f"{key}: {value}")
+    return "\n".join(lines)
 
 
 def google_cloud_refusal(error: BaseException) -> str:
@@ -70,15 +90,16 @@ def run_job(
     argv: Sequence[str] | None = None,
     description: str | None = None,
     print_summary: bool = True,
+    for_people: Callable[[dict[str, Any]], str] = summary_lines,
 ) -> int:
-    """Parses ``argv`` into ``arguments_class``, runs ``job`` and prints its summary as JSON (unless the job
-    shows its own). Returns the exit code."""
+    """Parses ``argv`` into ``arguments_class``, runs ``job`` and prints its summary: ``for_people`` of it, or it
+    as JSON with ``--json`` (unless the job shows its own). Returns the exit code."""
     setup_logging()
     try:
         # the usage line names the module the job runs as (what its container runs), not "tpu-mlm" or "-c"
         spec = sys.modules[job.__module__].__spec__  # run as python -m X, the module's __name__ is __main__
         prog = f"python -m {spec.name}" if spec else None
-        arguments = parse_arguments(arguments_class, argv, description or job.__doc__ or "", prog)
+        arguments, as_json = parse_arguments(arguments_class, argv, description or job.__doc__ or "", prog)
         with storage.permission_errors_in_one_line(vars(arguments).values()):
             summary = job(arguments)
     except InvalidParameter as error:
@@ -94,5 +115,5 @@ def run_job(
         print(f"error: {refused}", file=sys.stderr)
         return 1
     if print_summary:
-        print(json.dumps(summary, indent=2, default=str))
+        print(json.dumps(summary, indent=2, default=str) if as_json else for_people(summary))
     return 0
