@@ -1,7 +1,7 @@
 # make install   create .venv with the pinned dependencies (pyproject.toml + constraints.txt)
 # make run       the whole pipeline under kfp.local on the embedded corpus (mini model, about 3 minutes)
 # make prepare   only the data steps: tokenizer, train and validation shards into outputs/
-# make docs      write the README's table of pipeline parameters from the dataclasses
+# make docs      write docs/steps.md's table of pipeline parameters from the dataclasses
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
 # make test      ruff, then the whole test suite (slow tests included): what CI runs
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipelines), while working
@@ -48,7 +48,7 @@ prepare: install
 		--split validation --holdout_fraction 0.05 --holdout only
 
 docs: install
-	$(BIN)/python -m pipelines.docs README.md
+	$(BIN)/python -m pipelines.docs docs/steps.md
 
 compile: install
 	$(BIN)/tpu-mlm compile --target local --output $(OUT)/pipeline-local.yaml

@@ -1,17 +1,19 @@
-"""Write the README's table of pipeline parameters from the dataclasses they come from (``make docs``).
+"""Write the table of pipeline parameters from the dataclasses they come from (``make docs``).
 
-The table sits between two markers in README.md; ``tests/test_parameters.py`` fails when it differs from what
-this writes, so the README cannot drift from the code.
+The table sits between two markers in docs/steps.md; ``tests/test_parameters.py`` fails when it differs from what
+this writes, so the docs cannot drift from the code.
 
-    python -m pipelines.docs [README.md]
+    python -m pipelines.docs [docs/steps.md]
 """
 
 import sys
 from pathlib import Path
 
-from components.lib.accelerators import TPU_TYPES
+from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import pipeline_parameters, target_defaults
 from pipelines.run_local import LOCAL_DEFAULTS
+
+DOC = "docs/steps.md"  # the page of the pipeline's parameters, relative to the project root
 
 BEGIN = "<!-- parameters: written by `make docs` from the dataclasses; do not edit by hand -->"
 END = "<!-- /parameters -->"
@@ -32,16 +34,16 @@ def parameters_markdown() -> str:
     return "\n".join(rows)
 
 
-def with_table(readme: str) -> str:
-    """``readme`` with the table between the markers replaced by the current one."""
-    before, rest = readme.split(BEGIN, 1)
+def with_table(doc: str) -> str:
+    """``doc`` with the table between the markers replaced by the current one."""
+    before, rest = doc.split(BEGIN, 1)
     _, after = rest.split(END, 1)
     return f"{before}{BEGIN}\n{parameters_markdown()}\n{END}{after}"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    path = Path(argv[0] if argv else "README.md")
+    path = Path(argv[0] if argv else DOC)
     path.write_text(with_table(path.read_text()))
     return 0
 

@@ -116,7 +116,7 @@ def test_every_pipeline_parameter_feeds_a_step_parameter_of_its_type():
 
 
 def test_the_pipeline_interface_is_the_documented_one():
-    """Changing it changes every submitted run's parameters: this list moves with the README's."""
+    """Changing it changes every submitted run's parameters: this list moves with docs/steps.md's table."""
     assert [name for name, _, _ in PARAMETER_SOURCES] == [
         *("corpus", "validation_corpus", "holdout_fraction", "text_column", "limit", "max_non_utf8_fraction"),
         *("vocab_size", "lowercase"),
@@ -154,13 +154,14 @@ def test_the_pipeline_signature_carries_each_parameter_help():
     assert inspect.signature(pipeline.pipeline_func).parameters["vocab_size"].default == 25_000
 
 
-def test_the_readme_table_of_parameters_is_the_code_s():
+def test_the_documented_table_of_parameters_is_the_code_s():
     from conftest import PROJECT_ROOT
 
-    from pipelines.docs import with_table
+    from pipelines.docs import BEGIN, DOC, with_table
 
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    assert readme == with_table(readme), "the README's parameter table is out of date: run make docs"
+    doc = (PROJECT_ROOT / DOC).read_text()
+    assert BEGIN in doc, f"{DOC} has lost the parameter table's markers"
+    assert doc == with_table(doc), f"{DOC}'s parameter table is out of date: run make docs"
 
 
 @pytest.mark.parametrize(
