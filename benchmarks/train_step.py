@@ -49,7 +49,7 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
-    from components.lib.accelerators import select_strategy
+    from components.lib.devices import select_strategy
     from components.lib.masked_lm import max_predictions
     from components.lib.masking import Masking, masked_dataset
     from components.lib.modeling import model_config

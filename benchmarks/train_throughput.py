@@ -28,10 +28,10 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 import components  # noqa: F401  (environment for TensorFlow)
-from components.lib.accelerators import TPU_TYPES
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
 from components.lib.masking import Masking, mask_tokens, masked_dataset, shard_files
 from components.lib.modeling import count_parameters, model_config, training_flops_per_token
+from components.lib.tpu_catalogue import TPU_TYPES
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from components.train import _train_function

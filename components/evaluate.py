@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import ACCELERATORS, check_accelerator, select_strategy
+from components.lib.devices import ACCELERATORS, check_accelerator, select_strategy
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, check_probability, max_predictions, unigram_perplexity

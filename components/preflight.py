@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import GIB, TPU_TYPES, tpu_type, training_memory
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
 from components.lib.hub import check_secret_name, hub_token
 from components.lib.jobs import run_job
 from components.lib.masked_lm import max_predictions
+from components.lib.memory_model import GIB, training_memory
 from components.lib.modeling import count_parameters
+from components.lib.tpu_catalogue import TPU_TYPES, tpu_type
 from components.lib.training import TrainingSettings, plan_training
 
 log = logging.getLogger("tpu_mlm.preflight")

@@ -32,13 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import (
-    TPU_RUNTIME_VARIABLES,
-    peak_tflops_per_replica,
-    prepare_runtime,
-    select_strategy,
-)
 from components.lib.attempts import Attempts
+from components.lib.devices import peak_tflops_per_replica, prepare_runtime, select_strategy
 from components.lib.errors import InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
 from components.lib.jobs import run_job
@@ -48,6 +43,7 @@ from components.lib.modeling import training_flops_per_token
 from components.lib.preemption import STOPPED_EXIT, CallPace, StopRequest
 from components.lib.pytorch_weights import save_model_folder
 from components.lib.results import HISTORY_FILE, SUMMARY_FILE
+from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES
 from components.lib.training import CHECKPOINT_IDENTITY_FILE, TrainingPlan, TrainingSettings, plan_training
 
 log = logging.getLogger("tpu_mlm.train")

@@ -20,9 +20,9 @@ from typing import Any
 from kfp import compiler, dsl
 
 from components.evaluate import EvaluateArguments
-from components.lib.accelerators import TPU_RUNTIME_ENV, TPU_TYPES, TpuType, tpu_batch
 from components.lib.corpus import CorpusArguments
 from components.lib.errors import InvalidParameter
+from components.lib.tpu_catalogue import TPU_RUNTIME_ENV, TPU_TYPES, TpuType, tpu_batch
 from components.lib.training import TrainingSettings
 from components.preflight import PreflightArguments
 from components.push import PushArguments

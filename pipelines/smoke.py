@@ -31,24 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import (
-    ACCELERATORS,
-    GIB,
-    TPU_RUNTIME_VARIABLES,
-    MemoryEstimate,
-    check_accelerator,
-    prepare_runtime,
-    tpu_batch,
-    tpu_devices,
-    tpu_type,
-    training_memory,
-)
 from components.lib.corpus import EMBEDDED, embedded_lines
+from components.lib.devices import ACCELERATORS, check_accelerator, prepare_runtime, tpu_devices
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.masked_lm import max_predictions
+from components.lib.memory_model import GIB, MemoryEstimate, training_memory
 from components.lib.preemption import last_words
 from components.lib.results import SUMMARY_FILE
+from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, tpu_batch, tpu_type
 from components.lib.training import TrainingSettings
 
 log = logging.getLogger("tpu_mlm.smoke")

@@ -25,9 +25,9 @@ from kfp.dsl import Dataset, Input, Output
 
 from components.evaluate import EvaluateArguments, evaluate
 from components.lib import storage
-from components.lib.accelerators import PRICES, TPU_TYPES, TpuType
 from components.lib.errors import InvalidParameter
 from components.lib.results import REPORT_FILE
+from components.lib.tpu_catalogue import PRICES, TPU_TYPES, TpuType
 from components.preflight import PreflightArguments, preflight
 from components.push import PushArguments, push
 from components.report import ReportArguments, write_report

@@ -20,11 +20,11 @@ from typing import Any
 
 import yaml
 
-from components.lib.accelerators import TPU_TYPES
 from components.lib.corpus import EMBEDDED, HUB_PREFIX
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.jobs import log, run_job
+from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import check_values
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}

@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import PRICES, TPU_TYPES, tpu_runtime_env, tpu_type
 from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.jobs import log, run_job
+from components.lib.tpu_catalogue import PRICES, TPU_TYPES, tpu_runtime_env, tpu_type
 from components.preflight import TPU_PROVISIONING, check_tpu_provisioning
 from pipelines.compile import check_image_uri
 from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe

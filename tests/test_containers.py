@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import HUB_TOKEN, PROJECT_ROOT
 
-from components.lib.accelerators import TPU_RUNTIMES, select_strategy, tpu_init_failed
+from components.lib.devices import select_strategy, tpu_init_failed
 from components.lib.errors import InvalidParameter
 from components.lib.results import SUMMARY_FILE
+from components.lib.tpu_catalogue import TPU_RUNTIMES
 from pipelines import submit_smoke
 from pipelines.run_local import RunLocalArguments, run_local
 

@@ -3,11 +3,11 @@ import json
 import pytest
 from conftest import run_module
 
-from components.lib.accelerators import TPU_TYPES
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
 from components.lib.results import SUMMARY_FILE
 from components.lib.shard_set import read_manifest
+from components.lib.tpu_catalogue import TPU_TYPES
 from components.train import TrainArguments, train
 from pipelines.pipeline import target_defaults
 

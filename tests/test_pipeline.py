@@ -12,11 +12,11 @@ from conftest import run_module
 from pytorch_env import run_pytorch
 from transformers import pipeline
 
-from components.lib.accelerators import TPU_RUNTIME_ENV, TPU_TYPES
 from components.lib.errors import InvalidParameter
 from components.lib.pytorch_weights import TF_LOADING
 from components.lib.shard_set import gather_parts
 from components.lib.storage import relocate
+from components.lib.tpu_catalogue import TPU_RUNTIME_ENV, TPU_TYPES
 from components.shards import ShardArguments, write_shards
 from pipelines.pipeline import build_pipeline, compile_pipeline
 from pipelines.run_local import RunLocalArguments, run_local

@@ -10,10 +10,11 @@ import tensorflow as tf
 from conftest import PROJECT_ROOT, WIKITEXT_VOCAB_SIZE
 from transformers import TFAutoModelForMaskedLM
 
-from components.lib.accelerators import TPU_TYPES, training_memory
 from components.lib.errors import InvalidParameter
+from components.lib.memory_model import training_memory
 from components.lib.modeling import count_parameters, model_config
 from components.lib.shard_set import read_manifest
+from components.lib.tpu_catalogue import TPU_TYPES
 from components.preflight import PreflightArguments, preflight
 from components.train import TrainArguments
 

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, TFAutoModelForMaskedLM, pipeline
 
 from components.evaluate import EvaluateArguments, evaluate
 from components.lib import storage
-from components.lib.accelerators import select_strategy
+from components.lib.devices import select_strategy
 from components.lib.errors import InvalidParameter
 from components.lib.modeling import PRESETS, model_config
 from components.lib.preemption import CallPace
@@ -298,7 +298,7 @@ def test_strategy_selection(caplog):
 
 
 def test_tpu_chips_are_counted_by_google_s_pci_vendor_and_a_tpu_device_id(tmp_path):
-    from components.lib.accelerators import NO_TPU_DEVICE, tpu_devices
+    from components.lib.devices import NO_TPU_DEVICE, tpu_devices
 
     def pci_device(slot: str, vendor: str, device: str) -> Path:
         folder = tmp_path / "sys/bus/pci/devices" / slot

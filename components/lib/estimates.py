@@ -9,8 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import (
-    GIB,
+from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
+from components.lib.errors import InvalidParameter
+from components.lib.masked_lm import max_predictions
+from components.lib.memory_model import GIB, training_memory
+from components.lib.modeling import count_parameters, model_config, training_flops_per_token
+from components.lib.results import SUMMARY_FILE
+from components.lib.shard_set import read_manifest
+from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, load_tokenizer
+from components.lib.tpu_catalogue import (
     PRICES,
     RECIPE_GLOBAL_BATCH,
     TPU_MICRO_BATCH,
@@ -18,15 +25,7 @@ from components.lib.accelerators import (
     TpuType,
     tpu_batch,
     tpu_type,
-    training_memory,
 )
-from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
-from components.lib.errors import InvalidParameter
-from components.lib.masked_lm import max_predictions
-from components.lib.modeling import count_parameters, model_config, training_flops_per_token
-from components.lib.results import SUMMARY_FILE
-from components.lib.shard_set import read_manifest
-from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, load_tokenizer
 
 # An assumption, not a measurement: PaLM (Chowdhery et al. 2022, table 3) reports 46.2% model FLOPs
 # utilization training on TPU v4; a 125M-parameter encoder at sequence length 128 reaches less.

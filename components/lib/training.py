@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
-from components.lib.accelerators import ACCELERATORS, check_accelerator
+from components.lib.devices import ACCELERATORS, check_accelerator
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id
 from components.lib.masked_lm import check_probability

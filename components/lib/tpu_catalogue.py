@@ -1,0 +1,118 @@
+"""The TPUs the train step runs on as Vertex AI custom jobs: their machines, replicas, peaks, memory and list
+prices, the recipe's batch on each, the TPU images' runtimes and the TPU job's runtime environment.
+
+Hardware figures are Google's published ones (pages named beside the table); prices are list prices (``PRICES``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from components.lib.errors import InvalidParameter
+
+# How the TPU image points TensorFlow at libtpu (see containers/tpu.Dockerfile).
+TPU_RUNTIME_VARIABLES = ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "NEXT_PLUGGABLE_DEVICE_USE_C_API", "TPU_LIBRARY_PATH")
+# The TPU job's runtime settings by default, as Google's own TensorFlow TPU CI sets them (GoogleCloudPlatform/
+# ml-auto-solutions, dags/solutions_team/configs/tensorflow/common.py): TensorFlow's PJRT runtime from libtpu.so
+# (the only one v5e has) and the MLIR bridge's XLA flags. They are the custom job's environment, so a run can
+# change them (compile --tpu_env KEY=VALUE) without rebuilding the image.
+TPU_RUNTIME_ENV = {
+    "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
+    "TF_XLA_FLAGS": "--tf_mlir_enable_mlir_bridge=true --tf_xla_sparse_core_disable_table_stacking=true "
+    "--tf_mlir_enable_convert_control_to_data_outputs_pass=true --tf_mlir_enable_merge_control_flow_pass=true",
+}
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def tpu_runtime_env(changes: list[str], parameter: str = "tpu_env") -> dict[str, str]:
+    """The TPU job's environment: the defaults with ``KEY=VALUE`` changes (``KEY=`` drops a default)."""
+    env = dict(TPU_RUNTIME_ENV)
+    for change in changes:
+        name, equals, value = change.partition("=")
+        if not equals or not ENV_NAME.match(name):
+            raise InvalidParameter(parameter, change, "must be KEY=VALUE (KEY= drops a default), KEY a variable name")
+        if value:
+            env[name] = value
+        else:
+            env.pop(name, None)
+    return env
+
+
+@dataclass(frozen=True)
+class TpuType:
+    """A TPU the train step can run on as a Vertex AI custom job. A replica of ``tf.distribute`` is a
+    TensorCore on v3 (two per chip) and a chip on v5e (one TensorCore each)."""
+
+    name: str
+    machine_type: str
+    accelerator_type: str  # "" where Vertex AI takes a topology instead (v5e)
+    accelerator_count: int
+    topology: str
+    replicas: int
+    peak_tflops_per_replica: float  # dense bf16
+    memory_gib_per_replica: float  # HBM
+    list_price_per_hour: float  # USD, Cloud TPU on demand (PRICES)
+    spot_list_price_per_hour: float  # USD, Cloud TPU Spot
+
+    def list_price(self, provisioning: str) -> float:
+        """The Cloud TPU list price an hour (PRICES) for Vertex AI's scheduling strategy: SPOT or on demand."""
+        return self.spot_list_price_per_hour if provisioning == "SPOT" else self.list_price_per_hour
+
+    @property
+    def machine_spec(self) -> dict[str, Any]:
+        """The custom job's ``machine_spec`` for this TPU."""
+        if self.topology:
+            return {"machine_type": self.machine_type, "tpu_topology": self.topology}
+        return {
+            "machine_type": self.machine_type,
+            "accelerator_type": self.accelerator_type,
+            "accelerator_count": self.accelerator_count,
+        }
+
+
+# v3: 123 bf16 TFLOP/s and 32 GiB HBM per chip of two TensorCores (cloud.google.com/tpu/docs/v3);
+# v5e: 197 bf16 TFLOP/s and 16 GiB HBM per chip (cloud.google.com/tpu/docs/v5e). Vertex AI has no TensorFlow
+# training on v6e and later; v5p is left out until this pipeline's v5p machine spec is tried.
+# Prices: PRICES below.
+TPU_TYPES: dict[str, TpuType] = {
+    tpu.name: tpu
+    for tpu in (
+        TpuType("v3-8", "cloud-tpu", "TPU_V3", 8, "", 8, 61.5, 16.0, 8.00, 2.04),
+        TpuType("v5e-1", "ct5lp-hightpu-1t", "", 0, "1x1", 1, 197.0, 16.0, 1.20, 0.245),
+        TpuType("v5e-4", "ct5lp-hightpu-4t", "", 0, "2x2", 4, 197.0, 16.0, 4.80, 0.980),
+        TpuType("v5e-8", "ct5lp-hightpu-8t", "", 0, "2x4", 8, 197.0, 16.0, 9.60, 1.959),
+    )
+}
+# Where the TPU prices come from, said wherever one is used: Vertex AI bills custom training at its own rates (its
+# CPU machines about 15% above Compute Engine's), which no stored copy of its price table gave.
+PRICES = (
+    "Cloud TPU list prices, us-central1, USD an hour (Cloud Billing catalog as mirrored by "
+    "skypilot-org/skypilot-catalog, 2026); Vertex AI's own rates differ"
+)
+# The reference recipe's global batch (256 per replica on a v3-8), kept on every TPU type by accumulating
+# micro-batches of TPU_MICRO_BATCH per replica: roberta-base in bf16 at 128 tokens and 256 per replica is
+# "tight" on a 16 GiB replica by training_memory; 128 fits a v3-8's and a v5e's with room.
+RECIPE_GLOBAL_BATCH = 2048
+TPU_MICRO_BATCH = 128
+
+
+def tpu_batch(tpu: TpuType) -> dict[str, int]:
+    """The per-replica micro-batch and accumulation that make the recipe's global batch on ``tpu``."""
+    return {
+        "per_replica_batch_size": TPU_MICRO_BATCH,
+        "gradient_accumulation_steps": max(1, RECIPE_GLOBAL_BATCH // (TPU_MICRO_BATCH * tpu.replicas)),
+    }
+
+
+def tpu_type(name: str) -> TpuType:
+    if name not in TPU_TYPES:
+        raise InvalidParameter("tpu_type", name, f"must be one of {sorted(TPU_TYPES)}")
+    return TPU_TYPES[name]
+
+
+# The TPU images' runtimes, each named after the tensorflow-tpu minor version it installs (containers/tpu.Dockerfile
+# --build-arg RUNTIME, make tpu-image TPU_RUNTIME=...); the first is the default, the one to smoke test first.
+TPU_RUNTIMES = ("tf2.20", "tf2.19")
