@@ -99,6 +99,7 @@ def test_every_compressed_form_gives_the_same_records_as_plain_text(
     assert results["txt.xz"]["bytes_read"] < results["txt"]["bytes_read"] / 2
 
 
+@pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_a_compressed_file_on_gs_gives_the_records_of_the_local_text(gcs, forms, wikitext_tokenizer, tmp_path):
     local = shard(forms["txt"], str(tmp_path / "txt"), wikitext_tokenizer, num_parts=3)
     uris = []

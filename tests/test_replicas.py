@@ -42,6 +42,7 @@ def train_command(shards: dict, output, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_two_cpu_replicas_train_validate_at_each_checkpoint_and_save(tmp_path, embedded_shards):
     command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "8")
     command += ["--max_steps", "12", "--checkpoint_every_steps", "6", "--log_every_steps", "6", "--eval_batches", "2"]
@@ -55,6 +56,7 @@ def test_two_cpu_replicas_train_validate_at_each_checkpoint_and_save(tmp_path, e
     assert tf.train.latest_checkpoint(str(tmp_path / "model" / "checkpoints")).endswith("ckpt-12")
 
 
+@pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_two_cpu_replicas_accumulate_micro_batches_into_the_global_batch(tmp_path, embedded_shards):
     command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "4")
     command += ["--gradient_accumulation_steps", "3", "--num_epochs", "1", "--log_every_steps", "5"]

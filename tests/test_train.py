@@ -180,6 +180,7 @@ def test_calls_into_the_graph_stay_within_seconds_from_the_second_on(monkeypatch
     assert pace.steps_per_call() == 4  # then the last call's 2.5 s a step
 
 
+@pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_a_sigterm_checkpoints_where_training_is_and_the_rerun_ends_at_the_planned_step(
     tmp_path, wikitext_shards, uninterrupted_history
 ):
@@ -519,6 +520,7 @@ def test_the_masked_positions_loss_equals_the_full_logits_loss(wikitext_shards):
     assert int(tf.reduce_max(tf.reduce_sum(tf.cast(batch["labels"] >= 0, tf.int32), axis=1))) <= 45
 
 
+@pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_accumulated_micro_batches_step_by_the_mean_of_their_gradients(wikitext_shards):
     """Gradient accumulation: one optimizer step over two micro-batches moves the weights by the mean of the two
     steps each micro-batch alone would take (plain SGD, linear in the gradient), from the same weights."""
@@ -661,6 +663,7 @@ def test_a_truncated_or_missing_shard_is_named_before_training(tmp_path, wikitex
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_a_corrupted_shard_of_the_right_size_is_named_by_training_and_evaluation(tmp_path, wikitext_shards):
     import shutil
 
@@ -692,6 +695,7 @@ def test_a_corrupted_shard_of_the_right_size_is_named_by_training_and_evaluation
     assert not (tmp_path / "evaluation").exists()
 
 
+@pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuses_another_model(
     tmp_path, wikitext_shards, hub
 ):
