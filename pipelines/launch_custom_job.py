@@ -139,8 +139,17 @@ def live_job_of_this_run(client: Any, arguments: LaunchArguments, display_name: 
         return ""
     query = f'labels.{RUN_LABEL}="{run}" AND display_name="{display_name}"'
     parent = f"projects/{arguments.project}/locations/{arguments.location}"
-    jobs = call(client.list_custom_jobs, request={"parent": parent, "filter": query})
-    live = [job for job in jobs if job.state.name not in TERMINAL_STATES]
+    from google.api_core.exceptions import GoogleAPICallError
+
+    try:
+        live = [
+            job
+            for job in call(client.list_custom_jobs, request={"parent": parent, "filter": query})
+            if job.state.name not in TERMINAL_STATES
+        ]
+    except GoogleAPICallError as error:  # a filter the service does not take must not stop the run
+        log.warning("could not look for a job of this run that has not ended (%s): creating one", error)
+        return ""
     if not live:
         return ""
     found = live[0]

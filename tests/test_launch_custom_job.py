@@ -157,12 +157,15 @@ def test_a_retry_follows_the_recorded_job_while_it_runs_and_reports_its_failure(
 RUN = "vertex-ai-pipelines-run-billing-id"
 
 
-def test_a_retry_without_its_record_follows_the_run_s_live_job_instead_of_starting_a_second(tmp_path, monkeypatch):
+@pytest.mark.parametrize("filters", [True, False])
+def test_a_retry_without_its_record_follows_the_run_s_live_job_instead_of_starting_a_second(
+    tmp_path, monkeypatch, filters
+):
     """Whether Vertex AI hands a retried task its predecessor's gcp_resources is not documented: where it does not,
     a job of this task in this run that has not ended (its launcher lost) is found by the run's label."""
     monkeypatch.setenv("VERTEX_AI_PIPELINES_RUN_LABELS", json.dumps({RUN: "run-7"}))
     pool = {"containerSpec": {"command": ["python", "-c", "import time; time.sleep(3)"]}}
-    with VertexStandIn() as vertex:
+    with VertexStandIn(filters=filters) as vertex:  # a service that refuses the filter: a new job, as before
         names = [
             vertex.create(
                 PARENT, {"displayName": "train", "jobSpec": {"workerPoolSpecs": [pool]}, "labels": {RUN: run}}
@@ -171,8 +174,13 @@ def test_a_retry_without_its_record_follows_the_run_s_live_job_instead_of_starti
         ]
         record = tmp_path / "gcp_resources"  # none: a fresh output for the retried task
         result = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('second')"), record))
-        assert list(vertex.jobs) == names  # no second TPU job for this run
+        jobs = list(vertex.jobs)
     assert result.returncode == 0, result.stderr[-3000:]
+    if not filters:
+        assert "could not look for a job of this run that has not ended (400 " in result.stderr
+        assert len(jobs) == 3 and recorded(record) == jobs[2]
+        return
+    assert jobs == names  # no second TPU job for this run
     assert f"{names[1]} of this run has not ended (JOB_STATE_RUNNING): following it" in result.stderr
     assert recorded(record) == names[1] and vertex.jobs[names[1]]["state"] == "JOB_STATE_SUCCEEDED"
 

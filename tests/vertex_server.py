@@ -28,10 +28,14 @@ def now() -> str:
 class VertexStandIn:
     """``start_jobs=False``: jobs stay ``JOB_STATE_PENDING`` (no TPU capacity, no quota); ``cancels_take=False``:
     a cancelled job stays ``JOB_STATE_CANCELLING``; ``refuse_creates``: a create is refused as Vertex AI refuses an
-    account without ``aiplatform.customJobs.create``. ``cancel_requests`` lists the jobs asked to cancel."""
+    account without ``aiplatform.customJobs.create``; ``filters=False``: a list with a filter is refused as invalid.
+    ``cancel_requests`` lists the jobs asked to cancel."""
 
-    def __init__(self, start_jobs: bool = True, cancels_take: bool = True, refuse_creates: bool = False) -> None:
+    def __init__(
+        self, start_jobs: bool = True, cancels_take: bool = True, refuse_creates: bool = False, filters: bool = True
+    ) -> None:
         self.start_jobs, self.cancels_take, self.refuse_creates = start_jobs, cancels_take, refuse_creates
+        self.filters = filters
         self.jobs: dict[str, dict] = {}
         self.processes: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, str] = {}
@@ -148,6 +152,11 @@ class VertexStandIn:
                 name = url.path.removeprefix("/v1/")
                 if name.endswith("/customJobs"):
                     (query,) = parse_qs(url.query).get("filter", [""])
+                    if query and not stand_in.filters:
+                        message = f"Unsupported filter: {query}"
+                        return self._reply(
+                            400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
+                        )
                     return self._reply(200, {"customJobs": stand_in.list(name.removesuffix("/customJobs"), query)})
                 if name not in stand_in.jobs:
                     return self._reply(404, {"error": {"code": 404, "message": f"{name} not found"}})
