@@ -2,6 +2,7 @@
 # make run       the whole pipeline under kfp.local on the embedded corpus (mini model, about 3 minutes)
 # make prepare   only the data steps: tokenizer, train and validation shards into outputs/
 # make docs      write docs/steps.md's table of pipeline parameters from the dataclasses
+# make components  write pipelines/components.py, the component functions, from the dataclasses
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
 # make test      ruff, then the whole test suite (slow tests included): what CI runs
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipelines), while working
@@ -28,7 +29,7 @@ tpu_image = $(if $(filter $(firstword $(TPU_RUNTIMES)),$(1)),$(TPU_IMAGE),$(shel
 	| sed -E 's,^(.*/)?([^/:]+)(:[^/]*)?$$,\1\2-$(1)\3,'))
 TPU_IMAGE_TARGETS := $(addprefix tpu-image-,$(TPU_RUNTIMES))
 
-.PHONY: install run prepare docs compile test test-fast lint bench images cpu-image tpu-image $(TPU_IMAGE_TARGETS) clean
+.PHONY: install run prepare components docs compile test test-fast lint bench images cpu-image tpu-image $(TPU_IMAGE_TARGETS) clean
 
 install: $(VENV)/.installed
 
@@ -46,6 +47,9 @@ prepare: install
 		--split train --holdout_fraction 0.05 --holdout exclude
 	$(BIN)/tpu-mlm shards --corpus embedded --tokenizer $(OUT)/tokenizer --output $(OUT)/shards/validation \
 		--split validation --holdout_fraction 0.05 --holdout only
+
+components: install
+	$(BIN)/python -m pipelines.steps
 
 docs: install
 	$(BIN)/python -m pipelines.docs docs/steps.md

@@ -10,11 +10,12 @@ metadata, metrics). With ``output_root`` set, a step stores its data output ther
 pipeline root and hands on that URI.
 
 KFP embeds a lightweight component's source text in the compiled YAML and runs that text in the container, so
-the parameters have to be in the function's source: ``component_source`` writes it. (A generic function with
-an ``inspect.Signature`` attached compiles, but its embedded copy has no parameters at run time.)
+the parameters have to be in the function's source: ``component_source`` writes it, and ``make components``
+keeps the functions in ``pipelines/components.py``, a file a reader and a debugger can open. (A generic function
+with an ``inspect.Signature`` attached compiles, but its embedded copy has no parameters at run time.)
 """
 
-import linecache
+import sys
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
@@ -290,15 +291,26 @@ def docstring(step: Step) -> list[str]:
     return [f'    """The {step.name} step: components.{step.name}.', "", "    Args:", *described, '    """']
 
 
+COMPONENTS_FILE = Path(__file__).with_name("components.py")
+
+
+def components_source() -> str:
+    """The text of ``pipelines/components.py``: every step's component function (``component_source``)."""
+    header = [
+        '"""The pipeline\'s component functions, one a step, written by ``make components`` from the steps\'',
+        "arguments dataclasses (``pipelines.steps.component_source``); ``tests/test_parameters.py`` fails when this",
+        'file differs from what the dataclasses give. Do not edit by hand."""',
+        "",
+        f"from kfp.dsl import {', '.join(sorted(ARTIFACT_TYPES))}",
+    ]
+    return "\n\n\n".join(["\n".join(header), *(component_source(step) for step in STEPS.values())])
+
+
 def make_component(step: Step, image: str) -> Any:
-    """The KFP component of ``step``, its function compiled from ``component_source`` (kept in ``linecache``
-    under a name of its own, where ``inspect.getsource`` finds it, as KFP needs)."""
-    source = component_source(step)
-    filename = f"<pipelines.steps: {step.name}_step>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    namespace: dict[str, Any] = {"__name__": __name__, **{name: getattr(dsl, name) for name in ARTIFACT_TYPES}}
-    exec(compile(source, filename, "exec"), namespace)
-    return dsl.component(namespace[f"{step.name}_step"], base_image=image, install_kfp_package=False)
+    """The KFP component of ``step``: its function in ``pipelines/components.py``, on ``image``."""
+    from pipelines import components
+
+    return dsl.component(getattr(components, f"{step.name}_step"), base_image=image, install_kfp_package=False)
 
 
 def part_indices(num_parts: int) -> list:
@@ -318,6 +330,12 @@ def merge_shards_step(output_root: str, parts: Input[list[Dataset]], shards: Out
     shards.metadata.update({"split": manifest["split"], "num_records": manifest["num_records"]})
 
 
+def main() -> int:
+    """Writes ``pipelines/components.py`` (``make components``)."""
+    COMPONENTS_FILE.write_text(components_source())
+    return 0
+
+
 def make_steps(cpu_image: str, train_image: str) -> dict[str, Any]:
     """Every component by step name, bound to its image (the project's package and kfp are in both)."""
     components = {
@@ -328,3 +346,7 @@ def make_steps(cpu_image: str, train_image: str) -> dict[str, Any]:
             function, base_image=cpu_image, install_kfp_package=False
         )
     return components
+
+
+if __name__ == "__main__":
+    sys.exit(main())

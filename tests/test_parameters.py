@@ -154,6 +154,14 @@ def test_the_pipeline_signature_carries_each_parameter_help():
     assert inspect.signature(pipeline.pipeline_func).parameters["vocab_size"].default == 25_000
 
 
+def test_the_component_functions_a_reader_opens_are_the_ones_the_dataclasses_give():
+    from pipelines.steps import COMPONENTS_FILE, components_source
+
+    assert COMPONENTS_FILE.read_text() == components_source(), "pipelines/components.py is out of date: make components"
+    component = make_component(STEPS["train"], "image")
+    assert inspect.getsourcefile(component.python_func) == str(COMPONENTS_FILE)  # a stack trace names the file
+
+
 def test_the_documented_table_of_parameters_is_the_code_s():
     from conftest import PROJECT_ROOT
 

@@ -1,0 +1,338 @@
+"""The pipeline's component functions, one a step, written by ``make components`` from the steps'
+arguments dataclasses (``pipelines.steps.component_source``); ``tests/test_parameters.py`` fails when this
+file differs from what the dataclasses give. Do not edit by hand."""
+
+from kfp.dsl import Artifact, Dataset, HTML, Input, Markdown, Metrics, Model, Output
+
+
+def tokenizer_step(
+    tokenizer: Output[Artifact],
+    output_root: str = '',
+    corpus: str = 'embedded',
+    text_column: str = 'text',
+    limit: int = 0,
+    hf_token_secret: str = '',
+    max_non_utf8_fraction: float = 0.001,
+    vocab_size: int = 25000,
+    lowercase: bool = False,
+    sample_bytes: int = 2000000000,
+):
+    """The tokenizer step: components.tokenizer.
+
+    Args:
+        corpus: 'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet paths or globs (local or gs://); .txt and .jsonl also as .gz, .zst, .bz2 or .xz.
+        text_column: Column holding the text (Hub, JSON lines, Parquet).
+        limit: Read at most this many texts; 0: all. With parts, per part: N parts read up to N x limit.
+        hf_token_secret: Secret Manager secret holding a Hub token (private hf: datasets, the push); else HF_TOKEN.
+        max_non_utf8_fraction: Refuse a corpus file when more than this share of its bytes are not UTF-8; fewer are replaced with U+FFFD and counted (a warning, and non_utf8_bytes in the manifest).
+        vocab_size: Target vocabulary size, special tokens included.
+        lowercase: Lowercase all text before training.
+        sample_bytes: Train on about this many bytes of text, spread evenly over the whole corpus and the same in every run (0: all of it). The Unigram trainer holds its input in memory: about 10 bytes a byte of sample at worst (measured in docs/benchmarks.md).
+    """
+    values = dict(locals())
+    from components.lib.storage import permission_errors_in_one_line
+    from pipelines.steps import run_tokenizer
+
+    with permission_errors_in_one_line(values.values()):
+        return run_tokenizer(**values)
+
+
+
+def shards_step(
+    tokenizer: Input[Artifact],
+    shards: Output[Dataset],
+    output_root: str = '',
+    validation_corpus: str = '',
+    corpus: str = 'embedded',
+    text_column: str = 'text',
+    limit: int = 0,
+    hf_token_secret: str = '',
+    max_non_utf8_fraction: float = 0.001,
+    split: str = 'train',
+    max_length: int = 128,
+    records_per_shard: int = 10000,
+    num_parts: int = 1,
+    part: int = 0,
+    holdout_fraction: float = 0.0,
+    batch_size: int = 1000,
+    overwrite: bool = False,
+):
+    """The shards step: components.shards.
+
+    Args:
+        tokenizer: Tokenizer folder made by components.tokenizer (local or gs://).
+        corpus: 'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet paths or globs (local or gs://); .txt and .jsonl also as .gz, .zst, .bz2 or .xz.
+        text_column: Column holding the text (Hub, JSON lines, Parquet).
+        limit: Read at most this many texts; 0: all. With parts, per part: N parts read up to N x limit.
+        hf_token_secret: Secret Manager secret holding a Hub token (private hf: datasets, the push); else HF_TOKEN.
+        max_non_utf8_fraction: Refuse a corpus file when more than this share of its bytes are not UTF-8; fewer are replaced with U+FFFD and counted (a warning, and non_utf8_bytes in the manifest).
+        split: Name of the split written (letters, digits, _).
+        max_length: Tokens per sample.
+        records_per_shard: Samples per TFRecord file.
+        num_parts: Number of parts the corpus is split into.
+        part: Which part this run writes (0 .. num_parts-1).
+        holdout_fraction: Fraction of texts held out (chosen by content hash), for a corpus without a validation split. 0 keeps every text.
+        batch_size: Texts tokenized per batch.
+        overwrite: Replace a complete shard set made with other settings.
+    """
+    values = dict(locals())
+    from components.lib.storage import permission_errors_in_one_line
+    from pipelines.steps import run_shards
+
+    with permission_errors_in_one_line(values.values()):
+        return run_shards(**values)
+
+
+
+def preflight_step(
+    tokenizer: Input[Artifact],
+    train_shards: Input[Dataset],
+    eval_shards: Input[Dataset],
+    report: Output[Artifact],
+    output_root: str = '',
+    model_config: str = 'roberta-base',
+    per_replica_batch_size: int = 256,
+    gradient_accumulation_steps: int = 1,
+    num_epochs: int = 1,
+    max_steps: int = 0,
+    learning_rate: float = 0.0001,
+    warmup_fraction: float = 0.05,
+    weight_decay: float = 0.001,
+    mlm_probability: float = 0.15,
+    bf16: bool = False,
+    steps_per_execution: int = 50,
+    xla: str = 'auto',
+    shuffle_buffer: int = 10000,
+    seed: int = 42,
+    checkpoint_every_steps: int = 1000,
+    log_every_steps: int = 100,
+    eval_batches: int = 20,
+    accelerator: str = 'auto',
+    replicas: int = 0,
+    tpu: str = 'local',
+    peak_tflops: float = 0.0,
+    price_per_hour: float = 0.0,
+    hub_repo_id: str = '',
+    hub_private: bool = True,
+    checkpoint_dir: str = '',
+    tpu_type: str = '',
+    hf_token_secret: str = '',
+    tpu_job_timeout_hours: float = 0.0,
+    tpu_provisioning: str = 'STANDARD',
+    allow_tight_memory: bool = False,
+) -> str:
+    """The preflight step: components.preflight.
+
+    Args:
+        tokenizer: Tokenizer folder (local or gs://).
+        train_shards: Training shard folder with manifest.json.
+        eval_shards: Validation shards: loss logged at each checkpoint.
+        model_config: Preset ['mini', 'roberta-base', 'roberta-large', 'tiny'], a config.json path/URI, or a Hub model name.
+        per_replica_batch_size: Samples per replica and micro-batch: what must fit a replica's memory.
+        gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
+        num_epochs: Passes over the training shards.
+        max_steps: Total optimizer steps; overrides num_epochs when > 0.
+        learning_rate: Peak learning rate.
+        warmup_fraction: Fraction of steps of linear warmup.
+        weight_decay: Decoupled weight decay rate.
+        mlm_probability: Fraction of tokens masked.
+        bf16: Mixed bfloat16 precision (TPUs, recent GPUs).
+        steps_per_execution: Steps run per call into the graph.
+        xla: XLA-compile the replica step on GPU/CPU: on, off, auto (off). Never nested on a TPU, which compiles the whole step anyway.
+        shuffle_buffer: Samples in the shuffle buffer.
+        seed: Seed of initialization, shuffling and masking.
+        checkpoint_every_steps: Steps between checkpoints.
+        log_every_steps: Steps between log lines and TensorBoard points.
+        eval_batches: Validation batches at each checkpoint.
+        accelerator: auto, tpu, gpu or cpu; tpu and gpu fail when absent rather than train on the host's CPU.
+        replicas: Replicas: 0 for every device of the accelerator. A TPU or the GPUs found must have exactly this many; on the CPU, N > 1 splits it into N logical devices (rehearse a v3-8 with 8).
+        tpu: TPU name for TPUClusterResolver ('local' on TPU VMs).
+        peak_tflops: Peak TFLOP/s of one replica, for MFU where it is not known (0: look it up).
+        price_per_hour: Price of the accelerator per hour (Vertex AI pricing, your region): the log lines show the cost so far and projected.
+        hub_repo_id: Push each checkpoint to this Hub repository (HF_TOKEN); off when empty.
+        hub_private: Create the checkpoint repository as private (--no_hub_private: public).
+        checkpoint_dir: A fixed folder for the checkpoints: a rerun resumes from them instead of training again. Default: $AIP_CHECKPOINT_DIR, else the model folder's checkpoints/.
+        tpu_type: The TPU the train step will get, ['v3-8', 'v5e-1', 'v5e-4', 'v5e-8']: its replicas and memory.
+        hf_token_secret: Secret Manager secret holding the Hub token.
+        tpu_job_timeout_hours: Hard limit of the TPU training job, in hours; 0: twice the estimated training time plus an hour (at least 2 h, at most 168 h). A limit below the estimate is refused.
+        tpu_provisioning: How Vertex AI gets the TPU (the custom job's scheduling strategy): STANDARD (on demand), SPOT (about a quarter of the price; preempted with 30 s notice, the train step then checkpoints and its job is run again).
+        allow_tight_memory: Start a run whose memory estimate is tight (its high end above the TPU's memory) instead of refusing it: XLA may fit it, or the job may die of out-of-memory at compile.
+    """
+    values = dict(locals())
+    from components.lib.storage import permission_errors_in_one_line
+    from pipelines.steps import run_preflight
+
+    with permission_errors_in_one_line(values.values()):
+        return run_preflight(**values)
+
+
+
+def train_step(
+    tokenizer: Input[Artifact],
+    train_shards: Input[Dataset],
+    eval_shards: Input[Dataset],
+    model: Output[Model],
+    output_root: str = '',
+    pipeline_root: str = '',
+    run_id: str = '',
+    tpu_type: str = '',
+    tpu_provisioning: str = 'STANDARD',
+    model_config: str = 'roberta-base',
+    per_replica_batch_size: int = 256,
+    gradient_accumulation_steps: int = 1,
+    num_epochs: int = 1,
+    max_steps: int = 0,
+    learning_rate: float = 0.0001,
+    warmup_fraction: float = 0.05,
+    weight_decay: float = 0.001,
+    mlm_probability: float = 0.15,
+    bf16: bool = False,
+    steps_per_execution: int = 50,
+    xla: str = 'auto',
+    shuffle_buffer: int = 10000,
+    seed: int = 42,
+    checkpoint_every_steps: int = 1000,
+    log_every_steps: int = 100,
+    eval_batches: int = 20,
+    accelerator: str = 'auto',
+    replicas: int = 0,
+    tpu: str = 'local',
+    peak_tflops: float = 0.0,
+    price_per_hour: float = 0.0,
+    hub_repo_id: str = '',
+    hub_private: bool = True,
+    checkpoint_dir: str = '',
+    tensorboard_dir: str = '',
+    start_minutes: float = 20.0,
+):
+    """The train step: components.train.
+
+    Args:
+        tokenizer: Tokenizer folder (local or gs://).
+        train_shards: Training shard folder with manifest.json.
+        eval_shards: Validation shards: loss logged at each checkpoint.
+        model_config: Preset ['mini', 'roberta-base', 'roberta-large', 'tiny'], a config.json path/URI, or a Hub model name.
+        per_replica_batch_size: Samples per replica and micro-batch: what must fit a replica's memory.
+        gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
+        num_epochs: Passes over the training shards.
+        max_steps: Total optimizer steps; overrides num_epochs when > 0.
+        learning_rate: Peak learning rate.
+        warmup_fraction: Fraction of steps of linear warmup.
+        weight_decay: Decoupled weight decay rate.
+        mlm_probability: Fraction of tokens masked.
+        bf16: Mixed bfloat16 precision (TPUs, recent GPUs).
+        steps_per_execution: Steps run per call into the graph.
+        xla: XLA-compile the replica step on GPU/CPU: on, off, auto (off). Never nested on a TPU, which compiles the whole step anyway.
+        shuffle_buffer: Samples in the shuffle buffer.
+        seed: Seed of initialization, shuffling and masking.
+        checkpoint_every_steps: Steps between checkpoints.
+        log_every_steps: Steps between log lines and TensorBoard points.
+        eval_batches: Validation batches at each checkpoint.
+        accelerator: auto, tpu, gpu or cpu; tpu and gpu fail when absent rather than train on the host's CPU.
+        replicas: Replicas: 0 for every device of the accelerator. A TPU or the GPUs found must have exactly this many; on the CPU, N > 1 splits it into N logical devices (rehearse a v3-8 with 8).
+        tpu: TPU name for TPUClusterResolver ('local' on TPU VMs).
+        peak_tflops: Peak TFLOP/s of one replica, for MFU where it is not known (0: look it up).
+        price_per_hour: Price of the accelerator per hour (Vertex AI pricing, your region): the log lines show the cost so far and projected.
+        hub_repo_id: Push each checkpoint to this Hub repository (HF_TOKEN); off when empty.
+        hub_private: Create the checkpoint repository as private (--no_hub_private: public).
+        checkpoint_dir: A fixed folder for the checkpoints: a rerun resumes from them instead of training again. Default: $AIP_CHECKPOINT_DIR, else the model folder's checkpoints/.
+        tensorboard_dir: Defaults to $AIP_TENSORBOARD_LOG_DIR or OUTPUT/logs.
+        start_minutes: The accelerator must be ready (the TPU initialised) within this many minutes: a start that hangs is a failed attempt, not a wait until the job's timeout that every restart and retry would pay again.
+    """
+    values = dict(locals())
+    from components.lib.storage import permission_errors_in_one_line
+    from pipelines.steps import run_train
+
+    with permission_errors_in_one_line(values.values()):
+        return run_train(**values)
+
+
+
+def evaluate_step(
+    model: Input[Model],
+    shards: Input[Dataset],
+    train_shards: Input[Dataset],
+    evaluation: Output[Artifact],
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+    output_root: str = '',
+    batch_size: int = 64,
+    max_batches: int = 0,
+    mlm_probability: float = 0.15,
+    seed: int = 0,
+    fill_mask: str = 'The history of the <mask> begins in the early twentieth century. | The function returns a <mask> of values. | In 1990 the band released their first <mask>.',
+    top_k: int = 5,
+    accelerator: str = 'auto',
+    replicas: int = 0,
+):
+    """The evaluate step: components.evaluate.
+
+    Args:
+        model: Model folder from components.train (local or gs://).
+        shards: Shard folder with manifest.json to evaluate on.
+        train_shards: The training shards: their token counts give the unigram baseline.
+        batch_size: Samples per evaluation batch.
+        max_batches: Evaluate at most this many batches; 0: all.
+        mlm_probability: Fraction of tokens masked.
+        seed: Masking seed; keep it fixed to compare runs and models.
+        fill_mask: Sentences for fill-mask examples, separated by ' | ', each with <mask>.
+        top_k: Predictions shown per fill-mask sentence.
+        accelerator: auto, tpu, gpu or cpu, as for training.
+        replicas: Replicas, as for training (0: all devices; CPU: 1).
+    """
+    values = dict(locals())
+    from components.lib.storage import permission_errors_in_one_line
+    from pipelines.steps import run_evaluate
+
+    with permission_errors_in_one_line(values.values()):
+        return run_evaluate(**values)
+
+
+
+def push_step(
+    model: Input[Model],
+    evaluation: Input[Artifact],
+    repo_id: str,
+    private: bool = True,
+    hf_token_secret: str = '',
+    license: str = '',
+    commit_message: str = 'Upload masked language model pre-trained with tpu-mlm-pipeline',
+    retries: int = 4,
+) -> str:
+    """The push step: components.push.
+
+    Args:
+        model: Model folder from components.train (local or gs://).
+        evaluation: Folder with metrics.json from components.evaluate.
+        repo_id: Hub repository 'namespace/name'.
+        private: Create the repository as private (--no_private: public; an existing one keeps its visibility).
+        hf_token_secret: Secret Manager secret holding the token; else HF_TOKEN is used.
+        license: The model card's license, a Hub license id (apache-2.0, mit, cc-by-4.0, other, ...); none stated if empty.
+        retries: Tries again after transient Hub errors (1, 2, 4 ... s apart).
+    """
+    values = dict(locals())
+    from components.lib.storage import permission_errors_in_one_line
+    from pipelines.steps import run_push
+
+    with permission_errors_in_one_line(values.values()):
+        return run_push(**values)
+
+
+
+def report_step(
+    model: Input[Model],
+    evaluation: Input[Artifact],
+    report: Output[HTML],
+):
+    """The report step: components.report.
+
+    Args:
+        model: Model folder from components.train.
+        evaluation: Folder with metrics.json from components.evaluate.
+    """
+    values = dict(locals())
+    from components.lib.storage import permission_errors_in_one_line
+    from pipelines.steps import run_report
+
+    with permission_errors_in_one_line(values.values()):
+        return run_report(**values)
