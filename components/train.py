@@ -363,7 +363,6 @@ def _summary(
     """What the run did; the loss figures cover the whole training, earlier runs of a resumed one included."""
     history = state.history
     this_run = [point for point in history if point["step"] > state.start_step]
-    tokens_per_step = plan.global_batch_size * plan.manifest["max_length"]
     summary = {
         "total_steps": plan.total_steps,
         "resumed_from_step": state.start_step,
@@ -371,8 +370,8 @@ def _summary(
         "global_batch_size": plan.global_batch_size,
         "replicas": strategy.num_replicas_in_sync,
         "accelerator": kind,
-        "samples": plan.total_steps * plan.global_batch_size,
-        "tokens": plan.total_steps * tokens_per_step,
+        "samples": plan.shape.samples,
+        "tokens": plan.shape.tokens,
         "seconds_this_run": round(seconds, 3),
         "first_call_seconds": state.first_call_seconds,
         "num_parameters": _num_parameters(state.model),
@@ -397,9 +396,8 @@ def _num_parameters(model: Any) -> int:
 
 
 def _model_flops_per_step(plan: TrainingPlan, model: Any) -> float:
-    max_length = plan.manifest["max_length"]
-    per_token = training_flops_per_token(plan.config, _num_parameters(model), max_length)
-    return per_token * plan.global_batch_size * max_length
+    per_token = training_flops_per_token(plan.config, _num_parameters(model), plan.shape.max_length)
+    return per_token * plan.shape.tokens_per_step
 
 
 def _use_xla(choice: str, kind: str) -> bool:

@@ -39,6 +39,7 @@ from components.lib.masked_lm import max_predictions
 from components.lib.memory_model import GIB, MemoryEstimate, training_memory
 from components.lib.preemption import last_words
 from components.lib.results import SUMMARY_FILE
+from components.lib.run_shape import run_shape
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, tpu_batch, tpu_type
 from components.lib.training import TrainingSettings
 
@@ -216,9 +217,16 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
         storage.upload_folder(folder, tokenizer_uri)
         lines = embedded_lines()
         text_bytes = sum(len(line.encode("utf-8")) + 1 for line in lines)
-        replicas = max(arguments.replicas, 1)
-        global_batch = arguments.per_replica_batch_size * replicas * arguments.gradient_accumulation_steps
-        needed_tokens = GLOBAL_BATCHES_OF_DATA * global_batch * arguments.max_length
+        shape = run_shape(
+            max(arguments.replicas, 1),
+            arguments.per_replica_batch_size,
+            arguments.gradient_accumulation_steps,
+            arguments.max_length,
+            samples=None,
+            num_epochs=1,
+            max_steps=GLOBAL_BATCHES_OF_DATA,
+        )
+        needed_tokens = shape.tokens  # shards of GLOBAL_BATCHES_OF_DATA global batches
         copies = math.ceil(needed_tokens / (TOKENS_PER_BYTE_LOW * text_bytes))
         corpus = Path(local, "corpus.txt")
         corpus.write_text("\n".join(lines * copies) + "\n", encoding="utf-8")

@@ -3,6 +3,7 @@ imports no step and no ``pipelines`` module; ``components`` never imports ``pipe
 
 import ast
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,18 @@ def test_every_step_runs_as_a_module_and_is_listed_by_the_command_line():
     assert listed == {f"components.{step.stem}" for step in STEPS}
     for step in STEPS:
         assert 'if __name__ == "__main__":' in step.read_text(), step.name
+
+
+def test_a_run_s_batch_is_counted_in_one_place():
+    """The global batch, steps, samples and tokens of a run come from components.lib.run_shape alone: a second
+    product of the batch settings elsewhere could count a run differently (the estimate against the train step)."""
+    counted = re.compile(r"per_replica_batch_size\s*\*|\*\s*(arguments\.)?per_replica_batch_size|global_batch\s*=")
+    places = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("components", "pipelines")
+        for path in (ROOT / folder).rglob("*.py")
+        if path.name != "run_shape.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if counted.search(line.split("#", 1)[0])
+    ]
+    assert places == []

@@ -15,6 +15,7 @@ from components.lib.masked_lm import max_predictions
 from components.lib.memory_model import GIB, training_memory
 from components.lib.modeling import count_parameters, model_config, training_flops_per_token
 from components.lib.results import SUMMARY_FILE
+from components.lib.run_shape import run_shape
 from components.lib.shard_set import read_manifest
 from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, load_tokenizer
 from components.lib.tpu_catalogue import (
@@ -167,16 +168,16 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
     data = data_size(arguments)
     config = model_config(arguments.model_config, {**data, "max_length": data["max_length"]})
     parameters = count_parameters(config)
-    global_batch = arguments.per_replica_batch_size * tpu.replicas * arguments.gradient_accumulation_steps
-    if data["samples"] is not None and global_batch > data["samples"]:
-        raise InvalidParameter(
-            "per_replica_batch_size",
-            arguments.per_replica_batch_size,
-            f"x {tpu.replicas} replicas x {arguments.gradient_accumulation_steps} micro-batches = global batch "
-            f"{global_batch}, more than the {data['samples']:,} samples",
-        )
-    steps = arguments.max_steps or arguments.num_epochs * (data["samples"] // global_batch)
-    tokens = steps * global_batch * data["max_length"]
+    shape = run_shape(
+        tpu.replicas,
+        arguments.per_replica_batch_size,
+        arguments.gradient_accumulation_steps,
+        data["max_length"],
+        data["samples"],
+        arguments.num_epochs,
+        arguments.max_steps,
+    )
+    tokens = shape.tokens
     flops_per_token = training_flops_per_token(config, parameters, data["max_length"])
     peak = tpu.replicas * tpu.peak_tflops_per_replica * 1e12
     hours = flops_per_token * tokens / (arguments.mfu * peak) / 3600
@@ -194,11 +195,11 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
         "data": data,
         "tpu_type": tpu.name,
         "replicas": tpu.replicas,
-        "global_batch_size": global_batch,
+        "global_batch_size": shape.global_batch_size,
         "per_replica_batch_size": arguments.per_replica_batch_size,
         "gradient_accumulation_steps": arguments.gradient_accumulation_steps,
-        "steps": steps,
-        "samples": steps * global_batch,
+        "steps": shape.steps,
+        "samples": shape.samples,
         "tokens": tokens,
         "parameters": parameters,
         "model_flops_per_token": flops_per_token,

@@ -14,6 +14,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id
 from components.lib.masked_lm import check_probability
 from components.lib.modeling import PRESETS, model_config
+from components.lib.run_shape import RunShape, run_shape
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import load_tokenizer
 
@@ -145,21 +146,30 @@ class TrainingSettings:
 
 @dataclass
 class TrainingPlan:
-    """What the checks before training settled: data, model config and step counts."""
+    """What the checks before training settled: data, model config and the run's shape."""
 
     manifest: dict[str, Any]
     eval_manifest: dict[str, Any] | None
     config: Any
     tokenizer: Any
-    total_steps: int
-    global_batch_size: int  # samples per optimizer step
+    shape: RunShape
     checkpoint_identity: dict[str, Any]
-    accumulation: int = 1  # micro-batches per optimizer step
+
+    @property
+    def total_steps(self) -> int:
+        return self.shape.steps
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.shape.global_batch_size
+
+    @property
+    def accumulation(self) -> int:
+        return self.shape.accumulation
 
     @property
     def micro_batch_size(self) -> int:
-        """Samples per micro-batch over all replicas: what the input streams batch."""
-        return self.global_batch_size // self.accumulation
+        return self.shape.micro_batch_size
 
 
 def plan_training(arguments: TrainingSettings, num_replicas: int) -> TrainingPlan:
@@ -188,28 +198,25 @@ def plan_training(arguments: TrainingSettings, num_replicas: int) -> TrainingPla
                 f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
             )
     config = model_config(arguments.model_config, manifest)
-    accumulation = arguments.gradient_accumulation_steps
-    global_batch = arguments.per_replica_batch_size * num_replicas * accumulation
-    if global_batch > manifest["num_records"]:
-        raise InvalidParameter(
-            "per_replica_batch_size",
-            arguments.per_replica_batch_size,
-            f"x {num_replicas} replica(s)"
-            + (f" x {accumulation} micro-batches" if accumulation > 1 else "")
-            + f" = global batch {global_batch}, more than the {manifest['num_records']} training samples",
-        )
-    if eval_manifest is not None and global_batch // accumulation > eval_manifest["num_records"]:
+    shape = run_shape(
+        num_replicas,
+        arguments.per_replica_batch_size,
+        arguments.gradient_accumulation_steps,
+        manifest["max_length"],
+        manifest["num_records"],
+        arguments.num_epochs,
+        arguments.max_steps,
+    )
+    if eval_manifest is not None and shape.micro_batch_size > eval_manifest["num_records"]:
         raise InvalidParameter(
             "eval_shards",
             arguments.eval_shards,
-            f"hold {eval_manifest['num_records']} samples, fewer than one batch of {global_batch // accumulation}",
+            f"hold {eval_manifest['num_records']} samples, fewer than one batch of {shape.micro_batch_size}",
         )
-    steps_per_epoch = manifest["num_records"] // global_batch
-    total_steps = arguments.max_steps or arguments.num_epochs * steps_per_epoch
     identity = checkpoint_identity(config, tokenizer_fingerprint)
     if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
         check_checkpoints_match(arguments.checkpoint_dir, identity)
-    return TrainingPlan(manifest, eval_manifest, config, tokenizer, total_steps, global_batch, identity, accumulation)
+    return TrainingPlan(manifest, eval_manifest, config, tokenizer, shape, identity)
 
 
 def checkpoint_identity(config: Any, tokenizer_fingerprint: str) -> dict[str, Any]:
