@@ -45,6 +45,7 @@ from components.lib.pytorch_weights import save_model_folder
 from components.lib.results import HISTORY_FILE, SUMMARY_FILE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES
 from components.lib.training import CHECKPOINT_IDENTITY_FILE, TrainingPlan, TrainingSettings, plan_training
+from components.lib.training_log import LogWindow, format_point, write_summaries
 
 log = logging.getLogger("tpu_mlm.train")
 
@@ -231,8 +232,8 @@ def _training_loop(
             if step % arguments.log_every_steps == 0 or step == plan.total_steps:
                 point = window.point(step, float(state.schedule(step)))
                 state.history.append(point)
-                _write_summaries(writer, point)
-                log.info(_format_point(point, plan.total_steps))
+                write_summaries(writer, point)
+                log.info(format_point(point, plan.total_steps))
             if stop.requested and step < plan.total_steps:
                 _save_checkpoint(arguments, state, step)  # no validation or Hub push: the grace period is short
                 log.warning(
@@ -277,47 +278,6 @@ def _datasets(
     )
     predictions = max_predictions(plan.manifest["max_length"], arguments.mlm_probability)
     return iterator, (batches, MaskedLMScorer(state.model, strategy, predictions))
-
-
-@dataclass
-class LogWindow:
-    """The steps since the last log point, and what the next point reports of them: loss, throughput, MFU
-    where the peak is known, time left and, with a price, the cost so far and projected."""
-
-    plan: TrainingPlan
-    flops_per_step: float
-    peak_tflops: float | None
-    replicas: int
-    price_per_hour: float
-    run_started: float = field(default_factory=time.perf_counter)
-    started: float = field(default_factory=time.perf_counter)
-    steps: int = 0
-    loss_sum: float = 0.0
-
-    def add(self, steps: int, loss: float) -> None:
-        self.steps, self.loss_sum = self.steps + steps, self.loss_sum + loss * steps
-
-    def point(self, step: int, learning_rate: float) -> dict[str, float]:
-        seconds = time.perf_counter() - self.started
-        samples_per_second = self.steps * self.plan.global_batch_size / seconds
-        flops_per_second = self.flops_per_step * self.steps / seconds
-        point = {
-            "step": step,
-            "loss": self.loss_sum / self.steps,
-            "learning_rate": learning_rate,
-            "samples_per_second": samples_per_second,
-            "tokens_per_second": samples_per_second * self.plan.manifest["max_length"],
-            "model_tflops_per_second": flops_per_second / 1e12,
-            "eta_seconds": (self.plan.total_steps - step) * seconds / self.steps,
-        }
-        if self.peak_tflops:
-            point["mfu"] = flops_per_second / (self.peak_tflops * 1e12 * self.replicas)
-        if self.price_per_hour:
-            elapsed = time.perf_counter() - self.run_started
-            point["cost_so_far"] = self.price_per_hour * elapsed / 3600
-            point["projected_cost"] = self.price_per_hour * (elapsed + point["eta_seconds"]) / 3600
-        self.started, self.steps, self.loss_sum = time.perf_counter(), 0, 0.0
-        return point
 
 
 def _save_checkpoint(arguments: TrainArguments, state: TrainingState, step: int) -> None:
@@ -450,29 +410,6 @@ def _train_function(
         return mean_loss.result()
 
     return run
-
-
-def _write_summaries(writer: Any, point: dict[str, float]) -> None:
-    import tensorflow as tf
-
-    with writer.as_default(step=int(point["step"])):
-        for name, value in point.items():
-            if name != "step":
-                tf.summary.scalar(f"train/{name}", value)
-
-
-def _format_point(point: dict[str, float], total_steps: int) -> str:
-    line = (
-        f"step {int(point['step'])}/{total_steps}: loss {point['loss']:.4f}, lr {point['learning_rate']:.2e}, "
-        f"{point['samples_per_second']:,.1f} samples/s, {point['tokens_per_second']:,.0f} tokens/s"
-    )
-    if "mfu" in point:
-        line += f", MFU {point['mfu']:.1%}"
-    eta = int(point["eta_seconds"])
-    line += f", ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-    if "cost_so_far" in point:
-        line += f", ${point['cost_so_far']:,.2f} so far of about ${point['projected_cost']:,.2f}"
-    return line
 
 
 def _save_model(model: Any, tokenizer: Any, output: str, summary: dict[str, Any]) -> None:

@@ -190,7 +190,7 @@ def test_a_sigterm_checkpoints_where_training_is_and_the_rerun_ends_at_the_plann
     data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
     job = ["components.train", *data, *RESUME_ARGS, "--output", str(output)]
     # the SIGTERM comes with the first log point, at step 10: between periodic checkpoints (every 20 steps)
-    term = ["--function", "components.train:LogWindow.point", "--action", "term"]
+    term = ["--function", "components.lib.training_log:LogWindow.point", "--action", "term"]
     stopped = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *term, "--", *job],
         cwd=PROJECT_ROOT,
