@@ -12,7 +12,7 @@ import pytest
 from backports import zstd
 
 from components.lib import storage
-from components.lib.corpus import Corpus, CorpusSpec
+from components.lib.corpus import Corpus, CorpusSpec, embedded_lines
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import EstimateArguments, data_size
 from components.lib.shard_set import MANIFEST, merge_manifests
@@ -221,3 +221,15 @@ def test_byte_order_marks_suffixes_in_capitals_and_long_window_zstd(tmp_path, co
     assert len(list(Corpus(CorpusSpec(str(tmp_path / "long.txt.zst"))))) == len(
         list(Corpus(CorpusSpec(str(tmp_path / "SHOUT.TXT.GZ"))))
     )
+
+
+def test_a_sample_larger_than_a_small_compressed_file_s_bytes_keeps_its_size(tmp_path):
+    """A file whose sample (in text) is larger than its compressed bytes: the last window is not cut at them
+    (it was, and the sample came to two thirds of what was asked)."""
+    text = "".join(line + "\n" for line in embedded_lines())
+    small = tmp_path / "small.txt.gz"
+    small.write_bytes(gzip.compress(text.encode()))
+    assert small.stat().st_size < 150_000 < len(text.encode())
+    corpus = Corpus(CorpusSpec(str(small)), sample_bytes=150_000)
+    sampled = sum(len(line.encode()) + 1 for line in corpus)
+    assert corpus.sampled and abs(sampled / 150_000 - 1) < 0.05, sampled

@@ -42,6 +42,7 @@ import json
 import logging
 import math
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -351,9 +352,18 @@ class Corpus:
 
     def _sample_slices(self) -> list[FileSlice]:
         """A sample's windows, spread evenly over the corpus's stored bytes. A window in a compressed file starts
-        at its compressed offset and takes its width in bytes of text (the text's size is not known)."""
-        windows = _file_slices(self.files, _sample_windows(self.sample_bytes, self.total_bytes))
-        return [replace(piece, text_window=True) if piece.compressed else piece for piece in windows]
+        at its compressed offset and takes its width in bytes of text (the text's size is not known). A window
+        is split where a file ends, except at the end of the corpus when its last file is compressed: that file's
+        text outlasts its bytes, and a last window cut at its bytes would leave the sample short (a small file,
+        whose sample is larger than its compressed bytes, lost a third of it)."""
+        files = list(self.files)
+        if storage.compression(files[-1][0]):
+            files[-1] = (*files[-1][:2], sys.maxsize)
+        sizes = {uri: size for uri, _, size in self.files}
+        windows = _file_slices(files, _sample_windows(self.sample_bytes, self.total_bytes))
+        return [
+            replace(piece, size=sizes[piece.uri], text_window=True) if piece.compressed else piece for piece in windows
+        ]
 
     # -- readers -----------------------------------------------------------------------------------------------
 
