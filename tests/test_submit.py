@@ -169,7 +169,7 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
             {"corpus_bytes": 546_500_949, "parameters": '{"corpus": "hf:wikitext", "model_config": "roberta-huge"}'},
             r"--model-config='roberta-huge': unknown preset",
         ),
-        ({"parameters": '{"corpus": "embedded"}'}, r"--per-replica-batch-size=128: x 4 replicas x 4 micro-batches"),
+        ({"parameters": '{"corpus": "embedded"}'}, r"--per-replica-batch-size=128: x 4 replica\(s\) x 4 micro-batches"),
     ],
 )
 def test_bad_submissions_fail_before_any_request(template, monkeypatch, overrides, message):
