@@ -92,6 +92,7 @@ def test_tokenizer_and_shards_stream_a_hub_dataset_in_one_and_three_parts(tmp_pa
     assert_parts_write_the_token_stream_of_one_part(str(tmp_path / "whole"), parted, 128)
 
 
+@pytest.mark.slow  # a datasets load against the stand-in each: out of the fast tier (make test-fast under 3 minutes)
 @pytest.mark.parametrize(
     "corpus, extra, message",
     [
@@ -116,6 +117,7 @@ def test_a_hub_dataset_that_cannot_be_read_fails_in_one_line_and_writes_nothing(
         assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_private_hub_dataset_needs_the_token(tmp_path, hub_dataset):
     corpus = "hf:user/private-text:wikitext-103-raw-v1"
     output = str(tmp_path / "tokenizer")

@@ -16,6 +16,8 @@ from conftest import PROJECT_ROOT, run_module
 from google.cloud.aiplatform_v1 import Scheduling
 from vertex_server import VertexStandIn
 
+pytestmark = pytest.mark.slow  # each runs the launcher and its jobs in processes of their own
+
 PARENT = "projects/my-project/locations/us-central1"
 
 
