@@ -422,13 +422,12 @@ def _save_model(model: Any, tokenizer: Any, output: str, summary: dict[str, Any]
 
 
 def summary_for_people(summary: dict[str, Any]) -> str:
-    first = summary["resumed_from_step"]
-    return (
-        f"trained steps {first + 1:,}-{summary['total_steps']:,} of {summary['total_steps']:,} on "
-        f"{summary['replicas']} x {summary['accelerator']} in {summary['seconds_this_run']:,.0f} s: loss "
-        f"{summary['first_loss']:.4f} to {summary['last_loss']:.4f}\nthe model and {SUMMARY_FILE}: "
-        f"{summary['arguments']['output']}"
-    )
+    done = f"{summary['steps_this_run']:,} step(s) of {summary['total_steps']:,} trained in this run"
+    if summary["steps_this_run"]:
+        done += f" on {summary['replicas']} x {summary['accelerator']} in {summary['seconds_this_run']:,.0f} s"
+    if summary["first_loss"] is not None:
+        done += f"; loss {summary['first_loss']:.4f} to {summary['last_loss']:.4f}"
+    return f"{done}\nthe model and {SUMMARY_FILE}: {summary['arguments']['output']}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

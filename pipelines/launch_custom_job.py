@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,16 +33,15 @@ from datetime import timedelta
 from typing import Any
 
 from components.lib.errors import InvalidParameter, ServiceFailed
-from components.lib.jobs import log, run_job
+from components.lib.jobs import BAD_INPUT_EXIT, log, run_job
 from pipelines.vertex_jobs import (
-    CALL_TIMEOUT_SECONDS,
     ENDED_WITHOUT_SUCCESS,
     SUCCEEDED,
-    TERMINAL_STATES,
     USER_ERROR_CODES,
     JobServiceArguments,
     JobWait,
     call,
+    create_job,
     job_client,
 )
 
@@ -81,7 +82,7 @@ class LaunchArguments(JobServiceArguments):
 
 
 def launch(arguments: LaunchArguments) -> dict[str, Any]:
-    """Follows the recorded job, or creates one; returns the job's name and state once it succeeded."""
+    """Follows the task's earlier job, or creates one; returns the job's name and state once it succeeded."""
     client = job_client(arguments.location, arguments.api_endpoint.removeprefix("https://"))
     waiting = JobWait(
         client,
@@ -91,71 +92,86 @@ def launch(arguments: LaunchArguments) -> dict[str, Any]:
     )
     with waiting:  # a SIGTERM from here on cancels the job
         job = custom_job(arguments.payload)
-        name, seconds_used = followed_job(client, arguments.gcp_resources)
-        if not name and not seconds_used:  # no record: a first try, or a retry that was not handed its record
-            name = live_job_of_this_run(client, arguments, job.display_name)
-        if not name:
+        earlier = recorded_job(client, arguments.gcp_resources) or latest_job_of_this_run(client, arguments, job)
+        name, seconds_used = follow_or_replace(earlier) if earlier else ("", 0)
+        if name:
+            record_job(arguments.gcp_resources, arguments.endpoint, name)
+        elif waiting.stop_signal is None:  # stopped before its job exists: none is created
             name = create(client, arguments, job, seconds_used)
+        if not name:
+            raise ServiceFailed(f"stopped by {signal.Signals(waiting.stop_signal).name} before the job was created")
         ended = waiting.follow(name)
     if ended.state.name != SUCCEEDED:
         raise ServiceFailed(f"{name} ended {ended.state.name}: {ended.error.message or 'no error given'}")
     return {"job": name, "state": ended.state.name}
 
 
-def followed_job(client: Any, gcp_resources: str) -> tuple[str, int]:
-    """The job recorded in ``gcp_resources`` if it is to be followed, else "" (none recorded, or one to replace);
-    and the seconds the task's ended jobs ran. Raises ``ServiceFailed`` for a job that is not to be replaced."""
+def recorded_job(client: Any, gcp_resources: str) -> Any:
+    """The job recorded in ``gcp_resources`` (by this task's earlier try), or None."""
     if not os.path.exists(gcp_resources) or not os.path.getsize(gcp_resources):
-        return "", 0
+        return None
     with open(gcp_resources) as file:
         (resource,) = json.load(file)["resources"]
     name = resource["resourceUri"].split("/v1/", 1)[1]
     from google.api_core.exceptions import NotFound
 
     try:
-        recorded = call(client.get_custom_job, name=name)
+        return call(client.get_custom_job, name=name)
     except NotFound:
-        log.warning("the job this task recorded, %s, is not found: creating a new one", name)
-        return "", 0
-    state = recorded.state.name
-    if state not in ENDED_WITHOUT_SUCCESS:
-        log.info("following the job this task recorded, %s (%s)", name, state)
-        return name, 0
-    why = f"{name} ended {state} ({recorded.error.code}: {recorded.error.message or 'no error given'})"
-    if state != "JOB_STATE_FAILED" or recorded.error.code in USER_ERROR_CODES:
-        raise ServiceFailed(f"{why}: not replaced, as another job would stop or fail the same way")
-    ran = recorded.end_time - recorded.start_time if recorded.start_time and recorded.end_time else None
-    seconds_used = int(recorded.labels.get(SECONDS_USED_LABEL, 0)) + int(ran.total_seconds() if ran else 0)
-    log.warning("the job this task recorded, %s: this retry creates a new one", why)
-    return "", seconds_used
+        log.warning("the job this task recorded, %s, is not found", name)
+        return None
 
 
-def live_job_of_this_run(client: Any, arguments: LaunchArguments, display_name: str) -> str:
-    """A job of this task in this pipeline run that has not ended (its launcher was lost and the retry got no
-    record of it): it is followed and recorded, never run twice beside a new one. "" where there is none, or
-    outside a Vertex AI pipeline run (no run label)."""
+def latest_job_of_this_run(client: Any, arguments: LaunchArguments, job: Any) -> Any:
+    """This task's latest job in this pipeline run, found by the run's label where the task was handed no record
+    (whether Vertex AI hands a retry its predecessor's is not documented), or None: outside a pipeline run (no run
+    label), or where the service does not take the filter."""
     run = run_labels().get(RUN_LABEL)
     if not run:
-        return ""
-    query = f'labels.{RUN_LABEL}="{run}" AND display_name="{display_name}"'
+        return None
+    query = f'labels.{RUN_LABEL}="{run}" AND display_name="{job.display_name}"'
     parent = f"projects/{arguments.project}/locations/{arguments.location}"
     from google.api_core.exceptions import GoogleAPICallError
 
     try:
-        live = [
-            job
-            for job in call(client.list_custom_jobs, request={"parent": parent, "filter": query})
-            if job.state.name not in TERMINAL_STATES
-        ]
+        jobs = list(call(client.list_custom_jobs, request={"parent": parent, "filter": query}))
     except GoogleAPICallError as error:  # a filter the service does not take must not stop the run
-        log.warning("could not look for a job of this run that has not ended (%s): creating one", error)
-        return ""
-    if not live:
-        return ""
-    found = live[0]
-    log.warning("%s of this run has not ended (%s): following it, not creating another", found.name, found.state.name)
-    record_job(arguments.gcp_resources, arguments.endpoint, found.name)
-    return found.name
+        log.warning("could not look for this run's earlier jobs (%s): creating one", error)
+        return None
+    return max(jobs, key=lambda found: found.create_time, default=None)
+
+
+def follow_or_replace(earlier: Any) -> tuple[str, int]:
+    """The earlier job's name if it is to be followed (queued, running or done), else "" and the seconds the
+    task's jobs have run, for its replacement. Raises ``ServiceFailed`` for a job that is not to be replaced."""
+    name, state = earlier.name, earlier.state.name
+    if state not in ENDED_WITHOUT_SUCCESS:
+        log.info("following this task's earlier job, %s (%s)", name, state)
+        return name, 0
+    why = f"{name} ended {state} ({earlier.error.code}: {earlier.error.message or 'no error given'})"
+    if not replaceable(earlier):
+        raise ServiceFailed(f"{why}: not replaced, as another job would stop or fail the same way")
+    ran = earlier.end_time - earlier.start_time if earlier.start_time and earlier.end_time else None
+    seconds_used = int(earlier.labels.get(SECONDS_USED_LABEL, 0)) + int(ran.total_seconds() if ran else 0)
+    log.warning("this task's earlier job, %s: this retry creates a new one", why)
+    return "", seconds_used
+
+
+# how Vertex AI reports a job whose container exited with an error, whatever the error's code (3 in its logs)
+REPLICA_EXITED = re.compile(r"exited with a non-zero status of (\d+)")
+
+
+def replaceable(job: Any) -> bool:
+    """Whether another job may get further than this failed one: the train step's container exited with an error
+    (a preemption's SIGTERM, a crash; its own attempts.json refuses a repeated failure), but not with bad input
+    (status 2: the same settings would fail again); or the job failed for a reason that is not the user's
+    (GCPC's list of such error codes). A job cancelled (someone stopped it), expired or paused is not replaced."""
+    if job.state.name != "JOB_STATE_FAILED":
+        return False
+    exited = REPLICA_EXITED.search(job.error.message or "")
+    if exited:
+        return int(exited.group(1)) != BAD_INPUT_EXIT
+    return job.error.code not in USER_ERROR_CODES
 
 
 def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int) -> str:
@@ -171,11 +187,7 @@ def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int)
         job.job_spec.scheduling.timeout = timedelta(seconds=left)
         log.info("the earlier jobs ran %d s of the time limit: the new job gets the %d s left", seconds_used, left)
     job.labels = {**run_labels(), **job.labels, SECONDS_USED_LABEL: str(seconds_used)}
-    created = client.create_custom_job(
-        parent=f"projects/{arguments.project}/locations/{arguments.location}",
-        custom_job=job,
-        timeout=CALL_TIMEOUT_SECONDS,
-    )
+    created = create_job(client, arguments.project, arguments.location, job)
     record_job(arguments.gcp_resources, arguments.endpoint, created.name)
     log.info("created %s", created.name)
     return created.name

@@ -126,6 +126,7 @@ class Report:
             raise
         finally:
             found["seconds"] = round(time.perf_counter() - started, 1)
+            self.stage_running = ""
             self.write()  # stage by stage: a job killed later still leaves what it found
 
     def last_words(self, why: str) -> None:

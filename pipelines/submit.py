@@ -240,7 +240,8 @@ def summary_for_people(summary: dict[str, Any]) -> str:
     if summary.get("dry_run"):
         request = summary["would_submit"]
         return (
-            f"dry run: would submit {request['displayName']} with {len(request['runtimeConfig']['parameterValues'])} "
+            f"dry run: would submit {request['displayName']} with "
+            f"{len(request['runtimeConfig'].get('parameterValues', {}))} "
             f"parameter values, root {request['runtimeConfig']['gcsOutputDirectory']} (--json prints the request)"
         )
     return f"submitted {summary['job']}\nconsole: {summary['console']}"

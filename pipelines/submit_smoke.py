@@ -28,7 +28,7 @@ from components.preflight import TPU_PROVISIONING, check_tpu_provisioning
 from pipelines.compile import check_image_uri
 from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe
 from pipelines.submit import check_project, check_service_account
-from pipelines.vertex_jobs import JobServiceArguments, JobWait, job_client
+from pipelines.vertex_jobs import JobServiceArguments, JobWait, create_job, job_client
 
 MAX_TIMEOUT_MINUTES = 120
 MAX_QUEUED_MINUTES = 24 * 60
@@ -206,7 +206,7 @@ def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any
         why_queued=why_queued(arguments),
     )
     with waiting:  # from here a Ctrl-C cancels the job, even one being created
-        created = client.create_custom_job(parent=parent, custom_job=job)
+        created = create_job(client, arguments.project, arguments.region, job)
         log.info("created %s; its report will be %s", created.name, storage.join(folder, REPORT_FILE))
         log.info(
             "console: https://console.cloud.google.com/vertex-ai/locations/%s/training/%s?project=%s",
@@ -225,11 +225,17 @@ def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any
         )
     report = json.loads(storage.read_text(report_uri))
     for line in describe(report):
-        print(line)
+        log.info(line)
     report["job"], report["job_state"] = created.name, state.name
     if report["verdict"] != "pass":
         raise SmokeFailed(report)
     return report
+
+
+def summary_for_people(summary: dict[str, Any]) -> str:
+    if summary.get("dry_run"):
+        return f"dry run: would create a smoke job in {summary['parent']}, {summary['cost_limit']} (--json: the job)"
+    return f"verdict: {summary['verdict'].upper()} ({summary['job']}; the report's lines above)"
 
 
 class SmokeFailed(ServiceFailed):
@@ -241,7 +247,7 @@ class SmokeFailed(ServiceFailed):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(SmokeJobArguments, run_smoke, argv, description=__doc__)
+    return run_job(SmokeJobArguments, run_smoke, argv, description=__doc__, for_people=summary_for_people)
 
 
 if __name__ == "__main__":

@@ -35,11 +35,26 @@ CALL_RETRY_SECONDS = 600.0  # transient errors (503, 429, a reset connection) re
 
 
 def call(method: Any, **request: Any) -> Any:
-    """A job-service call that can be repeated (get, cancel), retried on transient errors and bounded in time."""
+    """A job-service call that can be repeated (get, list, cancel), retried on transient errors (a timed-out read
+    and a 504 among them, which the client's own predicate leaves out) and bounded in time."""
+    import requests
+    from google.api_core import exceptions
     from google.api_core.retry import Retry, if_transient_error
 
-    retry = Retry(predicate=if_transient_error, deadline=CALL_RETRY_SECONDS)
-    return method(**request, retry=retry, timeout=CALL_TIMEOUT_SECONDS)
+    def transient(error: Exception) -> bool:
+        timed_out = (requests.exceptions.Timeout, exceptions.DeadlineExceeded, exceptions.GatewayTimeout)
+        return if_transient_error(error) or isinstance(error, timed_out)
+
+    return method(
+        **request, retry=Retry(predicate=transient, deadline=CALL_RETRY_SECONDS), timeout=CALL_TIMEOUT_SECONDS
+    )
+
+
+def create_job(client: Any, project: str, location: str, job: Any) -> Any:
+    """Creates the custom job ``job``; not retried (a retried create could make two jobs), bounded in time."""
+    return client.create_custom_job(
+        parent=f"projects/{project}/locations/{location}", custom_job=job, timeout=CALL_TIMEOUT_SECONDS
+    )
 
 
 @dataclass(kw_only=True)
@@ -132,11 +147,11 @@ class JobWait:
                 cancelled_at = self._cancel(f"{signal.Signals(self.stop_signal).name} received")
             try:
                 job = call(self.client.get_custom_job, name=name)
-            except Exception:  # the service out of reach past the retries: no job is left running unwatched
-                if cancelled_at is None:
-                    log.error("cannot follow %s any more: cancelling it", name)
-                    self._cancel("the job service kept failing")
-                raise
+            except Exception as error:  # out of reach past the retries: the job goes on, bounded by its own limit
+                raise ServiceFailed(
+                    f"lost contact with Vertex AI's job service ({type(error).__name__}: {error}); {name} goes on "
+                    f"within its own time limit; to stop it: {cancel_command(name)}"
+                ) from None
             waited = time.monotonic() - started
             if job.state.name != last:
                 log.info("%s after %.0f s", job.state.name, waited)

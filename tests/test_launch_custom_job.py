@@ -86,7 +86,8 @@ def test_a_retry_replaces_a_failed_job_with_what_is_left_of_the_time_limit(tmp_p
     with VertexStandIn() as vertex:
         if earlier == "failed":  # a second retry: the job before it had already run 5,000 s of the 7,200
             old = earlier_job(vertex, "raise SystemExit(3)", record, {"tpu-mlm-seconds-used": "5000"})
-            wait_for(lambda: vertex.get(old)["state"] == "JOB_STATE_FAILED")  # code 13: internal, may not recur
+            # the train step exited with an error (status 3, not bad input): another job may get further
+            wait_for(lambda: vertex.get(old)["state"] == "JOB_STATE_FAILED")
         result = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('trained')"), record))
         names = list(vertex.jobs)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -96,7 +97,7 @@ def test_a_retry_replaces_a_failed_job_with_what_is_left_of_the_time_limit(tmp_p
     created = vertex.jobs[names[-1]]
     used = 0 if earlier == "none" else 5000 + seconds_ran(vertex.jobs[names[0]])
     if earlier == "failed":
-        assert f"the job this task recorded, {names[0]} ended JOB_STATE_FAILED (13: The replica" in result.stderr
+        assert f"this task's earlier job, {names[0]} ended JOB_STATE_FAILED (3: The replica" in result.stderr
     # what Vertex AI got: the payload's job, its empty fields and max_wait_duration left out, the time left, the
     # run's labels (billing) beside the seconds used so far
     assert created["jobSpec"]["workerPoolSpecs"][0]["machineSpec"] == {
@@ -109,12 +110,13 @@ def test_a_retry_replaces_a_failed_job_with_what_is_left_of_the_time_limit(tmp_p
     assert created["labels"] == {"vertex-ai-pipelines-run-billing-id": "1234", "tpu-mlm-seconds-used": str(used)}
 
 
-@pytest.mark.parametrize("ending", ["cancelled", "failed for good", "time spent"])
+@pytest.mark.parametrize("ending", ["cancelled", "failed for good", "refused its input", "time spent"])
 def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp_path, ending):
     record = tmp_path / "gcp_resources"
     with VertexStandIn() as vertex:
         labels = {"tpu-mlm-seconds-used": "7200"} if ending == "time spent" else {}
-        command = "import time; time.sleep(600)" if ending == "cancelled" else "raise SystemExit(3)"
+        commands = {"cancelled": "import time; time.sleep(600)", "refused its input": "raise SystemExit(2)"}
+        command = commands.get(ending, "raise SystemExit(3)")
         old = earlier_job(vertex, command, record, labels)
         if ending == "cancelled":  # someone stopped it, in the console, to stop paying
             vertex.cancel(old)
@@ -131,9 +133,14 @@ def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp
             "tpu_job_timeout_hours to train on)"
         )
     else:
-        state, code = (
-            ("JOB_STATE_CANCELLED", "0: no error given") if ending == "cancelled" else ("JOB_STATE_FAILED", "7")
-        )
+        state, code = {
+            "cancelled": ("JOB_STATE_CANCELLED", "0: no error given"),
+            "failed for good": ("JOB_STATE_FAILED", "7: Permission denied"),
+            "refused its input": (
+                "JOB_STATE_FAILED",
+                "3: The replica workerpool0-0 exited with a non-zero status of 2",
+            ),
+        }[ending]
         assert last.startswith(f"error: {old} ended {state} ({code}")
         assert last.endswith("not replaced, as another job would stop or fail the same way")
 
@@ -145,7 +152,7 @@ def test_a_retry_follows_the_recorded_job_while_it_runs_and_reports_its_failure(
         followed = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('new')"), record))
         assert followed.returncode == 0, followed.stderr[-3000:]
         assert list(vertex.jobs) == [running] and vertex.jobs[running]["state"] == "JOB_STATE_SUCCEEDED"
-        assert f"following the job this task recorded, {running} (JOB_STATE_RUNNING)" in followed.stderr
+        assert f"following this task's earlier job, {running} (JOB_STATE_RUNNING)" in followed.stderr
 
         record.unlink()
         failing = run_module("pipelines.launch_custom_job", *launcher(vertex, job("raise SystemExit(3)"), record))
@@ -157,6 +164,22 @@ def test_a_retry_follows_the_recorded_job_while_it_runs_and_reports_its_failure(
 
 
 RUN = "vertex-ai-pipelines-run-billing-id"
+
+
+def test_a_retry_without_its_record_keeps_the_rules_for_the_run_s_ended_job(tmp_path, monkeypatch):
+    """The run's latest train job, found by its label, is judged as a recorded one: cancelled, it is not replaced."""
+    monkeypatch.setenv("VERTEX_AI_PIPELINES_RUN_LABELS", json.dumps({RUN: "run-7"}))
+    pool = {"containerSpec": {"command": ["python", "-c", "import time; time.sleep(600)"]}}
+    with VertexStandIn() as vertex:
+        cancelled = vertex.create(
+            PARENT, {"displayName": "train", "jobSpec": {"workerPoolSpecs": [pool]}, "labels": {RUN: "run-7"}}
+        )["name"]
+        vertex.cancel(cancelled)  # someone stopped the run's TPU job to stop paying
+        record = tmp_path / "gcp_resources"
+        result = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('again')"), record))
+        assert list(vertex.jobs) == [cancelled]
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {cancelled} ended JOB_STATE_CANCELLED")
 
 
 @pytest.mark.parametrize("filters", [True, False])
@@ -179,11 +202,11 @@ def test_a_retry_without_its_record_follows_the_run_s_live_job_instead_of_starti
         jobs = list(vertex.jobs)
     assert result.returncode == 0, result.stderr[-3000:]
     if not filters:
-        assert "could not look for a job of this run that has not ended (400 " in result.stderr
+        assert "could not look for this run's earlier jobs (400 " in result.stderr
         assert len(jobs) == 3 and recorded(record) == jobs[2]
         return
     assert jobs == names  # no second TPU job for this run
-    assert f"{names[1]} of this run has not ended (JOB_STATE_RUNNING): following it" in result.stderr
+    assert f"following this task's earlier job, {names[1]} (JOB_STATE_RUNNING)" in result.stderr
     assert recorded(record) == names[1] and vertex.jobs[names[1]]["state"] == "JOB_STATE_SUCCEEDED"
 
 

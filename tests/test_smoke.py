@@ -134,8 +134,8 @@ def test_smoke_creates_the_job_follows_it_and_prints_the_report_it_wrote_when_no
     assert result.returncode == 1, result.stderr[-3000:]
     assert job["state"] == "JOB_STATE_SUCCEEDED"  # the job wrote its report and exited 0: nothing to restart
     assert "JOB_STATE_RUNNING" in result.stderr and "JOB_STATE_SUCCEEDED" in result.stderr
-    assert "verdict: FAIL" in result.stdout
-    assert "failed at the runtime stage" in result.stdout and "no TPU found" in result.stdout
+    assert "verdict: FAIL" in result.stderr and result.stdout == ""  # a failed verdict is the error, on stderr
+    assert "failed at the runtime stage" in result.stderr and "no TPU found" in result.stderr
     assert (
         result.stderr.strip().splitlines()[-1].startswith("error: the smoke test failed on the v5e-1: InvalidParameter")
     )

@@ -107,7 +107,7 @@ class VertexStandIn:
             else:
                 job["state"] = "JOB_STATE_FAILED"
                 job["error"] = {
-                    "code": 13,
+                    "code": 3,  # what Vertex AI reports for an exit with an error (its logs show it)
                     "message": f"The replica workerpool0-0 exited with a non-zero status of {process.returncode}.",
                 }
         return job

@@ -16,6 +16,7 @@ from components.lib import storage
 from components.lib.errors import InvalidParameter, ServiceFailed
 
 Arguments = TypeVar("Arguments")
+BAD_INPUT_EXIT = 2  # the exit status of a job refused for its input: the same input fails the same way again
 log = logging.getLogger("tpu_mlm")
 
 
@@ -104,7 +105,7 @@ def run_job(
             summary = job(arguments)
     except InvalidParameter as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return BAD_INPUT_EXIT
     except ServiceFailed as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
