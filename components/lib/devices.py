@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from components.lib.errors import InvalidParameter
-from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_RUNTIMES
+from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_RUNTIMES, TPU_TYPES
 
 log = logging.getLogger("tpu_mlm.accelerators")
 
@@ -40,7 +40,10 @@ NO_TPU_DEVICE = (
 # Peak dense bf16 (fp16 where the chip has no bf16) TFLOP/s of one GPU, from NVIDIA's data sheets.
 GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "L4": 121.0, "V100": 125.0, "T4": 65.0}
 # TPU_ACCELERATOR_TYPE (set on TPU VMs) prefix -> peak of one replica; used only when no peak was passed in.
-_TPU_ENV_PEAKS = {"v3": 61.5, "v5litepod": 197.0, "v5e": 197.0}
+_TPU_ENV_PEAKS = {
+    prefix: TPU_TYPES[name].peak_tflops_per_replica
+    for prefix, name in (("v3", "v3-8"), ("v5litepod", "v5e-1"), ("v5e", "v5e-1"))
+}
 
 
 def check_accelerator(accelerator: str, replicas: int) -> None:

@@ -38,7 +38,7 @@ class LogWindow:
             "loss": self.loss_sum / self.steps,
             "learning_rate": learning_rate,
             "samples_per_second": samples_per_second,
-            "tokens_per_second": samples_per_second * self.plan.manifest["max_length"],
+            "tokens_per_second": samples_per_second * self.plan.shape.max_length,
             "model_tflops_per_second": flops_per_second / 1e12,
             "eta_seconds": (self.plan.total_steps - step) * seconds / self.steps,
         }
