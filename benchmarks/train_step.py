@@ -53,18 +53,20 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
     from components.lib.masked_lm import max_predictions
     from components.lib.masking import Masking, masked_dataset
     from components.lib.modeling import model_config
+    from components.lib.run_shape import run_shape
     from components.lib.shard_set import read_manifest
     from components.train import _train_function
 
     replicas = arguments.one_replica_count
     strategy, _ = select_strategy("cpu", replicas=replicas)
     manifest = read_manifest(arguments.shards)
-    global_batch = arguments.per_replica_batch_size * replicas
+    shape = run_shape(replicas, arguments.per_replica_batch_size, 1, manifest["max_length"], None, 1, 1)
     with strategy.scope():
         model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
         model(model.dummy_inputs, training=False)
         optimizer, _ = create_optimizer(1e-3, num_train_steps=100_000, num_warmup_steps=100)
-    dataset = masked_dataset(arguments.shards, manifest, global_batch, Masking.from_manifest(manifest), training=True)
+    masking = Masking.from_manifest(manifest)
+    dataset = masked_dataset(arguments.shards, manifest, shape.global_batch_size, masking, training=True)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     steps = _train_function(model, optimizer, strategy, False, max_predictions(manifest["max_length"], 0.15))
     chunk = tf.constant(arguments.steps_per_execution, tf.int32)
@@ -75,7 +77,7 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
         for _ in range(arguments.steps // arguments.steps_per_execution):
             loss = float(steps(iterator, chunk))
         elapsed = time.perf_counter() - started
-        best = max(best, arguments.steps * global_batch / elapsed)
+        best = max(best, arguments.steps * shape.global_batch_size / elapsed)
     return {"replicas": replicas, "samples_per_second": best, "last_loss": loss}
 
 
