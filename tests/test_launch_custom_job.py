@@ -231,3 +231,33 @@ def test_a_cancelled_task_cancels_its_job(tmp_path):
         (name,) = vertex.jobs
     assert vertex.cancel_requests == [name] and vertex.jobs[name]["state"] == "JOB_STATE_CANCELLED"
     assert process.stderr.read().strip().splitlines()[-1] == f"error: stopped by SIGTERM: {name} is JOB_STATE_CANCELLED"
+
+
+def test_a_job_queued_past_the_limit_is_cancelled_and_a_paused_one_is_not_replaced(tmp_path):
+    with VertexStandIn(start_jobs=False) as vertex:  # no TPU capacity or quota: the job never starts
+        record = tmp_path / "queued"
+        queued = run_module(
+            "pipelines.launch_custom_job",
+            *launcher(vertex, job("print('trained')"), record),
+            "--max_queued_minutes",
+            "0.02",
+        )
+        (name,) = vertex.jobs
+        assert vertex.cancel_requests == [name] and vertex.jobs[name]["state"] == "JOB_STATE_CANCELLED"
+    assert queued.returncode == 1 and "Traceback" not in queued.stderr, queued.stderr[-3000:]
+    assert (
+        queued.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: {name} stayed queued or pending for more than 0.02 min and was cancelled (JOB_STATE_CANCELLED)"
+        )
+    )
+
+    with VertexStandIn() as vertex:
+        record = tmp_path / "paused"
+        paused = earlier_job(vertex, "import time; time.sleep(600)", record)
+        vertex.jobs[paused]["state"] = "JOB_STATE_PAUSED"
+        result = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('trained')"), record))
+        assert list(vertex.jobs) == [paused]
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {paused} ended JOB_STATE_PAUSED")
