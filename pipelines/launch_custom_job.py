@@ -43,6 +43,7 @@ from pipelines.vertex_jobs import (
     call,
     create_job,
     job_client,
+    location_path,
 )
 
 RESOURCE_TYPE = "CustomJob"
@@ -130,7 +131,7 @@ def latest_job_of_this_run(client: Any, arguments: LaunchArguments, job: Any) ->
     if not run:
         return None
     query = f'labels.{RUN_LABEL}="{run}" AND display_name="{job.display_name}"'
-    parent = f"projects/{arguments.project}/locations/{arguments.location}"
+    parent = location_path(arguments.project, arguments.location)
     from google.api_core.exceptions import GoogleAPICallError
 
     try:

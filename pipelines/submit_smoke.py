@@ -28,7 +28,7 @@ from components.preflight import TPU_PROVISIONING, check_tpu_provisioning
 from pipelines.compile import check_image_uri
 from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe
 from pipelines.submit import check_project, check_service_account
-from pipelines.vertex_jobs import JobServiceArguments, JobWait, create_job, job_client
+from pipelines.vertex_jobs import JobServiceArguments, JobWait, create_job, job_client, location_path
 
 MAX_TIMEOUT_MINUTES = 120
 MAX_QUEUED_MINUTES = 24 * 60
@@ -193,7 +193,7 @@ def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any
     """Creates the job (or prints it), waits for it and returns its report."""
     folder = storage.join(arguments.scratch, f"smoke-{arguments.tpu_type}-{datetime.now(UTC):%Y%m%d-%H%M%S}")
     job = smoke_job(arguments, folder)
-    parent = f"projects/{arguments.project}/locations/{arguments.region}"
+    parent = location_path(arguments.project, arguments.region)
     limit = cost_limit(arguments)
     log.info("the job's cost is bounded by its timeout: %s", limit)
     if arguments.dry_run:

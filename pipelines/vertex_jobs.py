@@ -50,10 +50,15 @@ def call(method: Any, **request: Any) -> Any:
     )
 
 
+def location_path(project: str, location: str) -> str:
+    """Where a project's custom jobs live in a region: the parent of their names."""
+    return f"projects/{project}/locations/{location}"
+
+
 def create_job(client: Any, project: str, location: str, job: Any) -> Any:
     """Creates the custom job ``job``; not retried (a retried create could make two jobs), bounded in time."""
     return client.create_custom_job(
-        parent=f"projects/{project}/locations/{location}", custom_job=job, timeout=CALL_TIMEOUT_SECONDS
+        parent=location_path(project, location), custom_job=job, timeout=CALL_TIMEOUT_SECONDS
     )
 
 

@@ -57,8 +57,7 @@ class Attempts:
     @contextlib.contextmanager
     def recorded(self, begun: bool = True) -> Iterator[None]:
         """Records the attempt as running, then how it ended; with ``begun=False`` only a failure is written."""
-        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        record = {"key": self.key, "step": self.step, "started": started, "outcome": "running"}
+        record = self._new_record()
         if begun:
             self.records.append(record)
             self._write()
@@ -83,8 +82,9 @@ class Attempts:
 
         def expired() -> None:
             minutes = f"{seconds / 60:g}"
-            record = {"key": self.key, "step": self.step, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            self._end(record, "failed", f"the accelerator did not start within {minutes} min (--start_minutes)")
+            self._end(
+                self._new_record(), "failed", f"the accelerator did not start within {minutes} min (--start_minutes)"
+            )
             hard_exit(1, f"the accelerator did not start within {minutes} min: this attempt fails")
 
         timer = threading.Timer(seconds, expired)
@@ -99,6 +99,11 @@ class Attempts:
         """Records the running attempt as stopped by a SIGTERM, at once: the process may not live to say it."""
         if self._current is not None:
             self._end(self._current, "stopped", "SIGTERM")
+
+    def _new_record(self) -> dict[str, Any]:
+        """An attempt starting now, running until it ends."""
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return {"key": self.key, "step": self.step, "started": started, "outcome": "running"}
 
     def _end(self, record: dict[str, Any], outcome: str, error: str) -> None:
         if record not in self.records:

@@ -58,7 +58,7 @@ def check_uri(parameter: str, uri: str) -> str:
         raise InvalidParameter(
             parameter, uri, f"unsupported URI scheme {scheme!r}; use a local path or gs://bucket/path"
         )
-    if is_remote(uri) and not uri[len("gs://") :].split("/", 1)[0]:
+    if is_remote(uri) and not bucket_name(uri):
         raise InvalidParameter(parameter, uri, "a gs:// URI needs a bucket name: gs://bucket/path")
     return uri
 
@@ -83,11 +83,16 @@ def relocate(uri: str, root: str) -> str:
     return join(root, *uri.replace(os.sep, "/").rstrip("/").split("/")[-3:])
 
 
+def bucket_name(uri: str) -> str:
+    """The bucket of a gs:// URI ("b" of gs://b/path)."""
+    return uri[len("gs://") :].split("/", 1)[0]
+
+
 def is_bucket(uri: str) -> bool:
     """Whether ``uri`` is a bucket itself (gs://name), which TensorFlow asks about with a request for the bucket's
     metadata, a permission the README's object roles do not grant: the steps take a bucket as an existing folder
     (if it does not exist, the first write says so)."""
-    return is_remote(uri) and "/" not in uri[len("gs://") :].rstrip("/")
+    return is_remote(uri) and uri.rstrip("/") == f"gs://{bucket_name(uri)}"
 
 
 def exists(uri: str) -> bool:
@@ -168,7 +173,7 @@ def permission_denied(error: BaseException, uris: Iterable[str] = ()) -> str:
     message = str(error)
     permission = _DENIED_PERMISSION.search(message)
     named = _URI.search(message)
-    buckets = sorted({"gs://" + uri[len("gs://") :].split("/", 1)[0] for uri in uris if is_remote(uri)})
+    buckets = sorted({f"gs://{bucket_name(uri)}" for uri in uris if is_remote(uri)})
     where = named.group(0) if named else " or ".join(buckets) or "a bucket"
     lacking = permission.group(0) if permission else "a storage permission"
     return (
