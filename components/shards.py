@@ -121,8 +121,7 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
     Returns the manifest (the part's, or the merged one). Input is checked before anything is written."""
     tokenizer, tokenizer_fingerprint = load_tokenizer(arguments.tokenizer)
     corpus = Corpus(arguments.corpus_spec, arguments.num_parts, arguments.part)
-    if corpus.kind == "files":
-        log.info("%s", corpus.describe_share())
+    log.info("%s", corpus.describe_share())
     settings = _settings(arguments, tokenizer, tokenizer_fingerprint)
     part_uri = part_manifest_uri(arguments.output, arguments.part, arguments.num_parts)
 

@@ -192,7 +192,7 @@ def test_files_that_expand_unlike_each_other_are_sampled_and_sized_each_by_its_o
     real = sum(len(text.encode()) + 1 for text in texts if text != "the same line again")
     assert real > 0.9 * 300_000  # the repeated file is a sliver of the compressed bytes, and of the sample
     text_bytes = len(b"the same line again\n") * 200_000 + sum(len(line.encode()) + 1 for line in corpus_lines)
-    estimated, _ = Corpus(CorpusSpec(corpus)).estimated_text_bytes()
+    estimated, _ = Corpus(CorpusSpec(corpus)).reader.estimated_text_bytes()
     assert abs(estimated / text_bytes - 1) < 0.5  # probes of every file here; a first-file guess was 90x off
 
 

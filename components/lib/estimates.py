@@ -135,8 +135,8 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
         corpus = Corpus(CorpusSpec(arguments.corpus), sample_bytes=1_000_000)
     expansion = 1.0
     corpus_bytes = arguments.corpus_bytes
-    if not corpus_bytes and corpus is not None and corpus.kind != "hub":
-        corpus_bytes, expansion = corpus.estimated_text_bytes()  # compressed files: from their first MiB
+    if not corpus_bytes and corpus is not None:
+        corpus_bytes, expansion = corpus.reader.estimated_text_bytes()  # compressed files: from their first MiB
     if not corpus_bytes:
         raise InvalidParameter("corpus_bytes", 0, f"the size of {arguments.corpus} is not known here; give it")
     tokens_per_byte, how = DEFAULT_TOKENS_PER_BYTE, "assumed (measured on WikiText-2)"
