@@ -60,7 +60,14 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
     replicas = arguments.one_replica_count
     strategy, _ = select_strategy("cpu", replicas=replicas)
     manifest = read_manifest(arguments.shards)
-    shape = run_shape(replicas, arguments.per_replica_batch_size, 1, manifest["max_length"], None, 1, 1)
+    shape = run_shape(
+        replicas=replicas,
+        per_replica_batch_size=arguments.per_replica_batch_size,
+        accumulation=1,
+        max_length=manifest["max_length"],
+        samples=None,
+        max_steps=1,
+    )
     with strategy.scope():
         model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
         model(model.dummy_inputs, training=False)

@@ -30,8 +30,9 @@ from transformers import HfArgumentParser
 import components  # noqa: F401  (environment for TensorFlow)
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
 from components.lib.masking import Masking, mask_tokens, masked_dataset, shard_files
-from components.lib.modeling import count_parameters, model_config, training_flops_per_token
-from components.lib.tpu_catalogue import TPU_TYPES
+from components.lib.modeling import model_config
+from components.lib.run_shape import run_shape
+from components.lib.tpu_catalogue import TPU_TYPES, tpu_batch
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from components.train import _train_function
@@ -181,11 +182,18 @@ def main() -> None:
     result["eval_over_train"] = result["eval_masked_head_samples_per_s"] / result["train_component_samples_per_s"]
 
     # What a TPU v3-8 would ask of the input pipeline for roberta-base, sequence 128, global batch 2048.
-    base = model_config("roberta-base", {**manifest, "vocab_size": 25_000})
-    parameters = count_parameters(base)
-    flops_per_sample = training_flops_per_token(base, parameters, 128) * 128
     v3_8 = TPU_TYPES["v3-8"]
-    slice_peak = v3_8.replicas * v3_8.peak_tflops_per_replica * 1e12
+    batch = tpu_batch(v3_8)
+    base = run_shape(
+        tpu=v3_8,
+        per_replica_batch_size=batch["per_replica_batch_size"],
+        accumulation=batch["gradient_accumulation_steps"],
+        max_length=128,
+        samples=None,
+        max_steps=1,
+        config=model_config("roberta-base", {**manifest, "vocab_size": 25_000}),
+    )
+    parameters, flops_per_sample, slice_peak = base.parameters, base.flops_per_token * 128, base.peak_flops_per_second
     tpu_samples_per_s = 0.4 * slice_peak / flops_per_sample
     result.update(
         roberta_base_parameters=parameters,

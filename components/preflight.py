@@ -23,9 +23,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
 from components.lib.hub import check_secret_name, hub_token
 from components.lib.jobs import run_job
-from components.lib.masked_lm import max_predictions
-from components.lib.memory_model import GIB, training_memory
-from components.lib.modeling import count_parameters
+from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.tpu_catalogue import TPU_TYPES, tpu_type
 from components.lib.training import TrainingSettings, plan_training
 
@@ -129,22 +127,12 @@ def check_writable(parameter: str, folder: str) -> None:
         raise InvalidParameter(parameter, folder, f"is not writable: {error}") from error
 
 
-def check_memory(arguments: PreflightArguments, config: Any, max_length: int) -> dict[str, Any]:
+def check_memory(arguments: PreflightArguments, estimate: MemoryEstimate) -> dict[str, Any]:
     """The memory estimate of one replica; a run that cannot fit the TPU's memory is refused with a batch
     that fits, and so is a tight one unless ``allow_tight_memory``: an out-of-memory at XLA compile comes only
     after the TPU was provisioned and everything before it was paid."""
-    tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
-    estimate = training_memory(
-        config,
-        count_parameters(config),
-        arguments.per_replica_batch_size,
-        max_length,
-        arguments.bf16,
-        max_predictions(max_length, arguments.mlm_probability),
-        tpu.memory_gib_per_replica if tpu else None,
-        arguments.gradient_accumulation_steps,
-    )
-    refusal = estimate.refusal(tpu.name if tpu else "", arguments.bf16, arguments.allow_tight_memory)
+    tpu_name = tpu_type(arguments.tpu_type).name if arguments.tpu_type else ""
+    refusal = estimate.refusal(tpu_name, arguments.bf16, arguments.allow_tight_memory)
     if refusal:
         raise InvalidParameter("per_replica_batch_size", arguments.per_replica_batch_size, refusal)
     if estimate.verdict == "tight":
@@ -182,7 +170,7 @@ def tpu_job_timeout(hours: float, estimated_hours: float) -> int:
 def preflight(arguments: PreflightArguments) -> dict[str, Any]:
     started = time.perf_counter()
     replicas = arguments.training_replicas
-    plan = plan_training(arguments, replicas)
+    plan = plan_training(arguments, replicas, tpu_type(arguments.tpu_type) if arguments.tpu_type else None)
     report: dict[str, Any] = {
         "tpu_type": arguments.tpu_type,
         "replicas": replicas,
@@ -191,7 +179,7 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         "train_samples": plan.manifest["num_records"],
         "vocab_size": plan.config.vocab_size,
         "max_length": plan.manifest["max_length"],
-        "memory": check_memory(arguments, plan.config, plan.manifest["max_length"]),
+        "memory": check_memory(arguments, plan.shape.memory),
     }
     if arguments.tpu_type:
         # the estimate's settings that are the training's too (the shards give the data, not the tokenizer)

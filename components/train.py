@@ -39,7 +39,6 @@ from components.lib.hub import BackgroundPush, create_repo, hub_token
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, masked_lm_loss, max_predictions
 from components.lib.masking import Masking, masked_dataset, naming_corrupt_shards
-from components.lib.modeling import training_flops_per_token
 from components.lib.preemption import STOPPED_EXIT, CallPace, StopRequest
 from components.lib.pytorch_weights import save_model_folder
 from components.lib.results import HISTORY_FILE, SUMMARY_FILE
@@ -204,7 +203,7 @@ def _training_loop(
     )
     window = LogWindow(
         plan,
-        _model_flops_per_step(plan, state.model),
+        plan.shape.model_flops_per_step,
         peak_tflops_per_replica(kind, arguments.peak_tflops or None),
         strategy.num_replicas_in_sync,
         arguments.price_per_hour,
@@ -335,7 +334,7 @@ def _summary(
         "seconds_this_run": round(seconds, 3),
         "first_call_seconds": state.first_call_seconds,
         "num_parameters": _num_parameters(state.model),
-        "model_flops_per_step": _model_flops_per_step(plan, state.model),
+        "model_flops_per_step": plan.shape.model_flops_per_step,
         "first_loss": history[0]["loss"] if history else None,
         "last_loss": history[-1]["loss"] if history else None,
         "history": history,
@@ -353,11 +352,6 @@ def _summary(
 
 def _num_parameters(model: Any) -> int:
     return int(sum(math.prod(variable.shape) for variable in model.trainable_variables))
-
-
-def _model_flops_per_step(plan: TrainingPlan, model: Any) -> float:
-    per_token = training_flops_per_token(plan.config, _num_parameters(model), plan.shape.max_length)
-    return per_token * plan.shape.tokens_per_step
 
 
 def _use_xla(choice: str, kind: str) -> bool:

@@ -35,8 +35,7 @@ from components.lib.corpus import EMBEDDED, embedded_lines
 from components.lib.devices import ACCELERATORS, check_accelerator, prepare_runtime, tpu_devices
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
-from components.lib.masked_lm import max_predictions
-from components.lib.memory_model import GIB, MemoryEstimate, training_memory
+from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.preemption import last_words
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import run_shape
@@ -168,7 +167,7 @@ def _run_stages(arguments: SmokeArguments, report: Report) -> dict[str, Any]:
             found.update(run_training(arguments, tokenizer, shards, validation))
         with report.stage("memory") as found:
             found.update(peak_memory(report.values["stages"]["train"]["accelerator"]))
-            found.update(memory_estimate(arguments, shards, report.values["stages"]["train"]["num_parameters"]))
+            found.update(memory_estimate(arguments, shards))
         with report.stage("storage") as found:
             model = storage.join(arguments.scratch, "model")
             written = json.loads(storage.read_text(storage.join(model, SUMMARY_FILE)))
@@ -219,12 +218,11 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
         lines = embedded_lines()
         text_bytes = sum(len(line.encode("utf-8")) + 1 for line in lines)
         shape = run_shape(
-            max(arguments.replicas, 1),
-            arguments.per_replica_batch_size,
-            arguments.gradient_accumulation_steps,
-            arguments.max_length,
+            replicas=max(arguments.replicas, 1),
+            per_replica_batch_size=arguments.per_replica_batch_size,
+            accumulation=arguments.gradient_accumulation_steps,
+            max_length=arguments.max_length,
             samples=None,
-            num_epochs=1,
             max_steps=GLOBAL_BATCHES_OF_DATA,
         )
         needed_tokens = shape.tokens  # shards of GLOBAL_BATCHES_OF_DATA global batches
@@ -335,22 +333,23 @@ def judge(arguments: SmokeArguments, stages: dict[str, Any]) -> dict[str, Any]:
     return {"verdict": "fail" if problems else "pass", "problems": problems, "warnings": warnings}
 
 
-def memory_estimate(arguments: SmokeArguments, shards: str, num_parameters: int) -> dict[str, float]:
+def memory_estimate(arguments: SmokeArguments, shards: str) -> dict[str, float]:
     """What preflight's estimate says of this run's memory, to set beside the peak measured."""
     from components.lib.modeling import model_config
     from components.lib.shard_set import read_manifest
 
-    config = model_config(arguments.model_config, read_manifest(shards, "train_shards"))
-    estimate = training_memory(
-        config,
-        num_parameters,
-        arguments.per_replica_batch_size,
-        arguments.max_length,
-        arguments.bf16,
-        max_predictions(arguments.max_length, MLM_PROBABILITY),
+    memory = run_shape(
+        replicas=max(arguments.replicas, 1),
+        per_replica_batch_size=arguments.per_replica_batch_size,
         accumulation=arguments.gradient_accumulation_steps,
-    )
-    return {"estimate_low_gib": round(estimate.low / GIB, 2), "estimate_high_gib": round(estimate.high / GIB, 2)}
+        max_length=arguments.max_length,
+        samples=None,
+        max_steps=arguments.steps,
+        config=model_config(arguments.model_config, read_manifest(shards, "train_shards")),
+        bf16=arguments.bf16,
+        mlm_probability=MLM_PROBABILITY,
+    ).memory
+    return {"estimate_low_gib": round(memory.low / GIB, 2), "estimate_high_gib": round(memory.high / GIB, 2)}
 
 
 def describe(values: dict[str, Any]) -> list[str]:

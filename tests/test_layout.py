@@ -91,3 +91,18 @@ def test_a_run_s_batch_is_counted_in_one_place():
         if counted.search(line.split("#", 1)[0])
     ]
     assert places == []
+
+
+def test_a_run_s_flops_memory_and_hours_are_derived_in_one_place():
+    """The model FLOPs, one replica's memory and the hours at an assumed MFU come from run_shape alone: the
+    estimate, preflight, submit and the smoke test all read a RunShape."""
+    derived = re.compile(r"\b(training_memory|training_flops_per_token)\(|/\s*3600\b.*\bmfu\b|\bmfu\b.*/\s*3600\b")
+    places = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("components", "pipelines", "benchmarks")
+        for path in (ROOT / folder).rglob("*.py")
+        if path.name not in ("run_shape.py", "memory_model.py", "modeling.py")  # run_shape, and where it calls
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if derived.search(line.split("#", 1)[0])
+    ]
+    assert places == []

@@ -11,11 +11,10 @@ from typing import Any
 from components.lib import storage
 from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
-from components.lib.masked_lm import max_predictions
-from components.lib.memory_model import GIB, training_memory
-from components.lib.modeling import count_parameters, model_config, training_flops_per_token
+from components.lib.memory_model import GIB
+from components.lib.modeling import model_config
 from components.lib.results import SUMMARY_FILE
-from components.lib.run_shape import run_shape
+from components.lib.run_shape import DEFAULT_MFU, RunShape, run_shape
 from components.lib.shard_set import read_manifest
 from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, load_tokenizer
 from components.lib.tpu_catalogue import (
@@ -27,11 +26,6 @@ from components.lib.tpu_catalogue import (
     tpu_batch,
     tpu_type,
 )
-
-# An assumption, not a measurement: PaLM (Chowdhery et al. 2022, table 3) reports 46.2% model FLOPs
-# utilization training on TPU v4; a 125M-parameter encoder at sequence length 128 reaches less.
-DEFAULT_MFU = 0.40
-
 
 # Tokens per byte of English text with a Unigram tokenizer trained on it: 0.312, measured on WikiText-2's
 # valid.txt with a tokenizer trained on WikiText-2 (12,735 pieces). Used before any tokenizer exists (submit).
@@ -167,46 +161,37 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
     tpu = tpu_type(arguments.tpu_type)
     data = data_size(arguments)
     config = model_config(arguments.model_config, {**data, "max_length": data["max_length"]})
-    parameters = count_parameters(config)
     shape = run_shape(
-        tpu.replicas,
-        arguments.per_replica_batch_size,
-        arguments.gradient_accumulation_steps,
-        data["max_length"],
-        data["samples"],
-        arguments.num_epochs,
-        arguments.max_steps,
+        tpu=tpu,
+        per_replica_batch_size=arguments.per_replica_batch_size,
+        accumulation=arguments.gradient_accumulation_steps,
+        max_length=data["max_length"],
+        samples=data["samples"],
+        num_epochs=arguments.num_epochs,
+        max_steps=arguments.max_steps,
+        config=config,
+        bf16=arguments.bf16,
+        mlm_probability=arguments.mlm_probability,
+        mfu=arguments.mfu,
+        price_per_hour=arguments.price_per_hour,
     )
-    tokens = shape.tokens
-    flops_per_token = training_flops_per_token(config, parameters, data["max_length"])
-    peak = tpu.replicas * tpu.peak_tflops_per_replica * 1e12
-    hours = flops_per_token * tokens / (arguments.mfu * peak) / 3600
-    memory = training_memory(
-        config,
-        parameters,
-        arguments.per_replica_batch_size,
-        data["max_length"],
-        arguments.bf16,
-        max_predictions(data["max_length"], arguments.mlm_probability),
-        tpu.memory_gib_per_replica,
-        arguments.gradient_accumulation_steps,
-    )
+    memory = shape.memory
     result: dict[str, Any] = {
         "data": data,
         "tpu_type": tpu.name,
-        "replicas": tpu.replicas,
+        "replicas": shape.replicas,
         "global_batch_size": shape.global_batch_size,
-        "per_replica_batch_size": arguments.per_replica_batch_size,
-        "gradient_accumulation_steps": arguments.gradient_accumulation_steps,
+        "per_replica_batch_size": shape.per_replica_batch_size,
+        "gradient_accumulation_steps": shape.accumulation,
         "steps": shape.steps,
         "samples": shape.samples,
-        "tokens": tokens,
-        "parameters": parameters,
-        "model_flops_per_token": flops_per_token,
-        "model_flops": flops_per_token * tokens,
-        "peak_flops_per_second": peak,
-        "mfu": arguments.mfu,
-        "hours": hours,
+        "tokens": shape.tokens,
+        "parameters": shape.parameters,
+        "model_flops_per_token": shape.flops_per_token,
+        "model_flops": shape.model_flops,
+        "peak_flops_per_second": shape.peak_flops_per_second,
+        "mfu": shape.mfu,
+        "hours": shape.hours,
         "memory": {
             "low_gib": round(memory.low / GIB, 2),
             "high_gib": round(memory.high / GIB, 2),
@@ -215,11 +200,11 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
             "largest_per_replica_batch": memory.largest_batch,
             "refusal": memory.refusal(tpu.name, arguments.bf16, arguments.allow_tight_memory),
         },
-        **prices(arguments.price_per_hour, tpu, hours),
+        **prices(shape, tpu, given=bool(arguments.price_per_hour)),
         "cpu_steps": cpu_steps(data),
     }
     if arguments.from_run:
-        result["from_run"] = scaled_from_run(arguments.from_run, flops_per_token * tokens, tpu.replicas)
+        result["from_run"] = scaled_from_run(arguments.from_run, shape.model_flops, shape.replicas)
         result["from_run"]["cost"] = result["from_run"]["hours"] * result["price_per_hour"]
     return result
 
@@ -248,15 +233,15 @@ def cpu_steps(data: dict[str, Any]) -> dict[str, Any] | None:
     return {"hours": hours, "cost": hours * CPU_MACHINE_PRICE_PER_HOUR, "price_source": CPU_PRICES}
 
 
-def prices(price_per_hour: float, tpu: TpuType, hours: float) -> dict[str, Any]:
-    """The price and cost of ``hours`` on ``tpu``: the price given, else its list prices on demand and Spot."""
-    if price_per_hour:
-        return {"price_per_hour": price_per_hour, "cost": hours * price_per_hour, "price_source": "given"}
+def prices(shape: RunShape, tpu: TpuType, given: bool) -> dict[str, Any]:
+    """The run's price and cost: the price given, else the TPU's list prices on demand and Spot."""
+    if given:
+        return {"price_per_hour": shape.price_per_hour, "cost": shape.cost, "price_source": "given"}
     return {
-        "price_per_hour": tpu.list_price_per_hour,
-        "cost": hours * tpu.list_price_per_hour,
+        "price_per_hour": shape.price_per_hour,
+        "cost": shape.cost,
         "spot_price_per_hour": tpu.spot_list_price_per_hour,
-        "spot_cost": hours * tpu.spot_list_price_per_hour,
+        "spot_cost": shape.cost_at(tpu.spot_list_price_per_hour),
         "price_source": f"{PRICES}, override with --price_per_hour",
     }
 

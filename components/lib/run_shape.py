@@ -1,12 +1,22 @@
-"""A run's shape: its replicas and batch, the steps it takes and the samples and tokens it reads. Pure arithmetic
-(no TensorFlow, no I/O), built by ``run_shape`` alone: the train step, preflight, the estimate, submit and the
-smoke test read it, so that no two of them can count a run differently."""
+"""A run's shape: its replicas and batch, the steps it takes, the samples and tokens it reads, the model FLOPs
+they cost, one replica's memory, and the hours and cost on a known accelerator. Pure arithmetic (no TensorFlow,
+no I/O), built by ``run_shape`` alone: the train step, preflight, the estimate, submit and the smoke test read
+it, so that no two of them can count a run differently."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from components.lib.errors import InvalidParameter
+from components.lib.masked_lm import max_predictions
+from components.lib.memory_model import MemoryEstimate, training_memory
+from components.lib.modeling import count_parameters, training_flops_per_token
+from components.lib.tpu_catalogue import TpuType
+
+# An assumption, not a measurement: PaLM (Chowdhery et al. 2022, table 3) reports 46.2% model FLOPs
+# utilization training on TPU v4; a 125M-parameter encoder at sequence length 128 reaches less.
+DEFAULT_MFU = 0.40
 
 
 @dataclass(frozen=True)
@@ -16,6 +26,12 @@ class RunShape:
     accumulation: int  # micro-batches per optimizer step
     max_length: int  # tokens per sample
     steps: int  # optimizer steps
+    parameters: int = 0  # the model's trainable parameters (0: no model given)
+    flops_per_token: float = 0.0  # model FLOPs of one training token
+    memory: MemoryEstimate | None = None  # one replica's, with the accelerator's memory when it is known
+    peak_flops_per_second: float | None = None  # all replicas' dense bf16 peak, when the accelerator is known
+    mfu: float = DEFAULT_MFU  # model FLOPs utilization assumed for the hours
+    price_per_hour: float = 0.0  # of the accelerator; 0: not known
 
     @property
     def global_batch_size(self) -> int:
@@ -40,18 +56,51 @@ class RunShape:
     def tokens(self) -> int:
         return self.steps * self.tokens_per_step
 
+    @property
+    def model_flops_per_step(self) -> float:
+        return self.flops_per_token * self.tokens_per_step
+
+    @property
+    def model_flops(self) -> float:
+        return self.flops_per_token * self.tokens
+
+    @property
+    def hours(self) -> float | None:
+        """Hours of training at the assumed MFU; None when the accelerator's peak is not known."""
+        if not self.peak_flops_per_second:
+            return None
+        return self.model_flops / (self.mfu * self.peak_flops_per_second) / 3600
+
+    def cost_at(self, price_per_hour: float) -> float | None:
+        return None if self.hours is None else self.hours * price_per_hour
+
+    @property
+    def cost(self) -> float | None:
+        return self.cost_at(self.price_per_hour) if self.price_per_hour else None
+
 
 def run_shape(
-    replicas: int,
+    *,
     per_replica_batch_size: int,
     accumulation: int,
     max_length: int,
     samples: int | None,
-    num_epochs: int,
-    max_steps: int,
+    num_epochs: int = 1,
+    max_steps: int = 0,
+    replicas: int = 0,
+    tpu: TpuType | None = None,
+    config: Any = None,
+    bf16: bool = True,
+    mlm_probability: float = 0.15,
+    mfu: float = DEFAULT_MFU,
+    price_per_hour: float = 0.0,
 ) -> RunShape:
     """The shape of a run of ``max_steps`` steps, else of ``num_epochs`` over ``samples`` training samples (None:
-    not known, with ``max_steps`` given); a global batch larger than the data is refused."""
+    not known, with ``max_steps`` given), on ``tpu`` (its replicas, peak, memory and list price) or on
+    ``replicas`` of an accelerator; with a model ``config`` also its FLOPs and memory. A global batch larger than
+    the data is refused."""
+    if tpu is not None:
+        replicas, price_per_hour = tpu.replicas, price_per_hour or tpu.list_price_per_hour
     shape = RunShape(replicas, per_replica_batch_size, accumulation, max_length, max_steps)
     if samples is not None and shape.global_batch_size > samples:
         raise InvalidParameter(
@@ -61,8 +110,31 @@ def run_shape(
             + (f" x {accumulation} micro-batches" if accumulation > 1 else "")
             + f" = global batch {shape.global_batch_size}, more than the {samples:,} training samples",
         )
-    if max_steps:
-        return shape
+    steps = max_steps or num_epochs * (samples // shape.global_batch_size)
+    parameters, flops_per_token, memory = 0, 0.0, None
+    if config is not None:
+        parameters = count_parameters(config)
+        flops_per_token = training_flops_per_token(config, parameters, max_length)
+        memory = training_memory(
+            config,
+            parameters,
+            per_replica_batch_size,
+            max_length,
+            bf16,
+            max_predictions(max_length, mlm_probability),
+            tpu.memory_gib_per_replica if tpu else None,
+            accumulation,
+        )
     return RunShape(
-        replicas, per_replica_batch_size, accumulation, max_length, num_epochs * (samples // shape.global_batch_size)
+        replicas,
+        per_replica_batch_size,
+        accumulation,
+        max_length,
+        steps,
+        parameters,
+        flops_per_token,
+        memory,
+        tpu.replicas * tpu.peak_tflops_per_replica * 1e12 if tpu else None,
+        mfu,
+        price_per_hour,
     )

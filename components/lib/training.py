@@ -17,6 +17,7 @@ from components.lib.modeling import PRESETS, model_config
 from components.lib.run_shape import RunShape, run_shape
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import load_tokenizer
+from components.lib.tpu_catalogue import TpuType
 
 # Written beside the checkpoints: what they are checkpoints of, so that resuming with another model is refused.
 CHECKPOINT_IDENTITY_FILE = "checkpoint_identity.json"
@@ -172,7 +173,7 @@ class TrainingPlan:
         return self.shape.micro_batch_size
 
 
-def plan_training(arguments: TrainingSettings, num_replicas: int) -> TrainingPlan:
+def plan_training(arguments: TrainingSettings, num_replicas: int, tpu: TpuType | None = None) -> TrainingPlan:
     """Every check that can fail before the accelerator is used: tokenizer, shards, config, batch arithmetic."""
     tokenizer, tokenizer_fingerprint = load_tokenizer(arguments.tokenizer)
     manifest = read_manifest(arguments.train_shards, "train_shards")
@@ -199,13 +200,17 @@ def plan_training(arguments: TrainingSettings, num_replicas: int) -> TrainingPla
             )
     config = model_config(arguments.model_config, manifest)
     shape = run_shape(
-        num_replicas,
-        arguments.per_replica_batch_size,
-        arguments.gradient_accumulation_steps,
-        manifest["max_length"],
-        manifest["num_records"],
-        arguments.num_epochs,
-        arguments.max_steps,
+        replicas=num_replicas,
+        tpu=tpu,
+        per_replica_batch_size=arguments.per_replica_batch_size,
+        accumulation=arguments.gradient_accumulation_steps,
+        max_length=manifest["max_length"],
+        samples=manifest["num_records"],
+        num_epochs=arguments.num_epochs,
+        max_steps=arguments.max_steps,
+        config=config,
+        bf16=arguments.bf16,
+        mlm_probability=arguments.mlm_probability,
     )
     if eval_manifest is not None and shape.micro_batch_size > eval_manifest["num_records"]:
         raise InvalidParameter(
