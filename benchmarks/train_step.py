@@ -53,9 +53,9 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
     from components.lib.masked_lm import max_predictions
     from components.lib.masking import Masking, masked_dataset
     from components.lib.modeling import model_config
+    from components.lib.recipe import train_function
     from components.lib.run_shape import run_shape
     from components.lib.shard_set import read_manifest
-    from components.train import _train_function
 
     replicas = arguments.one_replica_count
     strategy, _ = select_strategy("cpu", replicas=replicas)
@@ -75,7 +75,7 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
     masking = Masking.from_manifest(manifest)
     dataset = masked_dataset(arguments.shards, manifest, shape.global_batch_size, masking, training=True)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
-    steps = _train_function(model, optimizer, strategy, False, max_predictions(manifest["max_length"], 0.15))
+    steps = train_function(model, optimizer, strategy, False, max_predictions(manifest["max_length"], 0.15))
     chunk = tf.constant(arguments.steps_per_execution, tf.int32)
     float(steps(iterator, chunk))  # tracing
     best = 0.0

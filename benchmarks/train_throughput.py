@@ -31,11 +31,11 @@ import components  # noqa: F401  (environment for TensorFlow)
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
 from components.lib.masking import Masking, mask_tokens, masked_dataset, shard_files
 from components.lib.modeling import model_config
+from components.lib.recipe import train_function
 from components.lib.run_shape import run_shape
 from components.lib.tpu_catalogue import TPU_TYPES, tpu_batch
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
-from components.train import _train_function
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 
@@ -160,7 +160,7 @@ def main() -> None:
 
     model, optimizer = new_model_and_optimizer()
     strategy = tf.distribute.get_strategy()
-    steps = _train_function(model, optimizer, strategy, False, max_predictions(manifest["max_length"], 0.15))
+    steps = train_function(model, optimizer, strategy, False, max_predictions(manifest["max_length"], 0.15))
     iterator = iter(dataset)
     chunk = tf.constant(arguments.steps_per_execution, tf.int32)
     steps(iterator, chunk)  # warm-up: tracing

@@ -3,8 +3,8 @@
 The model is built from a config (``TFAutoModelForMaskedLM.from_config``) inside the strategy's scope
 (``TPUStrategy`` on a TPU VM, ``MirroredStrategy`` on GPUs, the CPU otherwise). Shards stream through
 ``tf.data`` straight from their folder (local or ``gs://``) and are masked inside the graph. The optimizer
-is the reference recipe's: AdamWeightDecay with linear warmup and decay (``transformers.create_optimizer``),
-LayerNorm and biases excluded from decay.
+and the step's function are the recipe's (``lib/recipe.py``); the model, optimizer and checkpoints live in
+``lib/training_state.py``; this file is the loop.
 
 Checkpoints (model, optimizer state, step) are written every ``--checkpoint_every_steps``; a restarted job
 (Vertex AI restarts preempted TPU jobs) resumes from the last one with the learning-rate schedule intact.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -37,14 +36,16 @@ from components.lib.devices import peak_tflops_per_replica, prepare_runtime, sel
 from components.lib.errors import InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
 from components.lib.jobs import run_job
-from components.lib.masked_lm import MaskedLMScorer, masked_lm_loss, max_predictions
-from components.lib.masking import Masking, masked_dataset, naming_corrupt_shards
+from components.lib.masked_lm import MaskedLMScorer, max_predictions
+from components.lib.masking import naming_corrupt_shards, training_streams
 from components.lib.preemption import STOPPED_EXIT, CallPace, StopRequest
 from components.lib.pytorch_weights import save_model_folder
-from components.lib.results import HISTORY_FILE, SUMMARY_FILE
+from components.lib.recipe import train_function
+from components.lib.results import SUMMARY_FILE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES
-from components.lib.training import CHECKPOINT_IDENTITY_FILE, TrainingPlan, TrainingSettings, plan_training
+from components.lib.training import TrainingPlan, TrainingSettings, plan_training
 from components.lib.training_log import LogWindow, format_point, write_summaries
+from components.lib.training_state import TrainingState, start_or_resume
 
 log = logging.getLogger("tpu_mlm.train")
 
@@ -117,7 +118,7 @@ def _train(
     )
     if arguments.price_per_hour:
         log.info("cost at $%.2f an hour: %s", arguments.price_per_hour, arguments.price_source or "--price_per_hour")
-    state = _set_up(arguments, plan, strategy)
+    state = start_or_resume(arguments, plan, strategy, arguments.checkpoint_dir)
     pusher = None
     if arguments.hub_repo_id:
         create_repo(arguments.hub_repo_id, token, arguments.hub_private)
@@ -127,57 +128,10 @@ def _train(
         _training_loop(arguments, plan, strategy, kind, state, pusher, stop)
     finally:
         push_failures = pusher.close() if pusher else []
-    summary = _summary(arguments, plan, strategy, kind, state, time.perf_counter() - started)
+    summary = state.summary(arguments, plan, kind, time.perf_counter() - started)
     summary["hub_push_failures"] = push_failures
     _save_model(state.model, plan.tokenizer, arguments.output, summary)
     return summary
-
-
-@dataclass
-class TrainingState:
-    """The model, the optimizer and where training stands: what a checkpoint restores."""
-
-    model: Any
-    optimizer: Any
-    schedule: Any
-    checkpoint: Any
-    manager: Any
-    start_step: int
-    history: list[dict[str, float]]  # log points so far, those of earlier runs of a resumed training included
-    first_call_seconds: float | None = None  # this run's first call into the graph: tracing, compiling, its steps
-
-
-def _set_up(arguments: TrainArguments, plan: TrainingPlan, strategy: Any) -> TrainingState:
-    """Builds model and optimizer in the strategy's scope and restores the latest checkpoint, if any."""
-    import tensorflow as tf
-    from transformers import TFAutoModelForMaskedLM, create_optimizer
-
-    if arguments.bf16:
-        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    tf.keras.utils.set_random_seed(arguments.seed)
-    with strategy.scope():
-        model = TFAutoModelForMaskedLM.from_config(plan.config)
-        model(model.dummy_inputs, training=False)  # create the variables, so a checkpoint can restore them
-        optimizer, schedule = create_optimizer(
-            init_lr=arguments.learning_rate,
-            num_train_steps=plan.total_steps,
-            num_warmup_steps=int(arguments.warmup_fraction * plan.total_steps),
-            weight_decay_rate=arguments.weight_decay,
-        )
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(checkpoint, arguments.checkpoint_dir, max_to_keep=3)
-    identity_uri = storage.join(arguments.checkpoint_dir, CHECKPOINT_IDENTITY_FILE)  # plan_training checked it
-    storage.write_text_atomic(identity_uri, json.dumps(plan.checkpoint_identity, indent=2) + "\n")
-    history: list[dict[str, float]] = []
-    if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint)
-    start_step = int(optimizer.iterations.numpy())
-    if start_step:
-        log.info("resuming from %s at step %d of %d", manager.latest_checkpoint, start_step, plan.total_steps)
-        history_uri = storage.join(arguments.checkpoint_dir, HISTORY_FILE)
-        if storage.exists(history_uri):
-            history = [p for p in json.loads(storage.read_text(history_uri)) if p["step"] <= start_step]
-    return TrainingState(model, optimizer, schedule, checkpoint, manager, start_step, history)
 
 
 def _training_loop(
@@ -192,9 +146,11 @@ def _training_loop(
     """Runs the steps left in chunks that end at log and checkpoint boundaries."""
     import tensorflow as tf
 
-    iterator, validation = _datasets(arguments, plan, strategy, state)
+    iterator, validation_batches = training_streams(arguments, plan, strategy, state.start_step)
     predictions = max_predictions(plan.manifest["max_length"], arguments.mlm_probability)
-    train_steps = _train_function(
+    scorer = MaskedLMScorer(state.model, strategy, predictions)
+    validation = None if validation_batches is None else (validation_batches, scorer)
+    train_steps = train_function(
         state.model, state.optimizer, strategy, _use_xla(arguments.xla, kind), predictions, plan.accumulation
     )
     shard_sources = (
@@ -234,7 +190,7 @@ def _training_loop(
                 write_summaries(writer, point)
                 log.info(format_point(point, plan.total_steps))
             if stop.requested and step < plan.total_steps:
-                _save_checkpoint(arguments, state, step)  # no validation or Hub push: the grace period is short
+                state.save(step)  # no validation or Hub push: the grace period is short
                 log.warning(
                     "SIGTERM: checkpoint at step %d of %d saved; a restarted job resumes there", step, plan.total_steps
                 )
@@ -247,44 +203,6 @@ def _training_loop(
         stop.in_loop = False
     state.first_call_seconds = pace.first_call_seconds
     writer.flush()
-
-
-def _datasets(
-    arguments: TrainArguments, plan: TrainingPlan, strategy: Any, state: TrainingState
-) -> tuple[Any, tuple[Any, MaskedLMScorer] | None]:
-    """The distributed training stream (its shuffle seeded anew for a resumed run) and, with validation
-    shards, their full batches and a scorer."""
-    masking = Masking.from_manifest(plan.manifest, arguments.mlm_probability)
-    dataset = masked_dataset(
-        arguments.train_shards,
-        plan.manifest,
-        plan.micro_batch_size,
-        masking,
-        training=True,
-        seed=arguments.seed + state.start_step,
-        shuffle_buffer=arguments.shuffle_buffer,
-    )
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
-    if plan.eval_manifest is None:
-        return iterator, None
-    batches = masked_dataset(
-        arguments.eval_shards,
-        plan.eval_manifest,
-        plan.micro_batch_size,
-        masking,
-        training=False,
-        drop_remainder=True,  # TPUs need full batches
-    )
-    predictions = max_predictions(plan.manifest["max_length"], arguments.mlm_probability)
-    return iterator, (batches, MaskedLMScorer(state.model, strategy, predictions))
-
-
-def _save_checkpoint(arguments: TrainArguments, state: TrainingState, step: int) -> None:
-    # the history first: a kill between the two leaves points past the checkpoint, which a resume drops
-    storage.write_text_atomic(
-        storage.join(arguments.checkpoint_dir, HISTORY_FILE), json.dumps(state.history, indent=1) + "\n"
-    )
-    state.manager.save(checkpoint_number=step)
 
 
 def _at_checkpoint(
@@ -300,7 +218,7 @@ def _at_checkpoint(
     and validates."""
     import tensorflow as tf
 
-    _save_checkpoint(arguments, state, step)
+    state.save(step)
     if pusher is not None:
         staging = Path(tempfile.mkdtemp(prefix="hub-checkpoint-"))
         save_model_folder(state.model, plan.tokenizer, staging)  # here: the push runs while training goes on
@@ -316,44 +234,6 @@ def _at_checkpoint(
         )
 
 
-def _summary(
-    arguments: TrainArguments, plan: TrainingPlan, strategy: Any, kind: str, state: TrainingState, seconds: float
-) -> dict[str, Any]:
-    """What the run did; the loss figures cover the whole training, earlier runs of a resumed one included."""
-    history = state.history
-    this_run = [point for point in history if point["step"] > state.start_step]
-    summary = {
-        "total_steps": plan.total_steps,
-        "resumed_from_step": state.start_step,
-        "steps_this_run": plan.total_steps - state.start_step,
-        "global_batch_size": plan.global_batch_size,
-        "replicas": strategy.num_replicas_in_sync,
-        "accelerator": kind,
-        "samples": plan.shape.samples,
-        "tokens": plan.shape.tokens,
-        "seconds_this_run": round(seconds, 3),
-        "first_call_seconds": state.first_call_seconds,
-        "num_parameters": _num_parameters(state.model),
-        "model_flops_per_step": plan.shape.model_flops_per_step,
-        "first_loss": history[0]["loss"] if history else None,
-        "last_loss": history[-1]["loss"] if history else None,
-        "history": history,
-        "tokenizer_fingerprint": plan.manifest["tokenizer_fingerprint"],
-        "corpus": plan.manifest["corpus"],
-        "arguments": asdict(arguments),
-    }
-    if this_run:
-        summary["samples_per_second"] = this_run[-1]["samples_per_second"]
-    if arguments.price_per_hour:
-        summary["cost_this_run"] = arguments.price_per_hour * seconds / 3600
-        summary["price_source"] = arguments.price_source or "--price_per_hour"
-    return summary
-
-
-def _num_parameters(model: Any) -> int:
-    return int(sum(math.prod(variable.shape) for variable in model.trainable_variables))
-
-
 def _use_xla(choice: str, kind: str) -> bool:
     """XLA for the replica step on GPU or CPU when asked; never on a TPU, which compiles the whole step
     already (a nested jit_compile there is what the Keras maintainers warn against)."""
@@ -362,48 +242,6 @@ def _use_xla(choice: str, kind: str) -> bool:
 
 def _next_multiple(step: int, every: int) -> int:
     return (step // every + 1) * every
-
-
-def _train_function(
-    model: Any, optimizer: Any, strategy: Any, xla: bool, predictions: int, accumulation: int = 1
-) -> Any:
-    """A function running ``steps`` optimizer steps on batches from a distributed iterator in one call into the
-    graph and returning their mean loss. Each step sums the gradients of ``accumulation`` micro-batches, one
-    backward pass at a time, so that only one micro-batch's activations are held. The loss is summed on each
-    replica's device and read once per call (on a TPU, no cross-replica reduction or host transfer each step)."""
-    import tensorflow as tf
-
-    replicas = strategy.num_replicas_in_sync
-    with strategy.scope():
-        mean_loss = tf.keras.metrics.Mean("train_loss")  # a variable per replica, summed across them on reading
-
-    def replica_step(batches: tuple[dict[str, Any], ...]) -> None:
-        gradients = None
-        for batch in batches:
-            with tf.GradientTape() as tape:
-                loss = masked_lm_loss(model, batch, predictions)
-                scaled = loss / (replicas * accumulation)  # gradients are summed over replicas and micro-batches
-            micro = tape.gradient(scaled, model.trainable_variables)
-            if accumulation > 1:  # summed as dense tensors (the embeddings' gradient comes as IndexedSlices)
-                micro = [tf.convert_to_tensor(g) for g in micro]
-            gradients = micro if gradients is None else [total + g for total, g in zip(gradients, micro, strict=True)]
-            mean_loss.update_state(loss)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-
-    if xla:
-        replica_step = tf.function(replica_step, jit_compile=True)
-
-    @tf.function
-    def train_steps(iterator: Any, steps: Any) -> None:
-        for _ in tf.range(steps):
-            strategy.run(replica_step, args=(tuple(next(iterator) for _ in range(accumulation)),))
-
-    def run(iterator: Any, steps: Any) -> Any:
-        mean_loss.reset_state()
-        train_steps(iterator, steps)
-        return mean_loss.result()
-
-    return run
 
 
 def _save_model(model: Any, tokenizer: Any, output: str, summary: dict[str, Any]) -> None:

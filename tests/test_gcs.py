@@ -14,10 +14,8 @@ from google.cloud import storage as gcs_client
 from kfp.dsl import Artifact
 
 from components.lib import storage
-from components.lib.corpus import embedded_lines
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
-from pipelines.run_local import RunLocalArguments, run_local
 from pipelines.steps import STEPS, make_component
 
 
@@ -114,39 +112,3 @@ def test_shards_from_gs_to_gs_equal_a_local_run_byte_for_byte(gcs, tmp_path, wik
     manifests = [json.loads(side["manifest.json"]) for side in (in_bucket, local)]
     assert manifests[0]["files"] == manifests[1]["files"]
     assert manifests[0]["corpus"]["source"] == corpus and manifests[0]["num_records"] == manifests[1]["num_records"]
-
-
-@pytest.mark.slow
-def test_the_local_pipeline_keeps_its_data_in_a_bucket_and_pushes_to_the_hub(gcs, tmp_path, monkeypatch, hub):
-    for name in ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN"):  # the steps' subprocesses inherit them
-        monkeypatch.setenv(name, hub.env[name])
-    corpus = storage.join(gcs, "corpus", "topics.txt")
-    storage.write_text_atomic(corpus, "\n".join(embedded_lines()))
-    summary = run_local(
-        RunLocalArguments(
-            pipeline_root=str(tmp_path / "runs"),
-            output_root=storage.join(gcs, "runs"),
-            corpus=corpus,
-            num_parts=2,
-            max_steps=30,
-            hub_repo_id="user/gs-run",
-        )
-    )
-    artifacts = summary["artifacts"]
-    for name in ("tokenizer", "validation shards", "train shards", "model", "evaluation"):
-        assert artifacts[name].startswith(gcs + "/runs/run-"), name
-    model = bucket_objects(artifacts["model"])
-    assert {"config.json", "tf_model.h5", "tokenizer.json", "training_summary.json"} <= model.keys()
-    # the checkpoints are the run's, under output_root, where every attempt of the train task finds them
-    assert not any(name.startswith("checkpoints/") for name in model)
-    checkpoint_dir = json.loads(model["training_summary.json"])["arguments"]["checkpoint_dir"]
-    assert checkpoint_dir.startswith(gcs + "/runs/run-") and "/checkpoints/" in checkpoint_dir
-    checkpoints = bucket_objects(checkpoint_dir)
-    assert any(name.endswith("ckpt-30.index") for name in checkpoints), sorted(checkpoints)
-    manifest = json.loads(bucket_objects(artifacts["train shards"])["manifest.json"])
-    assert manifest["num_parts"] == 2 and manifest["corpus"]["source"] == corpus
-    metrics = json.loads(bucket_objects(artifacts["evaluation"])["metrics.json"])
-    assert summary["metrics"]["loss"] == metrics["loss"]
-    assert not list((tmp_path / "runs").rglob("*.tfrecord")) and not list((tmp_path / "runs").rglob("*.h5"))
-    assert hub.file("user/gs-run", "tf_model.h5") == model["tf_model.h5"]
-    assert len(hub.repos["user/gs-run"].commits) == 1

@@ -12,8 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import PROJECT_ROOT
+from test_gcs import bucket_objects
 from test_shards import assert_parts_write_the_token_stream_of_one_part
 
+from components.lib import storage
 from components.lib.corpus import embedded_lines
 
 DATASET = "user/wikitext-mini"
@@ -127,17 +129,46 @@ def test_a_private_hub_dataset_needs_the_token(tmp_path, hub_dataset):
     assert read.returncode == 0, read.stderr[-3000:]
 
 
-@pytest.mark.slow
-def test_the_whole_pipeline_runs_locally_on_a_hub_dataset(tmp_path, hub_dataset, monkeypatch):
+@pytest.mark.slow  # one whole pipeline that asserts what three would (CI's time: docs/testing.md)
+def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_eight_replicas_and_pushes(
+    tmp_path, hub_dataset, gcs, monkeypatch
+):
+    """A Hub dataset read in two parts, every artifact and checkpoint on gs:// (object permissions only), the
+    training on 8 CPU replicas as on a v3-8, and the push to the Hub: what a user's first Vertex AI run does."""
     from pipelines.run_local import RunLocalArguments, run_local
 
+    hub = hub_dataset
     for name in ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN", "HF_HOME"):  # what the steps' processes see
-        monkeypatch.setenv(name, hub_dataset.env[name])
+        monkeypatch.setenv(name, hub.env[name])
     summary = run_local(
         RunLocalArguments(
-            pipeline_root=str(tmp_path / "runs"), corpus=CORPUS, num_parts=2, vocab_size=2000, max_steps=10
+            pipeline_root=str(tmp_path / "runs"),
+            output_root=storage.join(gcs, "runs"),
+            corpus=CORPUS,
+            num_parts=2,
+            vocab_size=2000,
+            replicas=8,
+            per_replica_batch_size=4,
+            max_steps=16,
+            hub_repo_id="user/gs-run",
         )
     )
-    manifest = json.loads(Path(summary["artifacts"]["train shards"], "manifest.json").read_text())
+    artifacts = summary["artifacts"]
+    for name in ("tokenizer", "validation shards", "train shards", "model", "evaluation"):
+        assert artifacts[name].startswith(gcs + "/runs/run-"), name
+    manifest = json.loads(bucket_objects(artifacts["train shards"])["manifest.json"])
     assert manifest["corpus"]["source"] == CORPUS and manifest["num_parts"] == 2
-    assert summary["metrics"]["masked_tokens"] > 0
+    model = bucket_objects(artifacts["model"])
+    assert {"config.json", "tf_model.h5", "tokenizer.json", "training_summary.json"} <= model.keys()
+    training = json.loads(model["training_summary.json"])
+    assert training["replicas"] == 8 and training["global_batch_size"] == 32 and training["total_steps"] == 16
+    # the checkpoints are the run's, under output_root, where every attempt of the train task finds them
+    assert not any(name.startswith("checkpoints/") for name in model)
+    checkpoint_dir = training["arguments"]["checkpoint_dir"]
+    assert checkpoint_dir.startswith(gcs + "/runs/run-") and "/checkpoints/" in checkpoint_dir
+    assert any(name.endswith("ckpt-16.index") for name in bucket_objects(checkpoint_dir))
+    metrics = json.loads(bucket_objects(artifacts["evaluation"])["metrics.json"])
+    assert summary["metrics"]["loss"] == metrics["loss"] and metrics["masked_tokens"] > 0
+    assert not list((tmp_path / "runs").rglob("*.tfrecord")) and not list((tmp_path / "runs").rglob("*.h5"))
+    assert hub.file("user/gs-run", "tf_model.h5") == model["tf_model.h5"]
+    assert len(hub.repos["user/gs-run"].commits) == 1

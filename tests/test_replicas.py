@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -153,17 +152,3 @@ def test_eight_replicas_train_validate_and_resume_after_a_kill_to_the_planned_st
     assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-12")
     assert resumed.stderr.count("validation loss") == 2  # at steps 8 and 12, on 8 replicas
     assert [point["step"] for point in json.loads((output / "checkpoints" / HISTORY_FILE).read_text())] == [4, 8, 12]
-
-
-@pytest.mark.slow
-def test_the_whole_pipeline_runs_locally_with_eight_training_replicas(tmp_path, capsys):
-    from pipelines.run_local import RunLocalArguments, run_local
-
-    summary = run_local(
-        RunLocalArguments(
-            pipeline_root=str(tmp_path / "runs"), replicas=8, per_replica_batch_size=4, max_steps=8, vocab_size=2000
-        )
-    )
-    training = json.loads(Path(summary["artifacts"]["model"], SUMMARY_FILE).read_text())
-    assert training["replicas"] == 8 and training["global_batch_size"] == 32 and training["total_steps"] == 8
-    assert summary["metrics"]["masked_tokens"] > 0

@@ -222,7 +222,12 @@ def test_a_sigterm_while_the_step_starts_is_no_failure_however_often_it_comes(tm
     data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
     job = ["components.train", *data, *RESUME_ARGS, "--output", str(tmp_path / "model")]
     job += ["--max_steps", "10", "--checkpoint_dir", str(checkpoints)]
-    hang = [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), "--function", "components.train:_set_up"]
+    hang = [
+        sys.executable,
+        str(PROJECT_ROOT / "tests" / "kill_at.py"),
+        "--function",
+        "components.train:start_or_resume",
+    ]
     for attempt in range(2):
         process = subprocess.Popen(
             [*hang, "--action", "hang", "--", *job],
@@ -526,7 +531,7 @@ def test_accumulated_micro_batches_step_by_the_mean_of_their_gradients(wikitext_
     steps each micro-batch alone would take (plain SGD, linear in the gradient), from the same weights."""
     from components.lib.masked_lm import max_predictions
     from components.lib.masking import Masking, masked_dataset
-    from components.train import _train_function
+    from components.lib.recipe import train_function
 
     manifest = read_manifest(wikitext_shards["validation"])
     config = model_config("tiny", manifest)
@@ -546,7 +551,7 @@ def test_accumulated_micro_batches_step_by_the_mean_of_their_gradients(wikitext_
         dataset = tf.data.Dataset.from_tensors(batches[0])
         for batch in batches[1:]:
             dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
-        run = _train_function(model, optimizer, strategy, False, max_predictions(128, 0.15), accumulation)
+        run = train_function(model, optimizer, strategy, False, max_predictions(128, 0.15), accumulation)
         loss = run(iter(dataset), tf.constant(1))
         assert np.isfinite(float(loss))
         return model.get_weights()

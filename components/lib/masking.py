@@ -141,3 +141,30 @@ def naming_corrupt_shards(*sources: tuple[str, str, dict[str, Any] | None]) -> I
                     parameter, uri, f"shard {name} is corrupted ({message}); write the shards again"
                 ) from None
         raise
+
+
+def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -> tuple[Any, Any]:
+    """The train step's inputs: the distributed training stream of micro-batches, its shuffle seeded anew for a
+    resumed run, and the validation shards' full batches (None without validation shards)."""
+    masking = Masking.from_manifest(plan.manifest, settings.mlm_probability)
+    dataset = masked_dataset(
+        settings.train_shards,
+        plan.manifest,
+        plan.micro_batch_size,
+        masking,
+        training=True,
+        seed=settings.seed + start_step,
+        shuffle_buffer=settings.shuffle_buffer,
+    )
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    if plan.eval_manifest is None:
+        return iterator, None
+    batches = masked_dataset(
+        settings.eval_shards,
+        plan.eval_manifest,
+        plan.micro_batch_size,
+        masking,
+        training=False,
+        drop_remainder=True,  # TPUs need full batches
+    )
+    return iterator, batches

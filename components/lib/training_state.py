@@ -1,0 +1,94 @@
+"""Where a training stands: the model and optimizer built in the strategy's scope, the latest checkpoint
+restored into them, and the log points so far; what a checkpoint saves and a restarted job resumes from."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from components.lib import storage
+from components.lib.recipe import create_optimizer
+from components.lib.results import HISTORY_FILE
+from components.lib.training import CHECKPOINT_IDENTITY_FILE, TrainingPlan
+
+log = logging.getLogger("tpu_mlm.train")
+
+
+@dataclass
+class TrainingState:
+    model: Any
+    optimizer: Any
+    schedule: Any
+    manager: Any  # tf.train.CheckpointManager of the model and optimizer
+    checkpoint_dir: str
+    start_step: int
+    history: list[dict[str, float]]  # log points so far, those of earlier runs of a resumed training included
+    first_call_seconds: float | None = None  # this run's first call into the graph: tracing, compiling, its steps
+
+    def save(self, step: int) -> None:
+        # the history first: a kill between the two leaves points past the checkpoint, which a resume drops
+        history = json.dumps(self.history, indent=1) + "\n"
+        storage.write_text_atomic(storage.join(self.checkpoint_dir, HISTORY_FILE), history)
+        self.manager.save(checkpoint_number=step)
+
+    def summary(self, settings: Any, plan: TrainingPlan, accelerator: str, seconds: float) -> dict[str, Any]:
+        """What the run did; the loss figures cover the whole training, earlier runs of a resumed one included."""
+        history = self.history
+        this_run = [point for point in history if point["step"] > self.start_step]
+        summary = {
+            "total_steps": plan.total_steps,
+            "resumed_from_step": self.start_step,
+            "steps_this_run": plan.total_steps - self.start_step,
+            "global_batch_size": plan.global_batch_size,
+            "replicas": plan.shape.replicas,
+            "accelerator": accelerator,
+            "samples": plan.shape.samples,
+            "tokens": plan.shape.tokens,
+            "seconds_this_run": round(seconds, 3),
+            "first_call_seconds": self.first_call_seconds,
+            "num_parameters": int(sum(math.prod(variable.shape) for variable in self.model.trainable_variables)),
+            "model_flops_per_step": plan.shape.model_flops_per_step,
+            "first_loss": history[0]["loss"] if history else None,
+            "last_loss": history[-1]["loss"] if history else None,
+            "history": history,
+            "tokenizer_fingerprint": plan.manifest["tokenizer_fingerprint"],
+            "corpus": plan.manifest["corpus"],
+            "arguments": asdict(settings),
+        }
+        if this_run:
+            summary["samples_per_second"] = this_run[-1]["samples_per_second"]
+        if settings.price_per_hour:
+            summary["cost_this_run"] = settings.price_per_hour * seconds / 3600
+            summary["price_source"] = settings.price_source or "--price_per_hour"
+        return summary
+
+
+def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint_dir: str) -> TrainingState:
+    """Builds model and optimizer in the strategy's scope and restores the latest checkpoint, if any."""
+    import tensorflow as tf
+    from transformers import TFAutoModelForMaskedLM
+
+    if settings.bf16:
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    tf.keras.utils.set_random_seed(settings.seed)
+    with strategy.scope():
+        model = TFAutoModelForMaskedLM.from_config(plan.config)
+        model(model.dummy_inputs, training=False)  # create the variables, so a checkpoint can restore them
+        optimizer, schedule = create_optimizer(settings, plan.total_steps)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir, max_to_keep=3)
+    identity_uri = storage.join(checkpoint_dir, CHECKPOINT_IDENTITY_FILE)  # plan_training checked it
+    storage.write_text_atomic(identity_uri, json.dumps(plan.checkpoint_identity, indent=2) + "\n")
+    history: list[dict[str, float]] = []
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint)
+    start_step = int(optimizer.iterations.numpy())
+    if start_step:
+        log.info("resuming from %s at step %d of %d", manager.latest_checkpoint, start_step, plan.total_steps)
+        history_uri = storage.join(checkpoint_dir, HISTORY_FILE)
+        if storage.exists(history_uri):
+            history = [p for p in json.loads(storage.read_text(history_uri)) if p["step"] <= start_step]
+    return TrainingState(model, optimizer, schedule, manager, checkpoint_dir, start_step, history)
