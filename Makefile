@@ -2,7 +2,8 @@
 # make run       the whole pipeline under kfp.local on the embedded corpus (mini model, about 3 minutes)
 # make prepare   only the data steps: tokenizer, train and validation shards into outputs/
 # make docs      write docs/steps.md's table of pipeline parameters from the dataclasses
-# make components  write pipelines/components.py, the component functions, from the dataclasses
+# make components  write pipelines/components.py (the component functions) and pipelines/routes.py (where each
+#                  pipeline parameter goes) from the dataclasses
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
 # make test      ruff, then the whole test suite (slow tests included): what CI runs
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipelines), while working
@@ -50,6 +51,7 @@ prepare: install
 
 components: install
 	$(BIN)/python -m pipelines.steps
+	$(BIN)/python -m pipelines.pipeline
 
 docs: install
 	$(BIN)/python -m pipelines.docs docs/steps.md

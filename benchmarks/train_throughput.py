@@ -194,7 +194,7 @@ def main() -> None:
         config=model_config("roberta-base", {**manifest, "vocab_size": 25_000}),
     )
     parameters, flops_per_sample, slice_peak = base.parameters, base.flops_per_token * 128, base.peak_flops_per_second
-    tpu_samples_per_s = 0.4 * slice_peak / flops_per_sample
+    tpu_samples_per_s = base.mfu * slice_peak / flops_per_sample
     result.update(
         roberta_base_parameters=parameters,
         roberta_base_flops_per_sample=flops_per_sample,

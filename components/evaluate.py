@@ -25,7 +25,7 @@ from components.lib.devices import ACCELERATORS, check_accelerator, select_strat
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, check_probability, max_predictions, unigram_perplexity
-from components.lib.masking import Masking, masked_dataset, naming_corrupt_shards
+from components.lib.masking import EVALUATION_MLM_PROBABILITY, Masking, masked_dataset, naming_corrupt_shards
 from components.lib.pytorch_weights import check_model_folder, load_tf_masked_lm
 from components.lib.results import METRICS_FILE, REPORT_FILE, display_token, metrics_table
 from components.lib.shard_set import read_manifest, verify_files
@@ -50,7 +50,10 @@ class EvaluateArguments:
     )
     batch_size: int = field(default=64, metadata={"help": "Samples per evaluation batch."})
     max_batches: int = field(default=0, metadata={"help": "Evaluate at most this many batches; 0: all."})
-    mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of tokens masked."})
+    eval_mlm_probability: float = field(
+        default=EVALUATION_MLM_PROBABILITY,
+        metadata={"help": "Share of tokens masked; keep the default to compare runs (whatever their training masked)."},
+    )
     seed: int = field(default=0, metadata={"help": "Masking seed; keep it fixed to compare runs and models."})
     fill_mask: str = field(
         default=" | ".join(DEFAULT_SENTENCES),
@@ -71,7 +74,7 @@ class EvaluateArguments:
             raise InvalidParameter("batch_size", self.batch_size, "must be a positive whole number")
         if self.max_batches < 0:
             raise InvalidParameter("max_batches", self.max_batches, "must be positive, or 0 for all")
-        check_probability(self.mlm_probability)
+        check_probability(self.eval_mlm_probability, "eval_mlm_probability")
         if self.top_k < 1:
             raise InvalidParameter("top_k", self.top_k, "must be a positive whole number")
         check_accelerator(self.accelerator, self.replicas)
@@ -149,11 +152,11 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
                 f"were made with another tokenizer ({manifest['tokenizer_fingerprint']}) than the model's "
                 f"({model_fingerprint})",
             )
-        masking = Masking.from_manifest(manifest, arguments.mlm_probability)
+        masking = Masking.from_manifest(manifest, arguments.eval_mlm_probability)
         dataset = masked_dataset(
             arguments.shards, manifest, arguments.batch_size, masking, training=False, seed=arguments.seed
         )
-        score = MaskedLMScorer(model, strategy, max_predictions(manifest["max_length"], arguments.mlm_probability))
+        score = MaskedLMScorer(model, strategy, max_predictions(manifest["max_length"], arguments.eval_mlm_probability))
         with naming_corrupt_shards(("shards", arguments.shards, manifest)):
             metrics = score(dataset, arguments.max_batches or None)
             metrics["unigram_perplexity"] = (
@@ -163,7 +166,7 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
     metrics.update(
         seconds=round(time.perf_counter() - started, 3),
         split=manifest["split"],
-        mlm_probability=arguments.mlm_probability,
+        mlm_probability=arguments.eval_mlm_probability,
         seed=arguments.seed,
         fill_mask=examples,
         arguments=asdict(arguments),
@@ -196,8 +199,19 @@ def report_markdown(metrics: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary_for_people(metrics: dict[str, Any]) -> str:
+    unigram = metrics.get("unigram_perplexity")
+    baseline = f" (unigram baseline {unigram:,.2f})" if unigram else ""
+    return (
+        f"{metrics['split']}: loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:,.2f}{baseline}, "
+        f"masked accuracy {metrics['masked_accuracy']:.2%} on {metrics['masked_tokens']:,} masked tokens "
+        f"({metrics['mlm_probability']:.0%} masked, seed {metrics['seed']})\n"
+        f"metrics.json and report.md (fill-mask examples): {metrics['arguments']['output']}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(EvaluateArguments, evaluate, argv, description=__doc__)
+    return run_job(EvaluateArguments, evaluate, argv, description=__doc__, for_people=summary_for_people)
 
 
 if __name__ == "__main__":

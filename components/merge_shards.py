@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib.jobs import run_job
-from components.lib.shard_set import gather_parts, merge_manifests
+from components.lib.shard_set import gather_parts, manifest_for_people, merge_manifests
 
 
 @dataclass
@@ -32,7 +32,7 @@ def merge(arguments: MergeArguments) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(MergeArguments, merge, argv, description=__doc__)
+    return run_job(MergeArguments, merge, argv, description=__doc__, for_people=manifest_for_people)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
-from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
+from components.lib.estimates import describe_estimate, estimate_table, shards_size
 from components.lib.hub import check_secret_name, hub_token
 from components.lib.jobs import run_job
 from components.lib.memory_model import GIB, MemoryEstimate
@@ -182,12 +182,14 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         "memory": check_memory(arguments, plan.shape.memory),
     }
     if arguments.tpu_type:
-        # the estimate's settings that are the training's too (the shards give the data, not the tokenizer)
-        shared = [
-            name for name in EstimateArguments.__dataclass_fields__ if name in TrainingSettings.__dataclass_fields__
-        ]
-        settings = {name: getattr(arguments, name) for name in shared if name != "tokenizer"}
-        estimate = estimate_run(EstimateArguments(tpu_type=arguments.tpu_type, **settings))
+        estimate = describe_estimate(
+            plan.shape,
+            tpu_type(arguments.tpu_type),
+            shards_size(plan.manifest, arguments.train_shards),
+            bf16=arguments.bf16,
+            allow_tight_memory=arguments.allow_tight_memory,
+            price_given=bool(arguments.price_per_hour),
+        )
         log.info("estimate of the training on the %s:\n%s", arguments.tpu_type, estimate_table(estimate))
         report["estimate"] = {key: estimate[key] for key in ("steps", "tokens", "model_flops", "hours", "cost")}
         report["tpu_job_timeout_seconds"] = tpu_job_timeout(arguments.tpu_job_timeout_hours, estimate["hours"])
@@ -203,8 +205,26 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
     return report
 
 
+def summary_for_people(report: dict[str, Any]) -> str:
+    memory = report["memory"]
+    lines = [
+        f"every check passed: {report['train_samples']:,} training samples, global batch "
+        f"{report['global_batch_size']:,} on {report['replicas']} replica(s), {report['total_steps']:,} steps",
+        f"memory per replica: {memory['low_gib']:.1f}-{memory['high_gib']:.1f} GiB, {memory['verdict']}",
+    ]
+    if "estimate" in report:
+        estimate = report["estimate"]
+        lines.append(
+            f"on the {report['tpu_type']}: about {estimate['hours']:,.2f} h, ${estimate['cost']:,.2f} at list price; "
+            f"TPU job timeout {report['tpu_job_timeout_seconds'] / 3600:,.1f} h"
+        )
+    if "hub_user" in report:
+        lines.append(f"the Hub token writes as {report['hub_user']}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(PreflightArguments, preflight, argv, description=__doc__)
+    return run_job(PreflightArguments, preflight, argv, description=__doc__, for_people=summary_for_people)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,15 @@ def loss_curve_png(history: list[dict[str, float]]) -> bytes:
     figure, loss_axis = pyplot.subplots(figsize=(7, 3.5), dpi=110)
     steps = [point["step"] for point in history]
     loss_axis.plot(steps, [point["loss"] for point in history], color="tab:blue", label="training loss")
+    validated = [point for point in history if "eval_loss" in point]
+    if validated:  # at each checkpoint, on 15% masks whatever the training masked
+        loss_axis.plot(
+            [point["step"] for point in validated],
+            [point["eval_loss"] for point in validated],
+            color="tab:orange",
+            marker="o",
+            label="validation loss",
+        )
     loss_axis.set_xlabel("step")
     loss_axis.set_ylabel("masked-LM loss")
     rate_axis = loss_axis.twinx()

@@ -38,7 +38,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.progress import Progress
 from components.lib.records import serialize_examples
-from components.lib.shard_set import MANIFEST, dumps, merge_manifests, part_manifest_uri
+from components.lib.shard_set import MANIFEST, dumps, manifest_for_people, merge_manifests, part_manifest_uri
 from components.lib.tokenization import load_tokenizer
 
 log = logging.getLogger("tpu_mlm.shards")
@@ -348,7 +348,7 @@ class ShardWriter:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(ShardArguments, write_shards, argv, description=__doc__)
+    return run_job(ShardArguments, write_shards, argv, description=__doc__, for_people=manifest_for_people)
 
 
 if __name__ == "__main__":

@@ -152,8 +152,16 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
     return summary
 
 
+def summary_for_people(summary: dict[str, Any]) -> str:
+    read = "a sample spread over the corpus" if summary["sampled"] else "the whole corpus"
+    return (
+        f"a tokenizer of {summary['vocab_size']:,} pieces, trained on {summary['texts_read']:,} texts ({read}, "
+        f"{summary['bytes_read']:,} bytes of text) in {summary['seconds']:,.0f} s"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_job(TokenizerArguments, train_tokenizer, argv, description=__doc__)
+    return run_job(TokenizerArguments, train_tokenizer, argv, description=__doc__, for_people=summary_for_people)
 
 
 if __name__ == "__main__":

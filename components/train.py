@@ -37,10 +37,10 @@ from components.lib.errors import InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
-from components.lib.masking import naming_corrupt_shards, training_streams
+from components.lib.masking import EVALUATION_MLM_PROBABILITY, naming_corrupt_shards, training_streams
 from components.lib.preemption import STOPPED_EXIT, CallPace, StopRequest
 from components.lib.pytorch_weights import save_model_folder
-from components.lib.recipe import train_function
+from components.lib.recipe import highest_mlm_probability, train_function
 from components.lib.results import SUMMARY_FILE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES
 from components.lib.training import TrainingPlan, TrainingSettings, plan_training
@@ -146,12 +146,18 @@ def _training_loop(
     """Runs the steps left in chunks that end at log and checkpoint boundaries."""
     import tensorflow as tf
 
-    iterator, validation_batches = training_streams(arguments, plan, strategy, state.start_step)
-    predictions = max_predictions(plan.manifest["max_length"], arguments.mlm_probability)
-    scorer = MaskedLMScorer(state.model, strategy, predictions)
+    iterator, validation_batches, masking = training_streams(arguments, plan, strategy, state.start_step)
+    max_length = plan.manifest["max_length"]
+    scorer = MaskedLMScorer(state.model, strategy, max_predictions(max_length, EVALUATION_MLM_PROBABILITY))
     validation = None if validation_batches is None else (validation_batches, scorer)
     train_steps = train_function(
-        state.model, state.optimizer, strategy, _use_xla(arguments.xla, kind), predictions, plan.accumulation
+        state.model,
+        state.optimizer,
+        strategy,
+        _use_xla(arguments.xla, kind),
+        max_predictions(max_length, highest_mlm_probability(arguments)),
+        plan.accumulation,
+        arguments.clip_norm,
     )
     shard_sources = (
         ("train_shards", arguments.train_shards, plan.manifest),
@@ -185,7 +191,8 @@ def _training_loop(
             step += steps
             window.add(steps, loss)
             if step % arguments.log_every_steps == 0 or step == plan.total_steps:
-                point = window.point(step, float(state.schedule(step)))
+                rate = masking.rate((step - state.start_step) * plan.accumulation)  # of the stream's next batch
+                point = window.point(step, float(state.schedule(step)), float(rate))
                 state.history.append(point)
                 write_summaries(writer, point)
                 log.info(format_point(point, plan.total_steps))
@@ -232,6 +239,9 @@ def _at_checkpoint(
         log.info(
             "step %d: validation loss %.4f, masked accuracy %.4f", step, metrics["loss"], metrics["masked_accuracy"]
         )
+        for point in state.history:  # the summary's, and the history file's from the next checkpoint on
+            if point["step"] == step:
+                point.update(eval_loss=metrics["loss"], eval_masked_accuracy=metrics["masked_accuracy"])
 
 
 def _use_xla(choice: str, kind: str) -> bool:

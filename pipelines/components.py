@@ -95,10 +95,18 @@ def preflight_step(
     gradient_accumulation_steps: int = 1,
     num_epochs: int = 1,
     max_steps: int = 0,
-    learning_rate: float = 0.0001,
-    warmup_fraction: float = 0.05,
-    weight_decay: float = 0.001,
-    mlm_probability: float = 0.15,
+    recipe: str = 'hf-2023',
+    learning_rate: float = -1,
+    adam_beta2: float = -1,
+    adam_epsilon: float = -1,
+    clip_norm: float = -1,
+    warmup_fraction: float = -1,
+    warmup_steps: int = -1,
+    lr_schedule: str = '',
+    decay_fraction: float = -1,
+    weight_decay: float = -1,
+    mlm_probability: float = -1,
+    final_mlm_probability: float = -1,
     bf16: bool = False,
     steps_per_execution: int = 50,
     xla: str = 'auto',
@@ -132,10 +140,18 @@ def preflight_step(
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
-        learning_rate: Peak learning rate.
-        warmup_fraction: Fraction of steps of linear warmup.
-        weight_decay: Decoupled weight decay rate.
-        mlm_probability: Fraction of tokens masked.
+        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023']; hf-2023 is the reference run's (docs/recipes.md).
+        learning_rate: Peak learning rate; -1: the recipe's.
+        adam_beta2: Adam's beta2; -1: the recipe's.
+        adam_epsilon: Adam's epsilon; -1: the recipe's.
+        clip_norm: Clip each optimizer step's gradient (summed over micro-batches and replicas) to this global norm; 0: no clipping; -1: the recipe's.
+        warmup_fraction: Share of the steps of linear warmup; -1: the recipe's.
+        warmup_steps: Steps of linear warmup, above 0 instead of warmup_fraction; -1: the recipe's.
+        lr_schedule: linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last decay_fraction of the steps; empty: the recipe's.
+        decay_fraction: wsd: share of the steps of the final decay; -1: the recipe's.
+        weight_decay: Decoupled weight decay rate; -1: the recipe's.
+        mlm_probability: Share of tokens masked in training (at the start); -1: the recipe's.
+        final_mlm_probability: The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the recipe's. Validation masks a fixed share (0.15) whatever this is.
         bf16: Mixed bfloat16 precision (TPUs, recent GPUs).
         steps_per_execution: Steps run per call into the graph.
         xla: XLA-compile the replica step on GPU/CPU: on, off, auto (off). Never nested on a TPU, which compiles the whole step anyway.
@@ -182,10 +198,18 @@ def train_step(
     gradient_accumulation_steps: int = 1,
     num_epochs: int = 1,
     max_steps: int = 0,
-    learning_rate: float = 0.0001,
-    warmup_fraction: float = 0.05,
-    weight_decay: float = 0.001,
-    mlm_probability: float = 0.15,
+    recipe: str = 'hf-2023',
+    learning_rate: float = -1,
+    adam_beta2: float = -1,
+    adam_epsilon: float = -1,
+    clip_norm: float = -1,
+    warmup_fraction: float = -1,
+    warmup_steps: int = -1,
+    lr_schedule: str = '',
+    decay_fraction: float = -1,
+    weight_decay: float = -1,
+    mlm_probability: float = -1,
+    final_mlm_probability: float = -1,
     bf16: bool = False,
     steps_per_execution: int = 50,
     xla: str = 'auto',
@@ -216,10 +240,18 @@ def train_step(
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
-        learning_rate: Peak learning rate.
-        warmup_fraction: Fraction of steps of linear warmup.
-        weight_decay: Decoupled weight decay rate.
-        mlm_probability: Fraction of tokens masked.
+        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023']; hf-2023 is the reference run's (docs/recipes.md).
+        learning_rate: Peak learning rate; -1: the recipe's.
+        adam_beta2: Adam's beta2; -1: the recipe's.
+        adam_epsilon: Adam's epsilon; -1: the recipe's.
+        clip_norm: Clip each optimizer step's gradient (summed over micro-batches and replicas) to this global norm; 0: no clipping; -1: the recipe's.
+        warmup_fraction: Share of the steps of linear warmup; -1: the recipe's.
+        warmup_steps: Steps of linear warmup, above 0 instead of warmup_fraction; -1: the recipe's.
+        lr_schedule: linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last decay_fraction of the steps; empty: the recipe's.
+        decay_fraction: wsd: share of the steps of the final decay; -1: the recipe's.
+        weight_decay: Decoupled weight decay rate; -1: the recipe's.
+        mlm_probability: Share of tokens masked in training (at the start); -1: the recipe's.
+        final_mlm_probability: The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the recipe's. Validation masks a fixed share (0.15) whatever this is.
         bf16: Mixed bfloat16 precision (TPUs, recent GPUs).
         steps_per_execution: Steps run per call into the graph.
         xla: XLA-compile the replica step on GPU/CPU: on, off, auto (off). Never nested on a TPU, which compiles the whole step anyway.
@@ -258,7 +290,7 @@ def evaluate_step(
     output_root: str = '',
     batch_size: int = 64,
     max_batches: int = 0,
-    mlm_probability: float = 0.15,
+    eval_mlm_probability: float = 0.15,
     seed: int = 0,
     fill_mask: str = 'The history of the <mask> begins in the early twentieth century. | The function returns a <mask> of values. | In 1990 the band released their first <mask>.',
     top_k: int = 5,
@@ -273,7 +305,7 @@ def evaluate_step(
         train_shards: The training shards: their token counts give the unigram baseline.
         batch_size: Samples per evaluation batch.
         max_batches: Evaluate at most this many batches; 0: all.
-        mlm_probability: Fraction of tokens masked.
+        eval_mlm_probability: Share of tokens masked; keep the default to compare runs (whatever their training masked).
         seed: Masking seed; keep it fixed to compare runs and models.
         fill_mask: Sentences for fill-mask examples, separated by ' | ', each with <mask>.
         top_k: Predictions shown per fill-mask sentence.

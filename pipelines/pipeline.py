@@ -14,7 +14,9 @@ target:
 """
 
 import inspect
+import sys
 from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from kfp import compiler, dsl
@@ -28,6 +30,7 @@ from components.preflight import PreflightArguments
 from components.push import PushArguments
 from components.shards import ShardArguments
 from components.tokenizer import TokenizerArguments
+from pipelines.routes import ROUTES
 from pipelines.steps import PARAMETER_TYPES, STEPS, make_steps, split_source, type_name
 
 PIPELINE_NAME = "tpu-mlm-pretraining"
@@ -194,7 +197,6 @@ ALSO_FEEDS = {
     "holdout_fraction": {"shards": "holdout_fraction"},
     "validation_corpus": {"shards": "validation_corpus"},
     "output_root": {name: "output_root" for name, step in STEPS.items() if "output_root" in step.extra},
-    "mlm_probability": {"evaluate": "mlm_probability"},
     "hub_repo_id": {"preflight": "hub_repo_id", "push": "repo_id"},
     "hf_token_secret": {"preflight": "hf_token_secret", "push": "hf_token_secret"},
 }
@@ -232,11 +234,28 @@ def feeds(parameter: PipelineParameter) -> dict[str, str]:
     return {**fed, **ALSO_FEEDS.get(parameter.name, {})}
 
 
+ROUTES_FILE = Path(__file__).with_name("routes.py")
+
+
+def routes_source() -> str:
+    """The text of ``pipelines/routes.py``: each pipeline parameter and the step parameters it feeds."""
+    lines = [
+        '"""Where each pipeline parameter goes: step -> that step\'s parameter, written by ``make components`` from',
+        "``pipelines.pipeline.feeds`` (a step whose settings dataclass has the field, and ``ALSO_FEEDS``);",
+        '``tests/test_parameters.py`` fails when this file differs. Do not edit by hand."""',
+        "",
+        "ROUTES = {",
+        *(f"    {parameter.name!r}: {feeds(parameter)!r}," for parameter in pipeline_parameters()),
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def step_inputs(parameters: list[PipelineParameter], values: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """For each step, its parameters' values (pipeline channels inside the pipeline)."""
+    """For each step, its parameters' values (pipeline channels inside the pipeline), routed by ``ROUTES``."""
     inputs: dict[str, dict[str, Any]] = {name: {} for name in STEPS}
     for parameter in parameters:
-        for step, step_parameter in feeds(parameter).items():
+        for step, step_parameter in ROUTES[parameter.name].items():
             inputs[step][step_parameter] = values[parameter.name]
     return inputs
 
@@ -262,7 +281,7 @@ def check_values(values: dict[str, Any]) -> None:
         try:
             step.arguments(**{**placeholders, **given})
         except InvalidParameter as error:
-            renamed = {feeds(parameter).get(name): parameter.name for parameter in parameters}
+            renamed = {ROUTES[parameter.name].get(name): parameter.name for parameter in parameters}
             raise InvalidParameter(renamed.get(error.parameter, error.parameter), error.value, error.expected) from None
 
 
@@ -369,3 +388,13 @@ def build_pipeline(
 def compile_pipeline(path: str, **kwargs: Any) -> str:
     compiler.Compiler().compile(build_pipeline(**kwargs), package_path=path)
     return path
+
+
+def main() -> int:
+    """Writes ``pipelines/routes.py`` (``make components``)."""
+    ROUTES_FILE.write_text(routes_source())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,10 +37,10 @@ from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.preemption import last_words
+from components.lib.recipe import DEFAULT_RECIPE, RECIPES, highest_mlm_probability
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import run_shape
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, tpu_batch, tpu_type
-from components.lib.training import TrainingSettings
 
 log = logging.getLogger("tpu_mlm.smoke")
 
@@ -49,7 +49,7 @@ REPORT_FILE = "smoke.json"
 # of it the shards need
 TOKENS_PER_BYTE_LOW = 0.2
 GLOBAL_BATCHES_OF_DATA = 2  # shards of at least this many global batches (the stream repeats them)
-MLM_PROBABILITY = TrainingSettings.__dataclass_fields__["mlm_probability"].default  # the train step's default
+MLM_PROBABILITY = highest_mlm_probability(RECIPES[DEFAULT_RECIPE])  # the train step's default
 
 
 @dataclass(kw_only=True)

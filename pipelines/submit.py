@@ -199,7 +199,9 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
                 max_length=int(values["max_length"]),
                 holdout_fraction=0.0 if values["validation_corpus"] else float(values["holdout_fraction"]),
                 vocab_size=int(values["vocab_size"]),
+                recipe=values["recipe"],
                 mlm_probability=float(values["mlm_probability"]),
+                final_mlm_probability=float(values["final_mlm_probability"]),
                 allow_tight_memory=bool(values["allow_tight_memory"]),
                 price_per_hour=float(values["tpu_price_per_hour"]),
             )

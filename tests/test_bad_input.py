@@ -153,6 +153,16 @@ CASES = {
         "--tokenizer {tokenizer} --train_shards {shards} --learning_rate -0.0001 --output {out}",
         "--learning-rate=-0.0001: must be a positive number (1e-4 is usual)",
     ),
+    "a learning-rate schedule the recipes do not have": Case(
+        "train",
+        "--tokenizer {tokenizer} --train_shards {shards} --lr_schedule cosine --output {out}",
+        "--lr-schedule='cosine': must be one of ('linear', 'wsd')",
+    ),
+    "a negative clip norm": Case(
+        "train",
+        "--tokenizer {tokenizer} --train_shards {shards} --clip_norm -0.5 --output {out}",
+        "--clip-norm=-0.5: must be 0 (no clipping) or positive (1.0 is usual)",
+    ),
     "a global batch larger than the data": Case(
         "train",
         "--tokenizer {tokenizer} --train_shards {shards} --per_replica_batch_size 100000 --output {out}",

@@ -13,12 +13,14 @@ from components.lib.training import TrainingSettings
 from components.merge_shards import MergeArguments
 from pipelines.pipeline import (
     PARAMETER_SOURCES,
+    ROUTES_FILE,
     PipelineSettings,
     build_pipeline,
     check_values,
-    feeds,
     pipeline_parameters,
+    routes_source,
 )
+from pipelines.routes import ROUTES
 from pipelines.run_local import LOCAL_DEFAULTS, RunLocalArguments
 from pipelines.steps import STEPS, component_source, make_component, type_name
 
@@ -77,13 +79,11 @@ def test_a_setting_declared_by_several_steps_has_one_type_and_one_default():
 
 def test_the_drift_check_catches_a_default_changed_in_one_place():
     found = declarations()
-    (evaluate_place,) = [place for place in found["mlm_probability"] if place[0].__name__ == "EvaluateArguments"]
+    (estimate_place,) = [place for place in found["mlm_probability"] if place[0].__name__ == "EstimateArguments"]
     found["mlm_probability"] = [
-        place if place is not evaluate_place else (place[0], place[1], 0.2) for place in found["mlm_probability"]
+        place if place is not estimate_place else (place[0], place[1], 0.2) for place in found["mlm_probability"]
     ]
-    assert drift(found) == [
-        "mlm_probability: defaults differ (EstimateArguments=0.15, EvaluateArguments=0.2, TrainingSettings=0.15)"
-    ]
+    assert drift(found) == ["mlm_probability: defaults differ (EstimateArguments=0.2, TrainingSettings=-1)"]
 
 
 @pytest.mark.parametrize("name", sorted(STEPS))
@@ -108,7 +108,7 @@ def test_every_pipeline_parameter_feeds_a_step_parameter_of_its_type():
     components = {name: make_component(step, "image").component_spec.inputs for name, step in STEPS.items()}
     for parameter in pipeline_parameters():
         assert parameter.name in pipeline_inputs
-        fed = feeds(parameter)
+        fed = ROUTES[parameter.name]
         assert fed, f"{parameter.name} feeds no step"
         for step, step_parameter in fed.items():
             assert step_parameter in components[step], f"{parameter.name} -> {step}.{step_parameter}"
@@ -121,9 +121,10 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("corpus", "validation_corpus", "holdout_fraction", "text_column", "limit", "max_non_utf8_fraction"),
         *("vocab_size", "lowercase"),
         *("tokenizer_sample_bytes", "max_length", "records_per_shard", "num_parts", "model_config"),
-        *("per_replica_batch_size", "gradient_accumulation_steps", "num_epochs", "max_steps", "learning_rate"),
-        *("warmup_fraction", "weight_decay"),
-        *("mlm_probability", "bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),
+        *("per_replica_batch_size", "gradient_accumulation_steps", "num_epochs", "max_steps", "recipe"),
+        *("learning_rate", "adam_beta2", "adam_epsilon", "clip_norm", "warmup_fraction", "warmup_steps"),
+        *("lr_schedule", "decay_fraction", "weight_decay", "mlm_probability", "final_mlm_probability"),
+        *("bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),
         *("checkpoint_every_steps", "log_every_steps", "eval_batches", "accelerator", "replicas"),
         *("tpu_price_per_hour", "checkpoint_dir", "tpu_job_timeout_hours", "tpu_provisioning"),
         *("allow_tight_memory", "eval_batch_size"),
@@ -158,6 +159,7 @@ def test_the_component_functions_a_reader_opens_are_the_ones_the_dataclasses_giv
     from pipelines.steps import COMPONENTS_FILE, components_source
 
     assert COMPONENTS_FILE.read_text() == components_source(), "pipelines/components.py is out of date: make components"
+    assert ROUTES_FILE.read_text() == routes_source(), "pipelines/routes.py is out of date: make components"
     component = make_component(STEPS["train"], "image")
     assert inspect.getsourcefile(component.python_func) == str(COMPONENTS_FILE)  # a stack trace names the file
 

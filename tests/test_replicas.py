@@ -15,6 +15,7 @@ import tensorflow as tf
 from conftest import PROJECT_ROOT, run_module
 from transformers import TFAutoModelForMaskedLM
 
+from components.lib import storage
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
 from components.lib.masking import Masking, masked_dataset
 from components.lib.modeling import model_config
@@ -105,33 +106,18 @@ def test_masked_positions_metrics_equal_the_full_logits_metrics_on_the_same_mask
 
 
 @pytest.mark.slow
-def test_evaluation_at_eight_replicas_equals_one_replica(tmp_path, embedded_shards):
-    model = tmp_path / "model"
-    trained = run_module(*train_command(embedded_shards, model, "--per_replica_batch_size", "8", "--max_steps", "5"))
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    samples = read_manifest(embedded_shards["validation"])["num_records"]
-    batch = samples - 3  # the last batch holds 3 samples: five of the eight replicas get none of it
-    results = {}
-    for replicas in (1, 8):
-        output = tmp_path / f"evaluation-{replicas}"
-        evaluated = run_module(
-            "components.evaluate",
-            *("--model", str(model), "--shards", embedded_shards["validation"], "--output", str(output)),
-            *("--accelerator", "cpu", "--replicas", str(replicas), "--batch_size", str(batch), "--fill_mask", ""),
-        )
-        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-        results[replicas] = json.loads((output / "metrics.json").read_text())
-    one, eight = results[1], results[8]
-    assert eight["samples"] == one["samples"] == samples and eight["batches"] == one["batches"] == 2
-    assert eight["masked_tokens"] == one["masked_tokens"]
-    assert eight["masked_accuracy"] == one["masked_accuracy"]
-    assert eight["loss"] == pytest.approx(one["loss"], rel=1e-6)
-
-
-@pytest.mark.slow
-def test_eight_replicas_train_validate_and_resume_after_a_kill_to_the_planned_step(tmp_path, embedded_shards):
-    output = tmp_path / "model"
-    command = train_command(embedded_shards, output, "--replicas", "8", "--per_replica_batch_size", "4")
+def test_eight_replicas_train_validate_and_resume_after_a_kill_then_evaluate_as_one_replica_does(
+    tmp_path, embedded_shards
+):
+    """A run as on a v3-8, SIGKILLed right after its first checkpoint and run again: it resumes there and ends at
+    the planned step, with the recipe's schedules going on from the checkpoint's step (the learning rate's
+    warmup-stable-decay, the masking rate's decay from 30% to 15% over the 12 steps' 24 micro-batches). Its
+    model then scores the same at 8 replicas as at 1. (The resume on gs://: tests/test_train.py.)"""
+    output = str(tmp_path / "model")
+    command = train_command(embedded_shards, output, "--replicas", "8", "--per_replica_batch_size", "2")
+    command += ["--gradient_accumulation_steps", "2", "--learning_rate", "1e-3", "--warmup_steps", "2"]
+    command += ["--lr_schedule", "wsd", "--decay_fraction", "0.5", "--mlm_probability", "0.3"]
+    command += ["--final_mlm_probability", "0.15"]
     command += ["--max_steps", "12", "--checkpoint_every_steps", "4", "--log_every_steps", "4", "--eval_batches", "1"]
     save = "tensorflow.python.checkpoint.checkpoint_management:CheckpointManager.save"
     killed = subprocess.run(  # SIGKILL right after the first checkpoint (and its validation had not run yet)
@@ -142,13 +128,44 @@ def test_eight_replicas_train_validate_and_resume_after_a_kill_to_the_planned_st
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-4")
+    assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-4")
+    assert not storage.exists(f"{output}/{SUMMARY_FILE}")
 
     resumed = run_module(*command)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    summary = json.loads((output / SUMMARY_FILE).read_text())
+    assert "resuming from" in resumed.stderr
+    summary = json.loads(storage.read_text(f"{output}/{SUMMARY_FILE}"))
     assert summary["replicas"] == 8 and summary["global_batch_size"] == 32
     assert summary["resumed_from_step"] == 4 and summary["steps_this_run"] == 8
-    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-12")
+    assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-12")
+    assert storage.exists(f"{output}/tf_model.h5")
     assert resumed.stderr.count("validation loss") == 2  # at steps 8 and 12, on 8 replicas
-    assert [point["step"] for point in json.loads((output / "checkpoints" / HISTORY_FILE).read_text())] == [4, 8, 12]
+    # the killed attempt stays "running" in the record (it counts as a failure), the rerun from step 4 is done
+    attempts = json.loads(storage.read_text(f"{output}/checkpoints/attempts.json"))
+    assert [(attempt["step"], attempt["outcome"]) for attempt in attempts] == [(0, "running"), (4, "done")]
+    history = json.loads(storage.read_text(f"{output}/checkpoints/{HISTORY_FILE}"))
+    assert [point["step"] for point in history] == [4, 8, 12]
+    # stable at the peak until step 6, then linear to 0 at step 12; the masking rate of the batch after each point
+    assert [point["learning_rate"] for point in history] == pytest.approx([1e-3, 1e-3 * 4 / 6, 0.0], abs=1e-9)
+    assert [point["mlm_probability"] for point in history] == pytest.approx([0.25, 0.2, 0.15], abs=1e-6)
+    # the validation of each checkpoint the resumed run made, with the log point of its step (the first run was
+    # killed before its validation)
+    assert ["eval_loss" in point for point in summary["history"]] == [False, True, True]
+
+    samples = read_manifest(embedded_shards["validation"])["num_records"]
+    batch = samples - 3  # the last batch holds 3 samples: five of the eight replicas get none of it
+    results = {}
+    for replicas in (1, 8):
+        evaluation = tmp_path / f"evaluation-{replicas}"
+        evaluated = run_module(
+            "components.evaluate",
+            *("--model", output, "--shards", embedded_shards["validation"], "--output", str(evaluation)),
+            *("--accelerator", "cpu", "--replicas", str(replicas), "--batch_size", str(batch), "--fill_mask", ""),
+        )
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        results[replicas] = json.loads((evaluation / "metrics.json").read_text())
+    one, eight = results[1], results[8]
+    assert eight["samples"] == one["samples"] == samples and eight["batches"] == one["batches"] == 2
+    assert eight["masked_tokens"] == one["masked_tokens"]
+    assert eight["masked_accuracy"] == one["masked_accuracy"]
+    assert eight["loss"] == pytest.approx(one["loss"], rel=1e-6)

@@ -13,6 +13,7 @@ from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.memory_model import GIB
 from components.lib.modeling import model_config
+from components.lib.recipe import DEFAULT_RECIPE, RECIPE_VALUE, highest_mlm_probability, resolve_recipe
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import DEFAULT_MFU, RunShape, run_shape
 from components.lib.shard_set import read_manifest
@@ -56,7 +57,13 @@ class EstimateArguments:
     allow_tight_memory: bool = field(
         default=False, metadata={"help": "As for preflight: a tight memory estimate is no refusal."}
     )
-    mlm_probability: float = field(default=0.15, metadata={"help": "As for the train step (the head's memory)."})
+    recipe: str = field(default=DEFAULT_RECIPE, metadata={"help": "As for the train step (its masking rates)."})
+    mlm_probability: float = field(
+        default=RECIPE_VALUE, metadata={"help": "As for the train step (the LM head's memory); -1: the recipe's."}
+    )
+    final_mlm_probability: float = field(
+        default=RECIPE_VALUE, metadata={"help": "As for the train step; -1: the recipe's."}
+    )
     train_shards: str = field(default="", metadata={"help": "Training shards: their manifest gives the samples."})
     corpus: str = field(default="", metadata={"help": "Without shards: the corpus, whose size gives the samples."})
     corpus_bytes: int = field(
@@ -103,17 +110,20 @@ class EstimateArguments:
             )
 
 
+def shards_size(manifest: dict[str, Any], uri: str) -> dict[str, Any]:
+    return {
+        "samples": manifest["num_records"],
+        "max_length": manifest["max_length"],
+        "vocab_size": manifest["vocab_size"],
+        "special_tokens": manifest["special_tokens"],
+        "source": storage.join(uri, "manifest.json"),
+    }
+
+
 def data_size(arguments: EstimateArguments) -> dict[str, Any]:
     """Samples, sample length and vocabulary: from the shards' manifest, else from the corpus's size."""
     if arguments.train_shards:
-        manifest = read_manifest(arguments.train_shards, "train_shards")
-        return {
-            "samples": manifest["num_records"],
-            "max_length": manifest["max_length"],
-            "vocab_size": manifest["vocab_size"],
-            "special_tokens": manifest["special_tokens"],
-            "source": f"{storage.join(arguments.train_shards, 'manifest.json')}",
-        }
+        return shards_size(read_manifest(arguments.train_shards, "train_shards"), arguments.train_shards)
     size: dict[str, Any] = {
         "max_length": arguments.max_length,
         "vocab_size": arguments.vocab_size,
@@ -171,10 +181,32 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
         max_steps=arguments.max_steps,
         config=config,
         bf16=arguments.bf16,
-        mlm_probability=arguments.mlm_probability,
+        mlm_probability=highest_mlm_probability(resolve_recipe(vars(arguments))),
         mfu=arguments.mfu,
         price_per_hour=arguments.price_per_hour,
     )
+    return describe_estimate(
+        shape,
+        tpu,
+        data,
+        bf16=arguments.bf16,
+        allow_tight_memory=arguments.allow_tight_memory,
+        price_given=bool(arguments.price_per_hour),
+        from_run=arguments.from_run,
+    )
+
+
+def describe_estimate(
+    shape: RunShape,
+    tpu: TpuType,
+    data: dict[str, Any],
+    *,
+    bf16: bool,
+    allow_tight_memory: bool,
+    price_given: bool,
+    from_run: str = "",
+) -> dict[str, Any]:
+    """Everything the table shows of a run's shape on ``tpu``, as numbers."""
     memory = shape.memory
     result: dict[str, Any] = {
         "data": data,
@@ -198,14 +230,15 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
             "available_gib": tpu.memory_gib_per_replica,
             "verdict": memory.verdict,
             "largest_per_replica_batch": memory.largest_batch,
-            "refusal": memory.refusal(tpu.name, arguments.bf16, arguments.allow_tight_memory),
+            "refusal": memory.refusal(tpu.name, bf16, allow_tight_memory),
         },
-        **prices(shape, tpu, given=bool(arguments.price_per_hour)),
+        **prices(shape, tpu, given=price_given),
         "cpu_steps": cpu_steps(data),
     }
-    if arguments.from_run:
-        result["from_run"] = scaled_from_run(arguments.from_run, shape.model_flops, shape.replicas)
-        result["from_run"]["cost"] = result["from_run"]["hours"] * result["price_per_hour"]
+    if from_run:
+        result["from_run"] = measured_rate(from_run)
+        rate = result["from_run"]["model_flops_per_second_per_replica"] * shape.replicas
+        result["from_run"].update(hours=shape.hours_at(rate), cost=shape.cost_at(shape.price_per_hour, rate))
     return result
 
 
@@ -246,9 +279,9 @@ def prices(shape: RunShape, tpu: TpuType, given: bool) -> dict[str, Any]:
     }
 
 
-def scaled_from_run(uri: str, model_flops: float, replicas: int) -> dict[str, Any]:
-    """Hours of this run at the model FLOP/s per replica that a previous run sustained at its last log point
-    (right only for the same kind of accelerator: a CPU run predicts CPU hours)."""
+def measured_rate(uri: str) -> dict[str, Any]:
+    """The model FLOP/s per replica that a previous run sustained at its last log point (right only for the same
+    kind of accelerator: a CPU run predicts CPU hours)."""
     summary_uri = uri if uri.endswith(".json") else storage.join(uri, SUMMARY_FILE)
     if not storage.exists(summary_uri):
         raise InvalidParameter("from_run", uri, f"no {SUMMARY_FILE} there; name a finished train step's output")
@@ -256,12 +289,10 @@ def scaled_from_run(uri: str, model_flops: float, replicas: int) -> dict[str, An
     if not summary.get("history"):
         raise InvalidParameter("from_run", uri, "that run logged no step to measure")
     last = summary["history"][-1]
-    per_replica = last["model_tflops_per_second"] * 1e12 / summary["replicas"]
     return {
         "run": summary_uri,
         "accelerator": f"{summary['replicas']} x {summary['accelerator']}",
-        "model_flops_per_second_per_replica": per_replica,
-        "hours": model_flops / (per_replica * replicas) / 3600,
+        "model_flops_per_second_per_replica": last["model_tflops_per_second"] * 1e12 / summary["replicas"],
     }
 
 

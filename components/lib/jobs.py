@@ -115,6 +115,10 @@ def run_job(
             raise
         print(f"error: {refused}", file=sys.stderr)
         return 1
-    if print_summary:
-        print(json.dumps(summary, indent=2, default=str) if as_json else for_people(summary))
+    if print_summary and as_json:
+        print(json.dumps(summary, indent=2, default=str))
+    elif print_summary:
+        text = for_people(summary)
+        output = getattr(arguments, "output", "")
+        print(text if not output or output in text else f"{text}\noutput: {output}")
     return 0

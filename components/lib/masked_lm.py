@@ -14,9 +14,9 @@ from typing import Any
 from components.lib.errors import InvalidParameter
 
 
-def check_probability(value: float) -> None:
+def check_probability(value: float, parameter: str = "mlm_probability") -> None:
     if not 0.0 < value < 1.0:
-        raise InvalidParameter("mlm_probability", value, "must be between 0 and 1 (0.15 is usual)")
+        raise InvalidParameter(parameter, value, "must be between 0 and 1 (0.15 is usual)")
 
 
 def max_predictions(max_length: int, probability: float) -> int:

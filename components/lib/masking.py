@@ -19,29 +19,48 @@ from components.lib.errors import InvalidParameter
 from components.lib.records import feature_spec
 
 IGNORE_INDEX = -100  # the label transformers' loss skips
+# Validation in training and the evaluate step mask this share, whatever the training's masking: a loss measured
+# at another rate cannot be compared (a model trained at 30% and scored on 30% masks has a harder task).
+EVALUATION_MLM_PROBABILITY = 0.15
 
 
 @dataclass(frozen=True)
 class Masking:
     """BERT/RoBERTa masking: ``probability`` of the maskable tokens are chosen; of those, 80% become
-    ``<mask>``, 10% a random token and 10% stay as they are. Special and padding tokens are never chosen."""
+    ``<mask>``, 10% a random token and 10% stay as they are. Special and padding tokens are never chosen.
+    With ``final_probability``, the share moves linearly from ``probability`` at batch 0 to it at batch
+    ``decay_batches``; ``first_batch`` is where a resumed stream starts, so the decay goes on where it was."""
 
     mask_token_id: int
     vocab_size: int
     special_token_ids: tuple[int, ...]
-    probability: float = 0.15
+    probability: float = EVALUATION_MLM_PROBABILITY
+    final_probability: float = 0.0  # 0: constant
+    decay_batches: int = 0
+    first_batch: int = 0
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], probability: float = 0.15) -> Masking:
+    def from_manifest(
+        cls, manifest: dict[str, Any], probability: float = EVALUATION_MLM_PROBABILITY, **decay: Any
+    ) -> Masking:
         special = manifest["special_tokens"]
         ids = tuple(sorted({value for value in special.values() if value is not None}))
-        return cls(special["mask"], manifest["vocab_size"], ids, probability)
+        return cls(special["mask"], manifest["vocab_size"], ids, probability, **decay)
+
+    def rate(self, batch_index: Any) -> Any:
+        """The share of tokens masked in the batch ``batch_index`` of this stream."""
+        import tensorflow as tf
+
+        if not self.final_probability or not self.decay_batches:
+            return tf.constant(self.probability, tf.float32)
+        done = tf.cast(self.first_batch + batch_index, tf.float32) / self.decay_batches
+        return self.probability + (self.final_probability - self.probability) * tf.minimum(done, 1.0)
 
 
-def mask_tokens(batch: dict[str, Any], seed: Any, masking: Masking) -> dict[str, Any]:
-    """Masks a parsed batch; ``seed`` (two int64) makes the result reproducible. Adds ``labels``: the
-    original id where a token was chosen, -100 elsewhere. Every tensor leaves as int32, what TPUs take (TFRecord
-    features are int64; a TPU has no 64-bit integer arithmetic)."""
+def mask_tokens(batch: dict[str, Any], seed: Any, masking: Masking, batch_index: Any = 0) -> dict[str, Any]:
+    """Masks a parsed batch, the ``batch_index``-th of its stream; ``seed`` (two int64) makes the result
+    reproducible. Adds ``labels``: the original id where a token was chosen, -100 elsewhere. Every tensor leaves
+    as int32, what TPUs take (TFRecord features are int64; a TPU has no 64-bit integer arithmetic)."""
     import tensorflow as tf
 
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
@@ -49,7 +68,7 @@ def mask_tokens(batch: dict[str, Any], seed: Any, masking: Masking) -> dict[str,
     choose_seed, action_seed, random_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
     special = tf.reduce_any(input_ids[..., None] == tf.constant(masking.special_token_ids, tf.int64), axis=-1)
     maskable = ~special & (attention_mask == 1)
-    chosen = maskable & (tf.random.stateless_uniform(shape, choose_seed) < masking.probability)
+    chosen = maskable & (tf.random.stateless_uniform(shape, choose_seed) < masking.rate(batch_index))
     action = tf.random.stateless_uniform(shape, action_seed)
     random_ids = tf.random.stateless_uniform(shape, random_seed, 0, masking.vocab_size, dtype=tf.int64)
     masked = tf.where(chosen & (action < 0.8), tf.constant(masking.mask_token_id, tf.int64), input_ids)
@@ -102,7 +121,7 @@ def masked_dataset(
     dataset = dataset.batch(batch_size, drop_remainder=training if drop_remainder is None else drop_remainder)
     dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=autotune)
     dataset = dataset.enumerate().map(
-        lambda index, batch: mask_tokens(batch, tf.stack([tf.constant(seed, tf.int64), index]), masking),
+        lambda index, batch: mask_tokens(batch, tf.stack([tf.constant(seed, tf.int64), index]), masking, index),
         num_parallel_calls=autotune,
         deterministic=True,
     )
@@ -143,10 +162,17 @@ def naming_corrupt_shards(*sources: tuple[str, str, dict[str, Any] | None]) -> I
         raise
 
 
-def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -> tuple[Any, Any]:
+def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -> tuple[Any, Any, Masking]:
     """The train step's inputs: the distributed training stream of micro-batches, its shuffle seeded anew for a
-    resumed run, and the validation shards' full batches (None without validation shards)."""
-    masking = Masking.from_manifest(plan.manifest, settings.mlm_probability)
+    resumed run and its masking rate going on where it was, and the validation shards' full batches masked at
+    the fixed evaluation rate (None without validation shards), and the training's masking."""
+    masking = Masking.from_manifest(
+        plan.manifest,
+        settings.mlm_probability,
+        final_probability=settings.final_mlm_probability,
+        decay_batches=plan.total_steps * plan.accumulation,
+        first_batch=start_step * plan.accumulation,
+    )
     dataset = masked_dataset(
         settings.train_shards,
         plan.manifest,
@@ -158,13 +184,13 @@ def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -
     )
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     if plan.eval_manifest is None:
-        return iterator, None
+        return iterator, None, masking
     batches = masked_dataset(
         settings.eval_shards,
         plan.eval_manifest,
         plan.micro_batch_size,
-        masking,
+        Masking.from_manifest(plan.eval_manifest),  # EVALUATION_MLM_PROBABILITY, seed 0: the same masks each time
         training=False,
         drop_remainder=True,  # TPUs need full batches
     )
-    return iterator, batches
+    return iterator, batches, masking

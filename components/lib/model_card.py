@@ -6,9 +6,11 @@ The usage section's code blocks run as they are (the tests run each in its envir
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from components.lib.corpus import HUB_PREFIX, parse_hub_name
+from components.lib.recipe import Recipe
 from components.lib.results import loss_summary, metrics_table
 
 CARD_FILE = "README.md"
@@ -23,7 +25,9 @@ def model_card(
     from huggingface_hub import ModelCardData
 
     train_arguments = summary["arguments"]
-    hyperparameters = {key: train_arguments[key] for key in CARD_HYPERPARAMETERS}
+    hyperparameters = {
+        key: train_arguments[key] for key in CARD_HYPERPARAMETERS if key in train_arguments
+    }  # older runs had fewer
     hyperparameters["model_config"] = public_name(hyperparameters["model_config"])
     hyperparameters.update(global_batch_size=summary["global_batch_size"], total_steps=summary["total_steps"])
     source = summary["corpus"]["source"]
@@ -76,10 +80,9 @@ def model_card(
 CARD_HYPERPARAMETERS = (
     "model_config",
     "per_replica_batch_size",
-    "learning_rate",
-    "warmup_fraction",
-    "weight_decay",
-    "mlm_probability",
+    "gradient_accumulation_steps",
+    "recipe",
+    *(knob.name for knob in fields(Recipe)),
     "bf16",
     "seed",
 )

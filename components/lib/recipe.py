@@ -1,33 +1,167 @@
-"""The recipe's optimization: the optimizer with its learning-rate schedule, and the training step that applies
-it to a micro-batch stream on every replica. The train step and the benchmarks build their steps here."""
+"""The recipe's optimization: the settings a pre-training recipe fixes (peak learning rate, Adam's beta2 and
+epsilon, gradient clipping, warmup, the schedule's shape, weight decay, the masking rate and its decay), the named
+recipes, the learning-rate schedule, the optimizer, and the training step that applies it on every replica.
+
+A knob left at ``RECIPE_VALUE`` (-1, or "" for the schedule) takes the value of the run's ``--recipe``; any knob
+given beside the recipe overrides it. ``hf-2023`` is the reference recipe this project started from: Hugging
+Face's "train a language model with TensorFlow on TPUs" (2023), whose run is the ``tf-tpu/roberta-base-epochs-500-
+no-wd`` model."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from components.lib.masked_lm import masked_lm_loss
+from components.lib.errors import InvalidParameter
+from components.lib.masked_lm import check_probability, masked_lm_loss
+
+RECIPE_VALUE = -1  # a knob left at this (or "" for lr_schedule) takes the recipe's value
+SCHEDULES = ("linear", "wsd")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The knobs of a recipe, each a field of the training settings of the same name."""
+
+    learning_rate: float  # peak
+    adam_beta2: float
+    adam_epsilon: float
+    clip_norm: float  # the global norm each optimizer step's gradient is clipped to; 0: no clipping
+    warmup_fraction: float  # of the run's steps, linear from 0 to the peak ...
+    warmup_steps: int  # ... or this many steps when above 0
+    lr_schedule: str  # linear: decay to 0 from the warmup's end; wsd: warmup, stable, then linear decay to 0 ...
+    decay_fraction: float  # ... over this last share of the steps
+    weight_decay: float  # decoupled; LayerNorm and biases excluded
+    mlm_probability: float  # the share of tokens masked at the start ...
+    final_mlm_probability: float  # ... decaying linearly to this at the end; 0: constant
+
+
+RECIPES = {
+    # the reference: AdamWeightDecay at 1e-4, beta2 0.999, epsilon 1e-8, no clipping, 5% warmup then linear
+    # decay, weight decay 1e-3, 15% masking (run_mlm.py's defaults in the recipe's repository)
+    "hf-2023": Recipe(1e-4, 0.999, 1e-8, 0.0, 0.05, 0, "linear", 0.0, 1e-3, 0.15, 0.0),
+}
+DEFAULT_RECIPE = "hf-2023"
+
+
+def resolve_recipe(values: Mapping[str, Any]) -> Recipe:
+    """The knobs of a run: those ``values`` gives (settings, or a pipeline's parameters), the ``recipe``'s for
+    those left at ``RECIPE_VALUE``; each checked."""
+    name = values.get("recipe", DEFAULT_RECIPE)
+    if name not in RECIPES:
+        raise InvalidParameter("recipe", name, f"must be one of {sorted(RECIPES)}")
+    given = {knob.name: values.get(knob.name, RECIPE_VALUE) for knob in fields(Recipe)}
+    recipe = replace(RECIPES[name], **{knob: value for knob, value in given.items() if value not in (RECIPE_VALUE, "")})
+    check_knobs(recipe)
+    return recipe
+
+
+def apply_recipe(settings: Any) -> None:
+    """Sets each knob of ``settings`` left at ``RECIPE_VALUE`` to its recipe's value."""
+    for knob, value in asdict(resolve_recipe(vars(settings))).items():
+        setattr(settings, knob, value)
+
+
+def check_knobs(settings: Any) -> None:
+    if not (settings.learning_rate > 0 and math.isfinite(settings.learning_rate)):
+        raise InvalidParameter("learning_rate", settings.learning_rate, "must be a positive number (1e-4 is usual)")
+    if not 0 <= settings.adam_beta2 < 1:
+        raise InvalidParameter("adam_beta2", settings.adam_beta2, "must be at least 0 and below 1 (0.98 or 0.999)")
+    if not 0 < settings.adam_epsilon < 1:
+        raise InvalidParameter("adam_epsilon", settings.adam_epsilon, "must be above 0 and below 1 (1e-6 or 1e-8)")
+    if settings.clip_norm < 0:
+        raise InvalidParameter("clip_norm", settings.clip_norm, "must be 0 (no clipping) or positive (1.0 is usual)")
+    if not 0.0 <= settings.warmup_fraction < 1.0:
+        raise InvalidParameter("warmup_fraction", settings.warmup_fraction, "must be at least 0 and below 1")
+    if settings.warmup_steps < 0:
+        raise InvalidParameter("warmup_steps", settings.warmup_steps, "must be 0 (use warmup_fraction) or positive")
+    if settings.lr_schedule not in SCHEDULES:
+        raise InvalidParameter("lr_schedule", settings.lr_schedule, f"must be one of {SCHEDULES}")
+    if settings.lr_schedule == "wsd" and not 0 < settings.decay_fraction <= 1:
+        raise InvalidParameter(
+            "decay_fraction",
+            settings.decay_fraction,
+            "must be above 0 and at most 1 with lr_schedule wsd (0.2 is usual)",
+        )
+    if settings.weight_decay < 0:
+        raise InvalidParameter("weight_decay", settings.weight_decay, "must be 0 or positive")
+    check_probability(settings.mlm_probability)
+    if settings.final_mlm_probability:
+        check_probability(settings.final_mlm_probability, "final_mlm_probability")
+
+
+def highest_mlm_probability(settings: Any) -> float:
+    """The highest share of tokens the training masks, which sizes the LM head's predictions."""
+    return max(settings.mlm_probability, settings.final_mlm_probability)
+
+
+def warmup_steps(settings: Any, total_steps: int) -> int:
+    return settings.warmup_steps or int(settings.warmup_fraction * total_steps)
+
+
+def learning_rate_schedule(settings: Any, total_steps: int) -> Any:
+    """The learning rate at an optimizer step: linear warmup from 0 to the peak, then a linear decay to 0 over the
+    rest of the run (``linear``: the reference's, as ``transformers.create_optimizer`` makes it), or a stable
+    phase at the peak and a linear decay to 0 over the last ``decay_fraction`` of the steps (``wsd``: a run can
+    be extended or cut in its stable phase without training again)."""
+    import tensorflow as tf
+    from transformers.modeling_tf_utils import keras
+
+    peak = settings.learning_rate
+    warmup = min(warmup_steps(settings, total_steps), total_steps)
+    decay_start = warmup
+    if settings.lr_schedule == "wsd":
+        decay_start = max(warmup, total_steps - round(settings.decay_fraction * total_steps))
+    decay_steps = max(total_steps - decay_start, 1)
+
+    class Schedule(keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step: Any) -> Any:
+            step = tf.cast(step, tf.float32)
+            warming = peak * (step / max(warmup, 1))
+            decaying = peak * (1 - tf.minimum(step - decay_start, decay_steps) / decay_steps)
+            return tf.where(step < warmup, warming, tf.where(step < decay_start, peak, decaying))
+
+        def get_config(self) -> dict[str, Any]:
+            return {"peak": peak, "warmup": warmup, "decay_start": decay_start, "total_steps": total_steps}
+
+    return Schedule()
 
 
 def create_optimizer(settings: Any, total_steps: int) -> tuple[Any, Any]:
-    """(optimizer, schedule): the reference recipe's AdamWeightDecay with linear warmup and decay
-    (``transformers.create_optimizer``), LayerNorm and biases excluded from decay."""
-    from transformers import create_optimizer as transformers_optimizer
+    """(optimizer, schedule): AdamWeightDecay (beta1 0.9) with the recipe's beta2, epsilon and weight decay,
+    LayerNorm and biases excluded from decay, as ``transformers.create_optimizer`` makes it. Clipping is the
+    training step's (``train_function``): it must see the gradient summed over micro-batches and replicas."""
+    from transformers import AdamWeightDecay
 
-    return transformers_optimizer(
-        init_lr=settings.learning_rate,
-        num_train_steps=total_steps,
-        num_warmup_steps=int(settings.warmup_fraction * total_steps),
+    schedule = learning_rate_schedule(settings, total_steps)
+    optimizer = AdamWeightDecay(
+        learning_rate=schedule,
         weight_decay_rate=settings.weight_decay,
+        beta_1=0.9,
+        beta_2=settings.adam_beta2,
+        epsilon=settings.adam_epsilon,
+        exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"],
     )
+    return optimizer, schedule
 
 
 def train_function(
-    model: Any, optimizer: Any, strategy: Any, xla: bool, predictions: int, accumulation: int = 1
+    model: Any,
+    optimizer: Any,
+    strategy: Any,
+    xla: bool,
+    predictions: int,
+    accumulation: int = 1,
+    clip_norm: float = 0.0,
 ) -> Any:
     """A function running ``steps`` optimizer steps on batches from a distributed iterator in one call into the
     graph and returning their mean loss. Each step sums the gradients of ``accumulation`` micro-batches, one
     backward pass at a time, so that only one micro-batch's activations are held. The loss is summed on each
-    replica's device and read once per call (on a TPU, no cross-replica reduction or host transfer each step)."""
+    replica's device and read once per call (on a TPU, no cross-replica reduction or host transfer each step).
+    With ``clip_norm``, the step's gradient, summed over its micro-batches and every replica, is clipped to that
+    global norm once before it is applied."""
     import tensorflow as tf
 
     replicas = strategy.num_replicas_in_sync
@@ -45,7 +179,14 @@ def train_function(
                 micro = [tf.convert_to_tensor(g) for g in micro]
             gradients = micro if gradients is None else [total + g for total, g in zip(gradients, micro, strict=True)]
             mean_loss.update_state(loss)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        if clip_norm:  # the replicas' sum first, which apply_gradients would otherwise make itself
+            dense = [tf.convert_to_tensor(g) for g in gradients]
+            summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, dense)
+            clipped, _ = tf.clip_by_global_norm(summed, clip_norm)
+            pairs = zip(clipped, model.trainable_variables, strict=True)
+            optimizer.apply_gradients(pairs, experimental_aggregate_gradients=False)
+        else:
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
 
     if xla:
         replica_step = tf.function(replica_step, jit_compile=True)

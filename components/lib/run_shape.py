@@ -64,15 +64,21 @@ class RunShape:
     def model_flops(self) -> float:
         return self.flops_per_token * self.tokens
 
+    def hours_at(self, flops_per_second: float) -> float:
+        """Hours of training at a rate of model FLOPs (a measured one, or the assumed MFU of the peak)."""
+        return self.model_flops / flops_per_second / 3600
+
     @property
     def hours(self) -> float | None:
-        """Hours of training at the assumed MFU; None when the accelerator's peak is not known."""
-        if not self.peak_flops_per_second:
+        """Hours of training at the assumed MFU; None when the model or the accelerator's peak is not known."""
+        if not (self.peak_flops_per_second and self.flops_per_token):
             return None
-        return self.model_flops / (self.mfu * self.peak_flops_per_second) / 3600
+        return self.hours_at(self.mfu * self.peak_flops_per_second)
 
-    def cost_at(self, price_per_hour: float) -> float | None:
-        return None if self.hours is None else self.hours * price_per_hour
+    def cost_at(self, price_per_hour: float, flops_per_second: float | None = None) -> float | None:
+        """The cost at ``price_per_hour``, of the hours at the assumed MFU or at ``flops_per_second``."""
+        hours = self.hours if flops_per_second is None else self.hours_at(flops_per_second)
+        return None if hours is None else hours * price_per_hour
 
     @property
     def cost(self) -> float | None:
@@ -100,7 +106,13 @@ def run_shape(
     ``replicas`` of an accelerator; with a model ``config`` also its FLOPs and memory. A global batch larger than
     the data is refused."""
     if tpu is not None:
+        if replicas and replicas != tpu.replicas:
+            raise InvalidParameter("replicas", replicas, f"a {tpu.name} has {tpu.replicas} replicas")
         replicas, price_per_hour = tpu.replicas, price_per_hour or tpu.list_price_per_hour
+    if replicas < 1:
+        raise ValueError("run_shape needs a TPU type or a positive replica count")
+    if samples is None and not max_steps:
+        raise ValueError("run_shape needs the training samples or max_steps")
     shape = RunShape(replicas, per_replica_batch_size, accumulation, max_length, max_steps)
     if samples is not None and shape.global_batch_size > samples:
         raise InvalidParameter(

@@ -124,3 +124,12 @@ def dumps(data: dict[str, Any]) -> str:
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
     text = json.dumps({**data, "token_counts": "@counts@"}, indent=2, sort_keys=True)
     return text.replace('"@counts@"', json.dumps(data["token_counts"], separators=(",", ":"))) + "\n"
+
+
+def manifest_for_people(manifest: dict[str, Any]) -> str:
+    what = "the shard set" if "part" not in manifest else f"part {manifest['part']} of {manifest['num_parts']}"
+    return (
+        f"{what}: {manifest['num_records']:,} samples of {manifest['max_length']} tokens in "
+        f"{len(manifest['files'])} file(s), {manifest['tokens_dropped']:,} tokens dropped (the full record: "
+        "manifest.json, or --json)"
+    )

@@ -4,7 +4,6 @@ preflight alike (the batch arithmetic, the data, the model config, the checkpoin
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,8 +11,8 @@ from components.lib import storage
 from components.lib.devices import ACCELERATORS, check_accelerator
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id
-from components.lib.masked_lm import check_probability
 from components.lib.modeling import PRESETS, model_config
+from components.lib.recipe import DEFAULT_RECIPE, RECIPE_VALUE, RECIPES, apply_recipe, highest_mlm_probability
 from components.lib.run_shape import RunShape, run_shape
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import load_tokenizer
@@ -50,10 +49,54 @@ class TrainingSettings:
     )
     num_epochs: int = field(default=1, metadata={"help": "Passes over the training shards."})
     max_steps: int = field(default=0, metadata={"help": "Total optimizer steps; overrides num_epochs when > 0."})
-    learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate."})
-    warmup_fraction: float = field(default=0.05, metadata={"help": "Fraction of steps of linear warmup."})
-    weight_decay: float = field(default=1e-3, metadata={"help": "Decoupled weight decay rate."})
-    mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of tokens masked."})
+    recipe: str = field(
+        default=DEFAULT_RECIPE,
+        metadata={
+            "help": f"The recipe whose values the knobs below left at -1 take, one of {sorted(RECIPES)}; hf-2023 is "
+            "the reference run's (docs/recipes.md).",
+            "choices": tuple(RECIPES),
+        },
+    )
+    learning_rate: float = field(default=RECIPE_VALUE, metadata={"help": "Peak learning rate; -1: the recipe's."})
+    adam_beta2: float = field(default=RECIPE_VALUE, metadata={"help": "Adam's beta2; -1: the recipe's."})
+    adam_epsilon: float = field(default=RECIPE_VALUE, metadata={"help": "Adam's epsilon; -1: the recipe's."})
+    clip_norm: float = field(
+        default=RECIPE_VALUE,
+        metadata={
+            "help": "Clip each optimizer step's gradient (summed over micro-batches and replicas) to this global "
+            "norm; 0: no clipping; -1: the recipe's."
+        },
+    )
+    warmup_fraction: float = field(
+        default=RECIPE_VALUE, metadata={"help": "Share of the steps of linear warmup; -1: the recipe's."}
+    )
+    warmup_steps: int = field(
+        default=RECIPE_VALUE,
+        metadata={"help": "Steps of linear warmup, above 0 instead of warmup_fraction; -1: the recipe's."},
+    )
+    lr_schedule: str = field(
+        default="",
+        metadata={
+            "help": "linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last "
+            "decay_fraction of the steps; empty: the recipe's."
+        },
+    )
+    decay_fraction: float = field(
+        default=RECIPE_VALUE, metadata={"help": "wsd: share of the steps of the final decay; -1: the recipe's."}
+    )
+    weight_decay: float = field(
+        default=RECIPE_VALUE, metadata={"help": "Decoupled weight decay rate; -1: the recipe's."}
+    )
+    mlm_probability: float = field(
+        default=RECIPE_VALUE, metadata={"help": "Share of tokens masked in training (at the start); -1: the recipe's."}
+    )
+    final_mlm_probability: float = field(
+        default=RECIPE_VALUE,
+        metadata={
+            "help": "The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the "
+            "recipe's. Validation masks a fixed share (0.15) whatever this is."
+        },
+    )
     bf16: bool = field(default=False, metadata={"help": "Mixed bfloat16 precision (TPUs, recent GPUs)."})
     steps_per_execution: int = field(default=50, metadata={"help": "Steps run per call into the graph."})
     xla: str = field(
@@ -129,15 +172,9 @@ class TrainingSettings:
                 raise InvalidParameter(parameter, getattr(self, parameter), "must be a positive whole number")
         if self.max_steps < 0:
             raise InvalidParameter("max_steps", self.max_steps, "must be 0 (use num_epochs) or positive")
-        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise InvalidParameter("learning_rate", self.learning_rate, "must be a positive number (1e-4 is usual)")
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise InvalidParameter("warmup_fraction", self.warmup_fraction, "must be at least 0 and below 1")
+        apply_recipe(self)
         if self.price_per_hour < 0:
             raise InvalidParameter("price_per_hour", self.price_per_hour, "must be 0 (unknown) or positive")
-        if self.weight_decay < 0:
-            raise InvalidParameter("weight_decay", self.weight_decay, "must be 0 or positive")
-        check_probability(self.mlm_probability)
         check_accelerator(self.accelerator, self.replicas)
         if self.xla not in XLA_CHOICES:
             raise InvalidParameter("xla", self.xla, f"must be one of {XLA_CHOICES}")
@@ -210,7 +247,8 @@ def plan_training(arguments: TrainingSettings, num_replicas: int, tpu: TpuType |
         max_steps=arguments.max_steps,
         config=config,
         bf16=arguments.bf16,
-        mlm_probability=arguments.mlm_probability,
+        mlm_probability=highest_mlm_probability(arguments),
+        price_per_hour=arguments.price_per_hour,
     )
     if eval_manifest is not None and shape.micro_batch_size > eval_manifest["num_records"]:
         raise InvalidParameter(

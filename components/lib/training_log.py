@@ -29,7 +29,7 @@ class LogWindow:
     def add(self, steps: int, loss: float) -> None:
         self.steps, self.loss_sum = self.steps + steps, self.loss_sum + loss * steps
 
-    def point(self, step: int, learning_rate: float) -> dict[str, float]:
+    def point(self, step: int, learning_rate: float, mlm_probability: float) -> dict[str, float]:
         seconds = time.perf_counter() - self.started
         samples_per_second = self.steps * self.plan.global_batch_size / seconds
         flops_per_second = self.flops_per_step * self.steps / seconds
@@ -37,6 +37,7 @@ class LogWindow:
             "step": step,
             "loss": self.loss_sum / self.steps,
             "learning_rate": learning_rate,
+            "mlm_probability": mlm_probability,
             "samples_per_second": samples_per_second,
             "tokens_per_second": samples_per_second * self.plan.shape.max_length,
             "model_tflops_per_second": flops_per_second / 1e12,
@@ -64,6 +65,7 @@ def write_summaries(writer: Any, point: dict[str, float]) -> None:
 def format_point(point: dict[str, float], total_steps: int) -> str:
     line = (
         f"step {int(point['step'])}/{total_steps}: loss {point['loss']:.4f}, lr {point['learning_rate']:.2e}, "
+        f"masking {point['mlm_probability']:.1%}, "
         f"{point['samples_per_second']:,.1f} samples/s, {point['tokens_per_second']:,.0f} tokens/s"
     )
     if "mfu" in point:

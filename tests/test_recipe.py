@@ -1,0 +1,138 @@
+"""The recipe's knobs: the named recipes and what a knob given beside one does, the learning-rate schedules, the
+clipping of each optimizer step's gradient, and the masking rate's decay."""
+
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from transformers import TFAutoModelForMaskedLM, create_optimizer
+
+from components.lib.errors import InvalidParameter
+from components.lib.masked_lm import max_predictions
+from components.lib.masking import EVALUATION_MLM_PROBABILITY, Masking, masked_dataset
+from components.lib.modeling import model_config
+from components.lib.recipe import RECIPES, Recipe, learning_rate_schedule, resolve_recipe, train_function
+from components.lib.shard_set import read_manifest
+
+
+def test_the_reference_recipe_is_the_settings_the_train_step_had_before_recipes():
+    """hf-2023 reproduces the 2023 run: the train step's defaults before the knobs came (commit 29a0c00)."""
+    assert RECIPES["hf-2023"] == Recipe(
+        learning_rate=1e-4,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        clip_norm=0.0,
+        warmup_fraction=0.05,
+        warmup_steps=0,
+        lr_schedule="linear",
+        decay_fraction=0.0,
+        weight_decay=1e-3,
+        mlm_probability=0.15,
+        final_mlm_probability=0.0,
+    )
+
+
+def test_a_knob_given_beside_the_recipe_overrides_it_and_the_rest_are_the_recipe_s():
+    resolved = resolve_recipe({"recipe": "hf-2023", "learning_rate": 5e-4, "adam_beta2": -1, "lr_schedule": ""})
+    assert resolved.learning_rate == 5e-4
+    assert asdict(resolved) == {**asdict(RECIPES["hf-2023"]), "learning_rate": 5e-4}
+
+
+@pytest.mark.parametrize(
+    ("values", "parameter"),
+    [
+        ({"recipe": "bert-1999"}, "recipe"),
+        ({"learning_rate": 0.0}, "learning_rate"),
+        ({"adam_beta2": 1.0}, "adam_beta2"),
+        ({"adam_epsilon": 0.0}, "adam_epsilon"),
+        ({"clip_norm": -0.5}, "clip_norm"),
+        ({"warmup_fraction": 1.0}, "warmup_fraction"),
+        ({"warmup_steps": -3}, "warmup_steps"),
+        ({"lr_schedule": "cosine"}, "lr_schedule"),
+        ({"lr_schedule": "wsd", "decay_fraction": 0.0}, "decay_fraction"),
+        ({"weight_decay": -0.01}, "weight_decay"),
+        ({"mlm_probability": 1.5}, "mlm_probability"),
+        ({"final_mlm_probability": 1.0}, "final_mlm_probability"),
+    ],
+)
+def test_each_knob_is_refused_in_one_line_naming_it(values, parameter):
+    with pytest.raises(InvalidParameter) as refused:
+        resolve_recipe(values)
+    assert refused.value.parameter == parameter and "\n" not in str(refused.value)
+
+
+def test_the_linear_schedule_is_transformers_create_optimizer_s_at_every_step():
+    """The reference recipe's schedule, step for step, as transformers.create_optimizer made it before."""
+    settings = RECIPES["hf-2023"]
+    ours = learning_rate_schedule(settings, 1000)
+    _, theirs = create_optimizer(init_lr=1e-4, num_train_steps=1000, num_warmup_steps=50, weight_decay_rate=1e-3)
+    steps = tf.range(0, 1001)
+    np.testing.assert_allclose(ours(steps).numpy(), [float(theirs(step)) for step in steps], rtol=1e-6, atol=1e-12)
+
+
+def test_warmup_stable_decay_holds_the_peak_then_decays_to_zero_at_the_end():
+    settings = resolve_recipe({"learning_rate": 1e-3, "warmup_steps": 10, "lr_schedule": "wsd", "decay_fraction": 0.2})
+    rates = learning_rate_schedule(settings, 100)(tf.range(0, 101)).numpy()
+    np.testing.assert_allclose(rates[:11], np.linspace(0, 1e-3, 11), rtol=1e-6)
+    np.testing.assert_allclose(rates[10:81], 1e-3, rtol=1e-6)  # stable: a run can be cut or extended here
+    np.testing.assert_allclose(rates[80:], np.linspace(1e-3, 0, 21), rtol=1e-5, atol=1e-12)
+
+
+def test_the_masking_rate_decays_linearly_and_a_resumed_stream_goes_on_where_it_was():
+    decaying = Masking(4, 100, (0, 1, 2), 0.3, final_probability=0.15, decay_batches=30)
+    resumed = Masking(4, 100, (0, 1, 2), 0.3, final_probability=0.15, decay_batches=30, first_batch=12)
+    rates = [float(decaying.rate(index)) for index in range(40)]
+    assert (
+        rates[0] == pytest.approx(0.3)
+        and rates[15] == pytest.approx(0.225)
+        and rates[30:] == [pytest.approx(0.15)] * 10
+    )
+    assert [float(resumed.rate(index)) for index in range(28)] == pytest.approx(rates[12:40])
+    assert float(Masking(4, 100, (0, 1, 2)).rate(10**6)) == pytest.approx(EVALUATION_MLM_PROBABILITY)
+
+
+def test_a_decaying_stream_masks_about_its_rate_in_each_batch(embedded_shards):
+    manifest = read_manifest(embedded_shards["train"])
+    masking = Masking.from_manifest(manifest, 0.4, final_probability=0.1, decay_batches=9)
+    stream = masked_dataset(embedded_shards["train"], manifest, 64, masking, training=True, seed=3)
+    shares = []
+    for batch in stream.take(10):
+        chosen = batch["labels"] >= 0
+        special = tf.reduce_any(batch["input_ids"][..., None] == list(masking.special_token_ids), axis=-1)
+        maskable = (batch["attention_mask"] == 1) & (chosen | ~special)  # what masking may choose
+        shares.append(float(tf.reduce_sum(tf.cast(chosen, tf.float32)) / tf.reduce_sum(tf.cast(maskable, tf.float32))))
+    assert shares[0] == pytest.approx(0.4, abs=0.03) and shares[-1] == pytest.approx(0.1, abs=0.03), shares
+    assert shares[0] > shares[4] > shares[9]
+
+
+@pytest.mark.slow  # trains in the test
+def test_clipping_acts_once_on_the_gradient_summed_over_micro_batches(wikitext_shards):
+    """With two micro-batches and a clip norm far below the gradient's, the step moves the weights by the summed
+    (mean) gradient scaled to that norm: clipping each micro-batch's gradient would move them elsewhere."""
+    manifest = read_manifest(wikitext_shards["validation"])
+    config = model_config("tiny", manifest)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0  # the same forward pass every time
+    stream = masked_dataset(wikitext_shards["validation"], manifest, 8, Masking.from_manifest(manifest), training=False)
+    first, second = list(stream.take(2))
+    strategy = tf.distribute.get_strategy()
+    initial = TFAutoModelForMaskedLM.from_config(config)
+    initial(first)
+    start = initial.get_weights()
+
+    def one_step(clip_norm: float) -> list[np.ndarray]:
+        model = TFAutoModelForMaskedLM.from_config(config)
+        model(first)
+        model.set_weights(start)
+        optimizer = tf.keras.optimizers.SGD(learning_rate=1.0)  # moves by exactly the gradient it is given
+        dataset = tf.data.Dataset.from_tensors(first).concatenate(tf.data.Dataset.from_tensors(second))
+        run = train_function(model, optimizer, strategy, False, max_predictions(128, 0.15), 2, clip_norm)
+        run(iter(dataset), tf.constant(1))
+        return model.get_weights()
+
+    unclipped = [weights - initial for weights, initial in zip(one_step(0.0), start, strict=True)]
+    norm = float(np.sqrt(sum(np.sum(np.square(delta)) for delta in unclipped)))
+    clip_norm = norm / 10
+    clipped = [weights - initial for weights, initial in zip(one_step(clip_norm), start, strict=True)]
+    for delta, expected in zip(clipped, unclipped, strict=True):
+        np.testing.assert_allclose(delta, expected * clip_norm / norm, rtol=1e-3, atol=1e-7)
