@@ -239,9 +239,10 @@ def _at_checkpoint(
         log.info(
             "step %d: validation loss %.4f, masked accuracy %.4f", step, metrics["loss"], metrics["masked_accuracy"]
         )
-        for point in state.history:  # the summary's, and the history file's from the next checkpoint on
+        for point in state.history:
             if point["step"] == step:
                 point.update(eval_loss=metrics["loss"], eval_masked_accuracy=metrics["masked_accuracy"])
+        state.save_history()  # with the validation: a rerun that finds every step done reports it too
 
 
 def _use_xla(choice: str, kind: str) -> bool:

@@ -96,17 +96,17 @@ def preflight_step(
     num_epochs: int = 1,
     max_steps: int = 0,
     recipe: str = 'hf-2023',
-    learning_rate: float = -1,
-    adam_beta2: float = -1,
-    adam_epsilon: float = -1,
-    clip_norm: float = -1,
-    warmup_fraction: float = -1,
+    learning_rate: float = -1.0,
+    adam_beta2: float = -1.0,
+    adam_epsilon: float = -1.0,
+    clip_norm: float = -1.0,
+    warmup_fraction: float = -1.0,
     warmup_steps: int = -1,
     lr_schedule: str = '',
-    decay_fraction: float = -1,
-    weight_decay: float = -1,
-    mlm_probability: float = -1,
-    final_mlm_probability: float = -1,
+    decay_fraction: float = -1.0,
+    weight_decay: float = -1.0,
+    mlm_probability: float = -1.0,
+    final_mlm_probability: float = -1.0,
     bf16: bool = False,
     steps_per_execution: int = 50,
     xla: str = 'auto',
@@ -146,7 +146,7 @@ def preflight_step(
         adam_epsilon: Adam's epsilon; -1: the recipe's.
         clip_norm: Clip each optimizer step's gradient (summed over micro-batches and replicas) to this global norm; 0: no clipping; -1: the recipe's.
         warmup_fraction: Share of the steps of linear warmup; -1: the recipe's.
-        warmup_steps: Steps of linear warmup, above 0 instead of warmup_fraction; -1: the recipe's.
+        warmup_steps: Steps of linear warmup, above 0 instead of warmup_fraction (0: use warmup_fraction, which is 0 for no warmup); -1: the recipe's.
         lr_schedule: linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last decay_fraction of the steps; empty: the recipe's.
         decay_fraction: wsd: share of the steps of the final decay; -1: the recipe's.
         weight_decay: Decoupled weight decay rate; -1: the recipe's.
@@ -199,17 +199,17 @@ def train_step(
     num_epochs: int = 1,
     max_steps: int = 0,
     recipe: str = 'hf-2023',
-    learning_rate: float = -1,
-    adam_beta2: float = -1,
-    adam_epsilon: float = -1,
-    clip_norm: float = -1,
-    warmup_fraction: float = -1,
+    learning_rate: float = -1.0,
+    adam_beta2: float = -1.0,
+    adam_epsilon: float = -1.0,
+    clip_norm: float = -1.0,
+    warmup_fraction: float = -1.0,
     warmup_steps: int = -1,
     lr_schedule: str = '',
-    decay_fraction: float = -1,
-    weight_decay: float = -1,
-    mlm_probability: float = -1,
-    final_mlm_probability: float = -1,
+    decay_fraction: float = -1.0,
+    weight_decay: float = -1.0,
+    mlm_probability: float = -1.0,
+    final_mlm_probability: float = -1.0,
     bf16: bool = False,
     steps_per_execution: int = 50,
     xla: str = 'auto',
@@ -246,7 +246,7 @@ def train_step(
         adam_epsilon: Adam's epsilon; -1: the recipe's.
         clip_norm: Clip each optimizer step's gradient (summed over micro-batches and replicas) to this global norm; 0: no clipping; -1: the recipe's.
         warmup_fraction: Share of the steps of linear warmup; -1: the recipe's.
-        warmup_steps: Steps of linear warmup, above 0 instead of warmup_fraction; -1: the recipe's.
+        warmup_steps: Steps of linear warmup, above 0 instead of warmup_fraction (0: use warmup_fraction, which is 0 for no warmup); -1: the recipe's.
         lr_schedule: linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last decay_fraction of the steps; empty: the recipe's.
         decay_fraction: wsd: share of the steps of the final decay; -1: the recipe's.
         weight_decay: Decoupled weight decay rate; -1: the recipe's.

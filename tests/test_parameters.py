@@ -83,7 +83,7 @@ def test_the_drift_check_catches_a_default_changed_in_one_place():
     found["mlm_probability"] = [
         place if place is not estimate_place else (place[0], place[1], 0.2) for place in found["mlm_probability"]
     ]
-    assert drift(found) == ["mlm_probability: defaults differ (EstimateArguments=0.2, TrainingSettings=-1)"]
+    assert drift(found) == ["mlm_probability: defaults differ (EstimateArguments=0.2, TrainingSettings=-1.0)"]
 
 
 @pytest.mark.parametrize("name", sorted(STEPS))
@@ -113,6 +113,15 @@ def test_every_pipeline_parameter_feeds_a_step_parameter_of_its_type():
         for step, step_parameter in fed.items():
             assert step_parameter in components[step], f"{parameter.name} -> {step}.{step_parameter}"
             assert components[step][step_parameter].type == pipeline_inputs[parameter.name].type
+
+
+def test_every_pipeline_parameter_s_default_is_of_its_type():
+    """KFP refuses an int where a float is declared (-1 for -1.0) when the pipeline runs, not when it compiles."""
+    for parameter in pipeline_parameters():
+        assert type(parameter.default) is parameter.type, (parameter.name, parameter.default)
+    for step in STEPS.values():
+        for name, declared, default in step.parameters():
+            assert default is MISSING or type(default).__name__ == declared, (step.name, name, default)
 
 
 def test_the_pipeline_interface_is_the_documented_one():

@@ -37,6 +37,10 @@ def test_a_knob_given_beside_the_recipe_overrides_it_and_the_rest_are_the_recipe
     resolved = resolve_recipe({"recipe": "hf-2023", "learning_rate": 5e-4, "adam_beta2": -1, "lr_schedule": ""})
     assert resolved.learning_rate == 5e-4
     assert asdict(resolved) == {**asdict(RECIPES["hf-2023"]), "learning_rate": 5e-4}
+    # warmup in steps replaces the recipe's fraction; resolving the resolved knobs again changes nothing
+    in_steps = resolve_recipe({"warmup_steps": 100})
+    assert (in_steps.warmup_steps, in_steps.warmup_fraction) == (100, 0.0)
+    assert resolve_recipe({"recipe": "hf-2023", **asdict(in_steps)}) == in_steps
 
 
 @pytest.mark.parametrize(
@@ -54,6 +58,10 @@ def test_a_knob_given_beside_the_recipe_overrides_it_and_the_rest_are_the_recipe
         ({"weight_decay": -0.01}, "weight_decay"),
         ({"mlm_probability": 1.5}, "mlm_probability"),
         ({"final_mlm_probability": 1.0}, "final_mlm_probability"),
+        ({"learning_rate": float("nan")}, "learning_rate"),
+        ({"clip_norm": float("inf")}, "clip_norm"),
+        ({"warmup_steps": 100, "warmup_fraction": 0.1}, "warmup_steps"),
+        ({"lr_schedule": "linear", "decay_fraction": 0.2}, "decay_fraction"),
     ],
 )
 def test_each_knob_is_refused_in_one_line_naming_it(values, parameter):
@@ -136,3 +144,18 @@ def test_clipping_acts_once_on_the_gradient_summed_over_micro_batches(wikitext_s
     clipped = [weights - initial for weights, initial in zip(one_step(clip_norm), start, strict=True)]
     for delta, expected in zip(clipped, unclipped, strict=True):
         np.testing.assert_allclose(delta, expected * clip_norm / norm, rtol=1e-3, atol=1e-7)
+
+
+def test_evaluation_masks_each_sample_the_same_whatever_the_batch_size(embedded_shards):
+    """Validation and the evaluate step score every model on the same masked positions: a sample's masks come
+    from its index, not from where it sits in a batch (the micro-batch is a memory setting)."""
+    manifest = read_manifest(embedded_shards["validation"])
+    masking = Masking.from_manifest(manifest)
+    labels = {}
+    for batch_size in (7, 32):
+        stream = masked_dataset(embedded_shards["validation"], manifest, batch_size, masking, training=False)
+        labels[batch_size] = np.concatenate([batch["labels"].numpy() for batch in stream])
+    assert labels[7].shape == (manifest["num_records"], manifest["max_length"])
+    np.testing.assert_array_equal(labels[7], labels[32])
+    share = (labels[7] >= 0).sum() / (labels[7] != -100).size
+    assert 0.05 < share < 0.2  # about EVALUATION_MLM_PROBABILITY of the tokens that are not special

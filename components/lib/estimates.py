@@ -59,10 +59,11 @@ class EstimateArguments:
     )
     recipe: str = field(default=DEFAULT_RECIPE, metadata={"help": "As for the train step (its masking rates)."})
     mlm_probability: float = field(
-        default=RECIPE_VALUE, metadata={"help": "As for the train step (the LM head's memory); -1: the recipe's."}
+        default=float(RECIPE_VALUE),
+        metadata={"help": "As for the train step (the LM head's memory); -1: the recipe's."},
     )
     final_mlm_probability: float = field(
-        default=RECIPE_VALUE, metadata={"help": "As for the train step; -1: the recipe's."}
+        default=float(RECIPE_VALUE), metadata={"help": "As for the train step; -1: the recipe's."}
     )
     train_shards: str = field(default="", metadata={"help": "Training shards: their manifest gives the samples."})
     corpus: str = field(default="", metadata={"help": "Without shards: the corpus, whose size gives the samples."})

@@ -100,8 +100,8 @@ def masked_dataset(
 
     Training: file order shuffled, samples shuffled, repeated forever, full batches only, the same batches in
     every run for the same seed (parallel reads keep their order: a seed means a reproducible run). Evaluation: one
-    deterministic pass, the last batch short unless ``drop_remainder`` (TPUs need full batches), masking
-    identical in every run for the same seed."""
+    deterministic pass, the last batch short unless ``drop_remainder`` (TPUs need full batches), each sample
+    masked from its own index and the seed: the same positions in every run, whatever the batch size."""
     import tensorflow as tf
 
     autotune = tf.data.AUTOTUNE
@@ -116,16 +116,39 @@ def masked_dataset(
         num_parallel_calls=autotune,
         deterministic=True,
     )
-    if training:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
-    dataset = dataset.batch(batch_size, drop_remainder=training if drop_remainder is None else drop_remainder)
+    seed_tensor = tf.constant(seed, tf.int64)
+    if not training:
+        dataset = dataset.enumerate()  # each sample's index, which seeds its masks
+        dataset = dataset.batch(batch_size, drop_remainder=bool(drop_remainder))
+        dataset = dataset.map(
+            lambda indices, records: _mask_each(tf.io.parse_example(records, spec), seed_tensor, indices, masking),
+            num_parallel_calls=autotune,
+            deterministic=True,
+        )
+        return dataset.prefetch(autotune)
+    dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+    dataset = dataset.batch(batch_size, drop_remainder=True if drop_remainder is None else drop_remainder)
     dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=autotune)
     dataset = dataset.enumerate().map(
-        lambda index, batch: mask_tokens(batch, tf.stack([tf.constant(seed, tf.int64), index]), masking, index),
+        lambda index, batch: mask_tokens(batch, tf.stack([seed_tensor, index]), masking, index),
         num_parallel_calls=autotune,
         deterministic=True,
     )
     return dataset.prefetch(autotune)
+
+
+def _mask_each(batch: dict[str, Any], seed: Any, indices: Any, masking: Masking) -> dict[str, Any]:
+    """Masks each sample of a batch from ``(seed, its index)``."""
+    import tensorflow as tf
+
+    length = batch["input_ids"].shape[-1]
+    return tf.map_fn(
+        lambda sample: mask_tokens(sample[0], tf.stack([seed, sample[1]]), masking),
+        (batch, indices),
+        fn_output_signature={
+            name: tf.TensorSpec([length], tf.int32) for name in ("input_ids", "attention_mask", "labels")
+        },
+    )
 
 
 def first_corrupt_shard(uri: str, manifest: dict[str, Any]) -> tuple[str, str] | None:

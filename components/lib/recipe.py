@@ -53,7 +53,22 @@ def resolve_recipe(values: Mapping[str, Any]) -> Recipe:
     if name not in RECIPES:
         raise InvalidParameter("recipe", name, f"must be one of {sorted(RECIPES)}")
     given = {knob.name: values.get(knob.name, RECIPE_VALUE) for knob in fields(Recipe)}
-    recipe = replace(RECIPES[name], **{knob: value for knob, value in given.items() if value not in (RECIPE_VALUE, "")})
+    given = {knob: value for knob, value in given.items() if value not in (RECIPE_VALUE, "")}
+    for knob, value in given.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidParameter(knob, value, "must be a finite number")
+    # what a given knob means for another the recipe would set (resolving twice gives the same knobs)
+    if given.get("warmup_steps", 0) > 0:
+        if given.get("warmup_fraction", 0) > 0:
+            raise InvalidParameter("warmup_steps", given["warmup_steps"], "give it or warmup_fraction, not both")
+        given["warmup_fraction"] = 0.0
+    if given.get("lr_schedule") == "linear":
+        if given.get("decay_fraction", 0) > 0:
+            raise InvalidParameter(
+                "decay_fraction", given["decay_fraction"], "is for lr_schedule wsd; linear decays over the whole run"
+            )
+        given["decay_fraction"] = 0.0
+    recipe = replace(RECIPES[name], **given)
     check_knobs(recipe)
     return recipe
 
@@ -79,6 +94,10 @@ def check_knobs(settings: Any) -> None:
         raise InvalidParameter("warmup_steps", settings.warmup_steps, "must be 0 (use warmup_fraction) or positive")
     if settings.lr_schedule not in SCHEDULES:
         raise InvalidParameter("lr_schedule", settings.lr_schedule, f"must be one of {SCHEDULES}")
+    if settings.lr_schedule == "linear" and settings.decay_fraction:
+        raise InvalidParameter(
+            "decay_fraction", settings.decay_fraction, "is for lr_schedule wsd; linear decays over the whole run"
+        )
     if settings.lr_schedule == "wsd" and not 0 < settings.decay_fraction <= 1:
         raise InvalidParameter(
             "decay_fraction",

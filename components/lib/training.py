@@ -57,22 +57,27 @@ class TrainingSettings:
             "choices": tuple(RECIPES),
         },
     )
-    learning_rate: float = field(default=RECIPE_VALUE, metadata={"help": "Peak learning rate; -1: the recipe's."})
-    adam_beta2: float = field(default=RECIPE_VALUE, metadata={"help": "Adam's beta2; -1: the recipe's."})
-    adam_epsilon: float = field(default=RECIPE_VALUE, metadata={"help": "Adam's epsilon; -1: the recipe's."})
+    learning_rate: float = field(
+        default=float(RECIPE_VALUE), metadata={"help": "Peak learning rate; -1: the recipe's."}
+    )
+    adam_beta2: float = field(default=float(RECIPE_VALUE), metadata={"help": "Adam's beta2; -1: the recipe's."})
+    adam_epsilon: float = field(default=float(RECIPE_VALUE), metadata={"help": "Adam's epsilon; -1: the recipe's."})
     clip_norm: float = field(
-        default=RECIPE_VALUE,
+        default=float(RECIPE_VALUE),
         metadata={
             "help": "Clip each optimizer step's gradient (summed over micro-batches and replicas) to this global "
             "norm; 0: no clipping; -1: the recipe's."
         },
     )
     warmup_fraction: float = field(
-        default=RECIPE_VALUE, metadata={"help": "Share of the steps of linear warmup; -1: the recipe's."}
+        default=float(RECIPE_VALUE), metadata={"help": "Share of the steps of linear warmup; -1: the recipe's."}
     )
     warmup_steps: int = field(
         default=RECIPE_VALUE,
-        metadata={"help": "Steps of linear warmup, above 0 instead of warmup_fraction; -1: the recipe's."},
+        metadata={
+            "help": "Steps of linear warmup, above 0 instead of warmup_fraction (0: use warmup_fraction, which is "
+            "0 for no warmup); -1: the recipe's."
+        },
     )
     lr_schedule: str = field(
         default="",
@@ -82,16 +87,17 @@ class TrainingSettings:
         },
     )
     decay_fraction: float = field(
-        default=RECIPE_VALUE, metadata={"help": "wsd: share of the steps of the final decay; -1: the recipe's."}
+        default=float(RECIPE_VALUE), metadata={"help": "wsd: share of the steps of the final decay; -1: the recipe's."}
     )
     weight_decay: float = field(
-        default=RECIPE_VALUE, metadata={"help": "Decoupled weight decay rate; -1: the recipe's."}
+        default=float(RECIPE_VALUE), metadata={"help": "Decoupled weight decay rate; -1: the recipe's."}
     )
     mlm_probability: float = field(
-        default=RECIPE_VALUE, metadata={"help": "Share of tokens masked in training (at the start); -1: the recipe's."}
+        default=float(RECIPE_VALUE),
+        metadata={"help": "Share of tokens masked in training (at the start); -1: the recipe's."},
     )
     final_mlm_probability: float = field(
-        default=RECIPE_VALUE,
+        default=float(RECIPE_VALUE),
         metadata={
             "help": "The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the "
             "recipe's. Validation masks a fixed share (0.15) whatever this is."

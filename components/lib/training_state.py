@@ -30,9 +30,12 @@ class TrainingState:
 
     def save(self, step: int) -> None:
         # the history first: a kill between the two leaves points past the checkpoint, which a resume drops
+        self.save_history()
+        self.manager.save(checkpoint_number=step)
+
+    def save_history(self) -> None:
         history = json.dumps(self.history, indent=1) + "\n"
         storage.write_text_atomic(storage.join(self.checkpoint_dir, HISTORY_FILE), history)
-        self.manager.save(checkpoint_number=step)
 
     def summary(self, settings: Any, plan: TrainingPlan, accelerator: str, seconds: float) -> dict[str, Any]:
         """What the run did; the loss figures cover the whole training, earlier runs of a resumed one included."""
