@@ -125,7 +125,7 @@ def masked_dataset(
             num_parallel_calls=autotune,
             deterministic=True,
         )
-        return dataset.prefetch(autotune)
+        return _without_autotuning(dataset.prefetch(autotune))
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
     dataset = dataset.batch(batch_size, drop_remainder=True if drop_remainder is None else drop_remainder)
     dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=autotune)
@@ -134,7 +134,19 @@ def masked_dataset(
         num_parallel_calls=autotune,
         deterministic=True,
     )
-    return dataset.prefetch(autotune)
+    return _without_autotuning(dataset.prefetch(autotune))
+
+
+def _without_autotuning(dataset: Any) -> Any:
+    """The dataset with tf.data's autotuning off: its AUTOTUNE parallelism becomes the machine's core count and
+    its prefetch buffers grow on their own. Deleting an autotuned iterator waits for the autotuning thread, which
+    wakes only at its next period (up to a minute): the train step's end sat idle for 33 s, the wait in every
+    evaluation pass and every finished job with it (docs/benchmarks.md)."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def _mask_each(batch: dict[str, Any], seed: Any, indices: Any, masking: Masking) -> dict[str, Any]:
