@@ -140,7 +140,7 @@ def preflight_step(
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
-        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023']; hf-2023 is the reference run's (docs/recipes.md).
+        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023', 'roberta-2019']; hf-2023 is the reference run's (docs/recipes.md).
         learning_rate: Peak learning rate; -1: the recipe's.
         adam_beta2: Adam's beta2; -1: the recipe's.
         adam_epsilon: Adam's epsilon; -1: the recipe's.
@@ -240,7 +240,7 @@ def train_step(
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
-        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023']; hf-2023 is the reference run's (docs/recipes.md).
+        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023', 'roberta-2019']; hf-2023 is the reference run's (docs/recipes.md).
         learning_rate: Peak learning rate; -1: the recipe's.
         adam_beta2: Adam's beta2; -1: the recipe's.
         adam_epsilon: Adam's epsilon; -1: the recipe's.

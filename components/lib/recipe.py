@@ -42,6 +42,10 @@ RECIPES = {
     # the reference: AdamWeightDecay at 1e-4, beta2 0.999, epsilon 1e-8, no clipping, 5% warmup then linear
     # decay, weight decay 1e-3, 15% masking (run_mlm.py's defaults in the recipe's repository)
     "hf-2023": Recipe(1e-4, 0.999, 1e-8, 0.0, 0.05, 0, "linear", 0.0, 1e-3, 0.15, 0.0),
+    # RoBERTa's own (fairseq's examples/roberta pre-training config for roberta-base at a batch of 2,048): 5e-4,
+    # beta2 0.98, epsilon 1e-6, no clipping, 10k warmup updates of 125k (8%), linear decay (polynomial, power 1),
+    # weight decay 0.01, 15% masking
+    "roberta-2019": Recipe(5e-4, 0.98, 1e-6, 0.0, 0.08, 0, "linear", 0.0, 0.01, 0.15, 0.0),
 }
 DEFAULT_RECIPE = "hf-2023"
 
