@@ -137,11 +137,22 @@ def masked_dataset(
     return _without_autotuning(dataset.prefetch(autotune))
 
 
+def _stream_iterator(strategy: Any, dataset: Any) -> Any:
+    """The training stream's iterator: the dataset's own on one CPU or GPU replica, the strategy's distributed one
+    elsewhere. The distributed iterator prefetches through per-device datasets of TensorFlow's own, autotuned
+    whatever the stream's options, and deleting it waits for their autotuning threads: up to 48 s measured at the
+    end of a run, on one CPU replica."""
+    import tensorflow as tf
+
+    if strategy.num_replicas_in_sync == 1 and not isinstance(strategy, tf.distribute.TPUStrategy):
+        return iter(dataset)
+    return iter(strategy.experimental_distribute_dataset(dataset))
+
+
 def _without_autotuning(dataset: Any) -> Any:
     """The dataset with tf.data's autotuning off: its AUTOTUNE parallelism becomes the machine's core count and
-    its prefetch buffers grow on their own. Deleting an autotuned iterator waits for the autotuning thread, which
-    wakes only at its next period (up to a minute): the train step's end sat idle for 33 s, the wait in every
-    evaluation pass and every finished job with it (docs/benchmarks.md)."""
+    its prefetch buffers grow on their own. Deleting an autotuned iterator joins its autotuning thread
+    ("tf_data_model"), which held the end of the train step for up to a minute (docs/benchmarks.md)."""
     import tensorflow as tf
 
     options = tf.data.Options()
@@ -217,7 +228,7 @@ def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -
         seed=settings.seed + start_step,
         shuffle_buffer=settings.shuffle_buffer,
     )
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    iterator = _stream_iterator(strategy, dataset)
     if plan.eval_manifest is None:
         return iterator, None, masking
     batches = masked_dataset(
