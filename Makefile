@@ -7,7 +7,8 @@
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
 # make test      ruff, then the whole test suite (slow tests included): what CI runs
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipelines), while working
-# make bench     the sharding, training and parts-reading benchmarks on WikiText-2 (../shared/data)
+# make bench     the sharding, training, parts-reading and recipe benchmarks on WikiText-2 (../shared/data;
+#                the recipes' side by side takes about 45 minutes: benchmarks/recipes.py --quick, about 15)
 # make images    build and tag the CPU image and both TPU images (make cpu-image, make tpu-image: one alone;
 #                make tpu-image TPU_RUNTIME=tf2.19: the TPU image on tensorflow-tpu 2.19.1 + libtpu 0.0.10)
 PYTHON ?= python3.11
@@ -83,6 +84,7 @@ bench: install
 	$(BIN)/python benchmarks/shard_throughput.py
 	$(BIN)/python benchmarks/train_throughput.py
 	$(BIN)/python benchmarks/parts_read.py
+	$(BIN)/python benchmarks/recipes.py
 
 clean:
 	rm -rf $(OUT) $(RUNS) .pytest_cache .ruff_cache

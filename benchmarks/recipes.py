@@ -31,6 +31,7 @@ from transformers import HfArgumentParser
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 REFERENCE = "hf-2023"
+PATHS = ("tokenizer", "train_shards", "eval_shards", "output")  # where a run's data is, not what it is
 # name: the train step's settings beside the shared ones (a recipe, and the knobs given over it)
 CANDIDATES: dict[str, dict[str, Any]] = {
     REFERENCE: {"recipe": "hf-2023"},
@@ -63,6 +64,13 @@ class RecipeBenchmarkArguments:
     batch_size: int = field(default=32, metadata={"help": "Global batch of every run."})
     model_config: str = field(default="mini", metadata={"help": "Model preset of every run."})
     vocab_size: int = field(default=8000, metadata={"help": "Tokenizer pieces."})
+    long_reference_steps: int = field(
+        default=3000,
+        metadata={
+            "help": "Steps of one more reference run (the first seed), from which the steps the reference needs to "
+            "reach each recipe's final loss are read; 0: none."
+        },
+    )
     validations: int = field(default=20, metadata={"help": "Validation points per run."})
     eval_batches: int = field(default=16, metadata={"help": "Validation batches at each point."})
     work_dir: str = field(default="", metadata={"help": "Folder for shards and runs (kept); default: a temporary one."})
@@ -75,8 +83,9 @@ class RecipeBenchmarkArguments:
             raise SystemExit(f"--candidates: unknown {unknown}; known: {list(CANDIDATES)}")
         if self.names[0] != REFERENCE:
             raise SystemExit(f"--candidates must start with the reference, {REFERENCE}")
-        if self.steps % self.validations:
-            raise SystemExit(f"--steps {self.steps} must be a multiple of --validations {self.validations}")
+        for steps in (self.steps, self.long_reference_steps):
+            if steps % self.validations:
+                raise SystemExit(f"{steps} steps must be a multiple of --validations {self.validations}")
 
     @property
     def names(self) -> list[str]:
@@ -111,10 +120,12 @@ def run(module: str, flags: dict[str, Any], log: Path) -> float:
 
 
 def prepare_data(work: Path, arguments: RecipeBenchmarkArguments) -> dict[str, str]:
-    """Tokenizer and shards, made once (kept in ``work`` between runs of the benchmark)."""
+    """Tokenizer and shards, made once for a vocabulary size (kept in ``work`` between runs of the benchmark)."""
+    work = work / f"data-{arguments.vocab_size}"
     paths = {name: str(work / name) for name in ("tokenizer", "train", "validation", "held_out")}
     if (work / "held_out" / "manifest.json").exists():
         return paths
+    work.mkdir(parents=True, exist_ok=True)
     selection, held_out = split_at_article((WIKITEXT / "valid.txt").read_text())
     (work / "validation.txt").write_text(selection)
     (work / "held_out.txt").write_text(held_out)
@@ -146,17 +157,21 @@ def steps_to_reach(curve: list[tuple[int, float]], target: float) -> float | Non
     return None
 
 
-def train_and_score(name: str, seed: int, data: dict[str, str], arguments: RecipeBenchmarkArguments, work: Path):
-    folder = work / "runs" / f"{re.sub('[^a-z0-9]+', '-', name.lower())}-{seed}"
+def train_and_score(
+    name: str, seed: int, steps: int, data: dict[str, str], arguments: RecipeBenchmarkArguments, work: Path
+) -> dict[str, Any]:
+    """One run of the train step and its score by the evaluate step (a run already in ``work`` is read back)."""
+    shape = f"{arguments.model_config}-vocab{arguments.vocab_size}-batch{arguments.batch_size}-{steps}steps"
+    folder = work / shape / f"{re.sub('[^a-z0-9]+', '-', name.lower())}-{seed}"
     summary_file = folder / "model" / "training_summary.json"
-    every = arguments.steps // arguments.validations
+    every = steps // arguments.validations
     settings = {
         "tokenizer": data["tokenizer"],
         "train_shards": data["train"],
         "eval_shards": data["validation"],
         "model_config": arguments.model_config,
         "per_replica_batch_size": arguments.batch_size,
-        "max_steps": arguments.steps,
+        "max_steps": steps,
         "seed": seed,
         "checkpoint_every_steps": every,
         "log_every_steps": every,
@@ -164,11 +179,19 @@ def train_and_score(name: str, seed: int, data: dict[str, str], arguments: Recip
         "output": str(folder / "model"),
         **CANDIDATES[name],
     }
-    train_seconds = 0.0
     if not summary_file.exists():  # a benchmark stopped half-way goes on from its last finished run
         folder.mkdir(parents=True, exist_ok=True)
-        train_seconds = run("components.train", settings, folder / "train.log")
+        run("components.train", settings, folder / "train.log")
     summary = json.loads(summary_file.read_text())
+    stale = {
+        key: value
+        for key, value in settings.items()
+        if key not in PATHS and str(summary["arguments"].get(key, value)) != str(value)
+    }
+    if stale:
+        raise SystemExit(f"{folder} was trained with other settings than {stale}: give another --work_dir")
+    if summary["replicas"] != 1:
+        raise SystemExit(f"{folder}: trained on {summary['replicas']} replicas; the batch compared is one replica's")
     metrics_file = folder / "evaluation" / "metrics.json"
     if not metrics_file.exists():
         flags = {"model": folder / "model", "shards": data["held_out"], "train_shards": data["train"]}
@@ -177,28 +200,30 @@ def train_and_score(name: str, seed: int, data: dict[str, str], arguments: Recip
     return {
         "recipe": name,
         "seed": seed,
+        "steps": steps,
         "settings": {key: value for key, value in summary["arguments"].items() if key in RECIPE_KNOBS},
         "curve": validation_curve(summary),
         "held_out_loss": metrics["loss"],
         "held_out_perplexity": metrics["perplexity"],
         "held_out_masked_accuracy": metrics["masked_accuracy"],
-        "unigram_perplexity": metrics.get("unigram_perplexity"),
-        "train_seconds": train_seconds or summary.get("seconds_this_run"),
+        "unigram_perplexity": metrics["unigram_perplexity"],
+        "samples_per_second": statistics.median(point["samples_per_second"] for point in summary["history"]),
     }
 
 
-def compare(runs: list[dict[str, Any]], names: list[str], steps: int) -> list[dict[str, Any]]:
+def compare(runs: list[dict[str, Any]], names: list[str], steps: int, long: dict[str, Any] | None) -> list[dict]:
     """Each recipe's steps to the reference's final validation loss (of the same seed) as a share of the budget,
-    and its held-out loss; means over seeds."""
+    its held-out figures, and the steps the reference run over a longer budget needs to reach the recipe's final
+    validation loss (``long``, the first seed's); means over seeds."""
     reference = {run["seed"]: run["curve"][-1][1] for run in runs if run["recipe"] == REFERENCE}
     rows = []
     for name in names:
         mine = [run for run in runs if run["recipe"] == name]
         reached = [steps_to_reach(run["curve"], reference[run["seed"]]) for run in mine]
         ratios = [None if value is None else value / steps for value in reached]
-        for run, ratio in zip(mine, ratios, strict=True):
-            run["steps_ratio"] = ratio
         known = [ratio for ratio in ratios if ratio is not None]
+        first = next(run for run in mine if run["seed"] == mine[0]["seed"])
+        reference_needs = None if long is None else steps_to_reach(long["curve"], first["curve"][-1][1])
         rows.append(
             {
                 "recipe": name,
@@ -206,35 +231,48 @@ def compare(runs: list[dict[str, Any]], names: list[str], steps: int) -> list[di
                 "steps_ratio_mean": statistics.mean(known) if len(known) == len(mine) else None,
                 "steps_ratio_worst": max(known) if len(known) == len(mine) else None,
                 "steps_ratios": ratios,
+                "reference_steps_ratio": None if reference_needs is None else reference_needs / steps,
                 "final_validation_loss_mean": statistics.mean(run["curve"][-1][1] for run in mine),
                 "held_out_loss_mean": statistics.mean(run["held_out_loss"] for run in mine),
                 "held_out_loss_spread": max(r["held_out_loss"] for r in mine) - min(r["held_out_loss"] for r in mine),
-                "held_out_perplexity_mean": statistics.mean(run["held_out_perplexity"] for run in mine),
+                "held_out_masked_accuracy_mean": statistics.mean(run["held_out_masked_accuracy"] for run in mine),
+                "held_out_perplexity_over_unigram": statistics.mean(
+                    run["held_out_perplexity"] / run["unigram_perplexity"] for run in mine
+                ),
+                "samples_per_second_median": statistics.median(run["samples_per_second"] for run in mine),
             }
         )
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def table(rows: list[dict[str, Any]], steps: int, long_steps: int) -> str:
     def ratio(value: float | None) -> str:
         return "not reached" if value is None else f"{value:.2f}"
 
+    def reference_needs(value: float | None) -> str:
+        if not long_steps:
+            return "-"
+        return f"more than {long_steps / steps:.0f}x" if value is None else f"{value:.2f}x"
+
     lines = [
-        "| recipe | steps to the reference's loss (mean, worst, each seed) | final validation loss | held-out loss | "
-        "held-out perplexity |",
-        "|---|---|---|---|---|",
+        "| recipe | steps to the reference's final loss: mean, worst (each seed) | the reference's steps to this "
+        f"recipe's final loss (at a {long_steps:,}-step budget, first seed) | final validation loss | held-out loss "
+        "(spread) | held-out masked accuracy | held-out perplexity / unigram | training samples/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         each = ", ".join(ratio(value) for value in row["steps_ratios"])
         lines.append(
             f"| `{row['recipe']}` | {ratio(row['steps_ratio_mean'])}, {ratio(row['steps_ratio_worst'])} ({each}) | "
+            f"{reference_needs(row['reference_steps_ratio'])} | "
             f"{row['final_validation_loss_mean']:.3f} | {row['held_out_loss_mean']:.3f} "
-            f"(spread {row['held_out_loss_spread']:.3f}) | {row['held_out_perplexity_mean']:.1f} |"
+            f"({row['held_out_loss_spread']:.3f}) | {row['held_out_masked_accuracy_mean']:.3f} | "
+            f"{row['held_out_perplexity_over_unigram']:.3f} | {row['samples_per_second_median']:.0f} |"
         )
     return "\n".join(lines)
 
 
-def plot(runs: list[dict[str, Any]], names: list[str], path: str, title: str) -> None:
+def plot(runs: list[dict[str, Any]], names: list[str], long: dict[str, Any] | None, path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -245,7 +283,15 @@ def plot(runs: list[dict[str, Any]], names: list[str], path: str, title: str) ->
         for index, run in enumerate(run for run in runs if run["recipe"] == name):
             steps, losses = zip(*run["curve"], strict=True)
             axes.plot(steps, losses, color=f"C{color}", alpha=0.8, label=name if index == 0 else None)
-    axes.set(xlabel="optimizer step", ylabel="validation loss (15% masks)", title=title)
+    if long is not None:
+        steps, losses = zip(*long["curve"], strict=True)
+        axes.plot(steps, losses, color="C0", linestyle="--", label=f"{REFERENCE} over {long['steps']:,} steps")
+    lowest = min(loss for run in runs for _, loss in run["curve"])
+    highest = max(run["curve"][-1][1] for run in runs)
+    axes.set_ylim(lowest - 0.05, highest + 0.4)  # where the recipes part, not the first steps' fall
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("validation loss (15% masks)")
+    axes.set_title(title, fontsize=9)
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
@@ -267,13 +313,18 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     data = prepare_data(work, arguments)
-    runs = []
-    for seed in arguments.seed_list:
-        for name in arguments.names:
-            print(f"[{time.perf_counter() - started:6.0f} s] {name}, seed {seed}", flush=True)
-            runs.append(train_and_score(name, seed, data, arguments, work))
-            print(f"         held-out loss {runs[-1]['held_out_loss']:.4f}", flush=True)
-    rows = compare(runs, arguments.names, arguments.steps)
+
+    def scored(name: str, seed: int, steps: int) -> dict[str, Any]:
+        print(f"[{time.perf_counter() - started:6.0f} s] {name}, seed {seed}, {steps} steps", flush=True)
+        result = train_and_score(name, seed, steps, data, arguments, work)
+        print(f"         held-out loss {result['held_out_loss']:.4f}", flush=True)
+        return result
+
+    runs = [scored(name, seed, arguments.steps) for seed in arguments.seed_list for name in arguments.names]
+    long = None
+    if arguments.long_reference_steps:
+        long = scored(REFERENCE, arguments.seed_list[0], arguments.long_reference_steps)
+    rows = compare(runs, arguments.names, arguments.steps, long)
     manifest = json.loads(Path(data["train"], "manifest.json").read_text())
     setup = (
         f"`{arguments.model_config}`, {manifest['num_records']:,} training samples of {manifest['max_length']} tokens, "
@@ -286,13 +337,14 @@ def main() -> None:
         "minutes": (time.perf_counter() - started) / 60,
         "rows": rows,
         "runs": runs,
+        "long_reference": long,
     }
     Path(arguments.output).parent.mkdir(parents=True, exist_ok=True)
     Path(arguments.output).write_text(json.dumps(result, indent=1) + "\n")
     if arguments.plot:
-        plot(runs, arguments.names, arguments.plot, setup.replace("`", ""))
+        plot(runs, arguments.names, long, arguments.plot, setup.replace("`", ""))
     print(setup)
-    print(table(rows))
+    print(table(rows, arguments.steps, arguments.long_reference_steps))
     print(f"{result['minutes']:.1f} minutes; results in {arguments.output}")
 
 

@@ -95,7 +95,7 @@ def preflight_step(
     gradient_accumulation_steps: int = 1,
     num_epochs: int = 1,
     max_steps: int = 0,
-    recipe: str = 'hf-2023',
+    recipe: str = 'roberta-2019-mask-decay',
     learning_rate: float = -1.0,
     adam_beta2: float = -1.0,
     adam_epsilon: float = -1.0,
@@ -140,7 +140,7 @@ def preflight_step(
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
-        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023', 'roberta-2019']; hf-2023 is the reference run's (docs/recipes.md).
+        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023', 'roberta-2019', 'roberta-2019-mask-decay']; hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).
         learning_rate: Peak learning rate; -1: the recipe's.
         adam_beta2: Adam's beta2; -1: the recipe's.
         adam_epsilon: Adam's epsilon; -1: the recipe's.
@@ -198,7 +198,7 @@ def train_step(
     gradient_accumulation_steps: int = 1,
     num_epochs: int = 1,
     max_steps: int = 0,
-    recipe: str = 'hf-2023',
+    recipe: str = 'roberta-2019-mask-decay',
     learning_rate: float = -1.0,
     adam_beta2: float = -1.0,
     adam_epsilon: float = -1.0,
@@ -240,7 +240,7 @@ def train_step(
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
-        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023', 'roberta-2019']; hf-2023 is the reference run's (docs/recipes.md).
+        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023', 'roberta-2019', 'roberta-2019-mask-decay']; hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).
         learning_rate: Peak learning rate; -1: the recipe's.
         adam_beta2: Adam's beta2; -1: the recipe's.
         adam_epsilon: Adam's epsilon; -1: the recipe's.

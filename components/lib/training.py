@@ -53,7 +53,7 @@ class TrainingSettings:
         default=DEFAULT_RECIPE,
         metadata={
             "help": f"The recipe whose values the knobs below left at -1 take, one of {sorted(RECIPES)}; hf-2023 is "
-            "the reference run's (docs/recipes.md).",
+            "the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).",
             "choices": tuple(RECIPES),
         },
     )
