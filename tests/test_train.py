@@ -805,4 +805,23 @@ def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuse
         )
     with pytest.raises(InvalidParameter, match=message):
         train_step(**{**step_arguments, "model_config": str(other)}, model=Model(uri=str(tmp_path / "third")))
+    # the same model under another recipe (a default that changed between the runs): refused, with the flags
+    # that resume it as it was trained
+    message = "holds checkpoints trained with other recipe knobs; resume them with --recipe roberta-2019-mask-decay "
+    with pytest.raises(InvalidParameter, match=message + "--adam_beta2 0.98 --adam_epsilon 1e-06"):
+        preflight(
+            PreflightArguments(
+                tokenizer=wikitext_shards["tokenizer"],
+                train_shards=wikitext_shards["train"],
+                output=str(tmp_path / "preflight"),
+                model_config="tiny",
+                per_replica_batch_size=16,
+                checkpoint_dir=checkpoints,
+                recipe="hf-2023",
+                learning_rate=1e-3,
+                warmup_fraction=0.0,
+                weight_decay=0.0,
+                mlm_probability=0.15,
+            )
+        )
     assert not (tmp_path / "third").exists() and not (tmp_path / "preflight").exists()

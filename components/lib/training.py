@@ -4,7 +4,7 @@ preflight alike (the batch arithmetic, the data, the model config, the checkpoin
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from components.lib import storage
@@ -12,7 +12,14 @@ from components.lib.devices import ACCELERATORS, check_accelerator
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id
 from components.lib.modeling import PRESETS, model_config
-from components.lib.recipe import DEFAULT_RECIPE, RECIPE_VALUE, RECIPES, apply_recipe, highest_mlm_probability
+from components.lib.recipe import (
+    DEFAULT_RECIPE,
+    RECIPE_VALUE,
+    RECIPES,
+    Recipe,
+    apply_recipe,
+    highest_mlm_probability,
+)
 from components.lib.run_shape import RunShape, run_shape
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import load_tokenizer
@@ -262,16 +269,19 @@ def plan_training(arguments: TrainingSettings, num_replicas: int, tpu: TpuType |
             arguments.eval_shards,
             f"hold {eval_manifest['num_records']} samples, fewer than one batch of {shape.micro_batch_size}",
         )
-    identity = checkpoint_identity(config, tokenizer_fingerprint)
+    knobs = {knob.name: getattr(arguments, knob.name) for knob in fields(Recipe)}
+    identity = checkpoint_identity(config, tokenizer_fingerprint, {"recipe": arguments.recipe, **knobs})
     if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
         check_checkpoints_match(arguments.checkpoint_dir, identity)
     return TrainingPlan(manifest, eval_manifest, config, tokenizer, shape, identity)
 
 
-def checkpoint_identity(config: Any, tokenizer_fingerprint: str) -> dict[str, Any]:
-    """What checkpoints must share to be resumed: the model's architecture and the tokenizer."""
+def checkpoint_identity(config: Any, tokenizer_fingerprint: str, recipe: dict[str, Any]) -> dict[str, Any]:
+    """What checkpoints must share to be resumed: the model's architecture, the tokenizer and the recipe's knobs
+    (a resume under other knobs would change the schedule, the optimizer or the masking half-way)."""
     architecture = {k: v for k, v in config.to_dict().items() if k not in NOT_ARCHITECTURE}
-    return json.loads(json.dumps({"model_config": architecture, "tokenizer_fingerprint": tokenizer_fingerprint}))
+    identity = {"model_config": architecture, "tokenizer_fingerprint": tokenizer_fingerprint, "recipe": recipe}
+    return json.loads(json.dumps(identity))
 
 
 def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> None:
@@ -292,4 +302,13 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
             checkpoint_dir,
             f"holds checkpoints of another model ({', '.join(differing)} differ); resume with the same model "
             "config and tokenizer, or use an empty folder",
+        )
+    trained = existing.get("recipe", identity["recipe"])  # checkpoints from before recipes were recorded: unknown
+    changed = {knob: value for knob, value in trained.items() if identity["recipe"].get(knob) != value}
+    if changed:
+        flags = " ".join(f"--{knob} {value}" for knob, value in changed.items())
+        raise InvalidParameter(
+            "checkpoint_dir",
+            checkpoint_dir,
+            f"holds checkpoints trained with other recipe knobs; resume them with {flags}, or use an empty folder",
         )
