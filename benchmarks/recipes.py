@@ -56,7 +56,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 class RecipeBenchmarkArguments:
     candidates: str = field(
         default=",".join(list(CANDIDATES)[:4]),
-        metadata={"help": f"Recipes compared, comma-separated, of {list(CANDIDATES)}."},
+        # argparse expands % in help texts: the names' own (30%->15%) are doubled
+        metadata={"help": f"Recipes compared, comma-separated, of {list(CANDIDATES)}.".replace("%", "%%")},
     )
     seeds: str = field(default="1,2,3", metadata={"help": "Seeds, comma-separated; each recipe runs with each."})
     quick: bool = field(default=False, metadata={"help": "One seed (the first)."})

@@ -31,6 +31,14 @@ def test_every_component_runs_as_a_module_with_help(module):
     assert result.stdout.startswith("usage:") and first_doc_line[:40] in " ".join(result.stdout.split())
 
 
+@pytest.mark.parametrize("script", sorted(path.name for path in (PROJECT_ROOT / "benchmarks").glob("*.py")))
+def test_every_benchmark_explains_its_flags(script):
+    result = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", "--help"], cwd=PROJECT_ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage:"), result.stderr[-2000:]
+
+
 def test_importing_the_components_does_not_import_tensorflow():
     probe = (
         "import sys, components.shards, components.tokenizer, components.train, components.evaluate, "
