@@ -10,6 +10,7 @@ most of which the model only has to copy). Writes ``metrics.json`` and a Markdow
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import sys
@@ -153,14 +154,21 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
                 f"({model_fingerprint})",
             )
         masking = Masking.from_manifest(manifest, arguments.eval_mlm_probability)
-        dataset = masked_dataset(
-            arguments.shards, manifest, arguments.batch_size, masking, training=False, seed=arguments.seed
+        stream = functools.partial(
+            masked_dataset,
+            arguments.shards,
+            manifest,
+            arguments.batch_size,
+            masking,
+            training=False,
+            seed=arguments.seed,
         )
         score = MaskedLMScorer(model, strategy, max_predictions(manifest["max_length"], arguments.eval_mlm_probability))
+        max_batches = arguments.max_batches or None
         with naming_corrupt_shards(("shards", arguments.shards, manifest)):
-            metrics = score(dataset, arguments.max_batches or None)
+            metrics = score(stream, max_batches)
             metrics["unigram_perplexity"] = (
-                unigram_perplexity(dataset, token_counts, arguments.max_batches or None) if token_counts else None
+                unigram_perplexity(stream(max_batches=max_batches), token_counts) if token_counts else None
             )
         examples = fill_mask_examples(model, tokenizer, sentences, arguments.top_k) if sentences else []
     metrics.update(

@@ -24,7 +24,7 @@ from components.lib.estimates import describe_estimate, estimate_table, shards_s
 from components.lib.hub import check_secret_name, hub_token
 from components.lib.jobs import run_job
 from components.lib.memory_model import GIB, MemoryEstimate
-from components.lib.tpu_catalogue import TPU_TYPES, tpu_type
+from components.lib.tpu_catalogue import TPU_TYPES, TpuType, tpu_type
 from components.lib.training import TrainingSettings, plan_training
 
 log = logging.getLogger("tpu_mlm.preflight")
@@ -42,9 +42,15 @@ TIMEOUT_FLOOR_HOURS, TIMEOUT_CAP_HOURS = 2.0, 168.0
 TPU_PROVISIONING = ("STANDARD", "SPOT")
 
 
-def check_tpu_provisioning(provisioning: str) -> None:
+def check_tpu_provisioning(provisioning: str, tpu: TpuType | None = None) -> None:
     if provisioning not in TPU_PROVISIONING:
         raise InvalidParameter("tpu_provisioning", provisioning, f"must be one of {list(TPU_PROVISIONING)}")
+    if provisioning == "SPOT" and tpu is not None and tpu.hosts > 1:
+        raise InvalidParameter(
+            "tpu_provisioning",
+            provisioning,
+            f"Vertex AI has no Spot for TPU slices of several hosts ({tpu.name}): STANDARD",
+        )
 
 
 @dataclass(kw_only=True)
@@ -54,7 +60,7 @@ class PreflightArguments(TrainingSettings):
     output: str = field(metadata={"help": "Folder for preflight.json; also the storage checked for writing."})
     tpu_type: str = field(
         default="",
-        metadata={"help": f"The TPU the train step will get, {sorted(TPU_TYPES)}: its replicas and memory."},
+        metadata={"help": f"The TPU the train step will get, {list(TPU_TYPES)}: its replicas and memory."},
     )
     hf_token_secret: str = field(default="", metadata={"help": "Secret Manager secret holding the Hub token."})
     tpu_job_timeout_hours: float = field(
@@ -90,13 +96,12 @@ class PreflightArguments(TrainingSettings):
                 self.tpu_job_timeout_hours,
                 f"must be from 0 (derived) to {TIMEOUT_CAP_HOURS:g}",
             )
-        if self.tpu_type:
-            tpu = tpu_type(self.tpu_type)
-            if self.replicas not in (0, tpu.replicas):
-                raise InvalidParameter("replicas", self.replicas, f"a {tpu.name} has {tpu.replicas} replicas")
+        tpu = tpu_type(self.tpu_type) if self.tpu_type else None
+        if tpu is not None and self.replicas not in (0, tpu.replicas):
+            raise InvalidParameter("replicas", self.replicas, f"a {tpu.name} has {tpu.replicas} replicas")
         if self.hf_token_secret:
             check_secret_name(self.hf_token_secret)
-        check_tpu_provisioning(self.tpu_provisioning)
+        check_tpu_provisioning(self.tpu_provisioning, tpu)
 
     @property
     def training_replicas(self) -> int:

@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,12 @@ from components.lib.errors import InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
-from components.lib.masking import EVALUATION_MLM_PROBABILITY, naming_corrupt_shards, training_streams
+from components.lib.masking import (
+    EVALUATION_MLM_PROBABILITY,
+    input_pipelines,
+    naming_corrupt_shards,
+    training_streams,
+)
 from components.lib.preemption import STOPPED_EXIT, CallPace, StopRequest
 from components.lib.pytorch_weights import save_model_folder
 from components.lib.recipe import highest_mlm_probability, train_function
@@ -98,7 +103,8 @@ def train(arguments: TrainArguments) -> dict[str, Any]:
         # a TPU that does not start, or hangs starting, is a failure to count, once it happens
         with attempts.recorded(begun=False), attempts.start_deadline(arguments.start_minutes * 60):
             strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
-        plan = plan_training(arguments, strategy.num_replicas_in_sync)  # bad input: nothing written
+        # bad input: nothing written
+        plan = plan_training(arguments, strategy.num_replicas_in_sync, input_pipelines=input_pipelines(strategy))
         token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
         with attempts.recorded():
             return _train(arguments, plan, strategy, kind, token, stop)
@@ -146,10 +152,10 @@ def _training_loop(
     """Runs the steps left in chunks that end at log and checkpoint boundaries."""
     import tensorflow as tf
 
-    iterator, validation_batches, masking = training_streams(arguments, plan, strategy, state.start_step)
+    iterator, validation_stream, masking = training_streams(arguments, plan, strategy, state.start_step)
     max_length = plan.manifest["max_length"]
     scorer = MaskedLMScorer(state.model, strategy, max_predictions(max_length, EVALUATION_MLM_PROBABILITY))
-    validation = None if validation_batches is None else (validation_batches, scorer)
+    validation = None if validation_stream is None else (validation_stream, scorer)
     train_steps = train_function(
         state.model,
         state.optimizer,
@@ -218,7 +224,7 @@ def _at_checkpoint(
     state: TrainingState,
     step: int,
     writer: Any,
-    validation: tuple[Any, MaskedLMScorer] | None,
+    validation: tuple[Callable[..., Any], MaskedLMScorer] | None,
     pusher: BackgroundPush | None,
 ) -> None:
     """Saves the checkpoint and the history so far, hands a copy of the model to the background Hub push,
@@ -231,8 +237,8 @@ def _at_checkpoint(
         save_model_folder(state.model, plan.tokenizer, staging)  # here: the push runs while training goes on
         pusher.submit(staging, f"Training checkpoint at step {step} of {plan.total_steps}")
     if validation is not None:
-        dataset, score = validation
-        metrics = score(dataset, arguments.eval_batches)
+        stream, score = validation
+        metrics = score(stream, arguments.eval_batches)
         with writer.as_default(step=step):
             tf.summary.scalar("eval/loss", metrics["loss"])
             tf.summary.scalar("eval/masked_accuracy", metrics["masked_accuracy"])

@@ -23,6 +23,8 @@ JOBS = {
     "report": ("components.report", "The run report: metrics, loss curve, throughput, fill-mask examples (HTML)."),
     "push": ("components.push", "Push model, tokenizer and model card to the Hugging Face Hub."),
     "export": ("components.export", "Add PyTorch weights (transformers 5) to a model saved with TF weights only."),
+    "slice": ("components.slice", "Run a command on a TPU slice's host 0, a TPU worker server on every host."),
+    "tpu-worker": ("components.tpu_worker", "Serve this host's TPU chips to the program on a slice's host 0."),
 }
 
 

@@ -20,7 +20,7 @@ class CompileArguments:
     output: str = field(default="pipeline.yaml", metadata={"help": "YAML file to write."})
     target: str = field(default="vertex", metadata={"help": "vertex or local.", "choices": TARGETS})
     tpu_type: str = field(
-        default="v3-8", metadata={"help": "TPU of the train step on Vertex.", "choices": sorted(TPU_TYPES)}
+        default="v3-8", metadata={"help": "TPU of the train step on Vertex.", "choices": list(TPU_TYPES)}
     )
     cpu_image: str = field(default=DEFAULT_CPU_IMAGE, metadata={"help": "Image of the CPU steps."})
     tpu_image: str = field(default="", metadata={"help": "Image of the train step on TPUs (vertex target)."})

@@ -168,7 +168,7 @@ def preflight_step(
         hub_repo_id: Push each checkpoint to this Hub repository (HF_TOKEN); off when empty.
         hub_private: Create the checkpoint repository as private (--no_hub_private: public).
         checkpoint_dir: A fixed folder for the checkpoints: a rerun resumes from them instead of training again. Default: $AIP_CHECKPOINT_DIR, else the model folder's checkpoints/.
-        tpu_type: The TPU the train step will get, ['v3-8', 'v5e-1', 'v5e-4', 'v5e-8']: its replicas and memory.
+        tpu_type: The TPU the train step will get, ['v3-8', 'v5e-1', 'v5e-4', 'v5e-8', 'v5e-16', 'v5e-32']: its replicas and memory.
         hf_token_secret: Secret Manager secret holding the Hub token.
         tpu_job_timeout_hours: Hard limit of the TPU training job, in hours; 0: twice the estimated training time plus an hour (at least 2 h, at most 168 h). A limit below the estimate is refused.
         tpu_provisioning: How Vertex AI gets the TPU (the custom job's scheduling strategy): STANDARD (on demand), SPOT (about a quarter of the price; preempted with 30 s notice, the train step then checkpoints and its job is run again).

@@ -51,7 +51,7 @@ def check_target(target: str, tpu_type: str) -> None:
     if target not in TARGETS:
         raise InvalidParameter("target", target, f"must be one of {TARGETS}")
     if tpu_type not in TPU_TYPES:
-        raise InvalidParameter("tpu_type", tpu_type, f"must be one of {sorted(TPU_TYPES)}")
+        raise InvalidParameter("tpu_type", tpu_type, f"must be one of {list(TPU_TYPES)}")
 
 
 # Retries of the TPU task on Vertex AI, after a wait for TPU capacity to come back (a reclaimed Spot TPU's): each
@@ -74,6 +74,8 @@ def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str], la
       v2-v5e), while the helper's default ``pd-ssd`` is not among them.
     * A hard limit: the pipeline passes the one preflight derives from the run's estimate.
     * ``env``: the TPU runtime's settings (``TPU_RUNTIME_ENV`` and the compile's changes), not baked in the image.
+    * On a slice of several hosts, one container a host, each under the slice launcher (``components.slice``):
+      the train step on host 0, a TPU worker server on every host.
     * The job runs as the pipeline run's service account (resolved by Vertex AI at run time), not as Vertex
       AI's custom-code service agent, so it has the run's access to the bucket and Secret Manager."""
     from google_cloud_pipeline_components._placeholders import SERVICE_ACCOUNT_PLACEHOLDER
@@ -94,7 +96,7 @@ def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str], la
     worker_pool = job.component_spec.inputs["worker_pool_specs"].default[0]
     # TPU v5e takes machine type + topology, no accelerator fields, which the helper cannot say
     worker_pool["machine_spec"] = tpu.machine_spec
-    worker_pool["container_spec"]["command"] = exec_command(worker_pool["container_spec"]["command"])
+    worker_pool["container_spec"]["command"] = tpu.launched(exec_command(worker_pool["container_spec"]["command"]))
     launcher = job.component_spec.implementation.container
     if launcher.args[:2] != ["--type", "CustomJob"] or "--gcp_resources" not in launcher.args:
         raise RuntimeError(f"GCPC's custom job launcher changed its arguments: {launcher.args[::2]}")

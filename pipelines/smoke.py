@@ -229,6 +229,8 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
         copies = math.ceil(needed_tokens / (TOKENS_PER_BYTE_LOW * text_bytes))
         corpus = Path(local, "corpus.txt")
         corpus.write_text("\n".join(lines * copies) + "\n", encoding="utf-8")
+        # two files a host at least: each host of a slice reads a share of the files
+        hosts = tpu_type(arguments.tpu_type).hosts if arguments.tpu_type else 1
         for split in ("train", "validation"):
             write_shards(
                 ShardArguments(
@@ -237,6 +239,7 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
                     output=storage.join(shards_uri, split),
                     split=split,
                     max_length=arguments.max_length,
+                    records_per_shard=max(1, needed_tokens // arguments.max_length // (2 * hosts)),
                 )
             )
     return tokenizer_uri, storage.join(shards_uri, "train"), storage.join(shards_uri, "validation")

@@ -39,7 +39,7 @@ class SmokeJobArguments(JobServiceArguments, SmokeRun):
     """Where and how the smoke job runs, and the run it tries."""
 
     tpu_type: str = field(
-        default="v3-8", metadata={"help": "The TPU to try, as the run will have it.", "choices": sorted(TPU_TYPES)}
+        default="v3-8", metadata={"help": "The TPU to try, as the run will have it.", "choices": list(TPU_TYPES)}
     )
     project: str = field(metadata={"help": "Google Cloud project id."})
     scratch: str = field(metadata={"help": "gs:// folder; the job writes its data, model and smoke.json under it."})
@@ -68,7 +68,7 @@ class SmokeJobArguments(JobServiceArguments, SmokeRun):
     dry_run: bool = field(default=False, metadata={"help": "Print the job instead of creating it."})
 
     def __post_init__(self) -> None:
-        tpu_type(self.tpu_type)  # a TPU, not SmokeRun's "none"
+        tpu = tpu_type(self.tpu_type)  # a TPU, not SmokeRun's "none"
         super().__post_init__()
         if not self.scratch.startswith("gs://"):
             raise InvalidParameter("scratch", self.scratch, "must be a gs:// folder: the job on Vertex AI writes there")
@@ -76,7 +76,7 @@ class SmokeJobArguments(JobServiceArguments, SmokeRun):
         check_project(self.project)
         check_service_account(self.service_account, "the job runs as Vertex AI's Custom Code Service Agent")
         check_image_uri("tpu_image", self.tpu_image)
-        check_tpu_provisioning(self.tpu_provisioning)
+        check_tpu_provisioning(self.tpu_provisioning, tpu)
         if not 5 <= self.timeout_minutes <= MAX_TIMEOUT_MINUTES:
             raise InvalidParameter(
                 "timeout_minutes", self.timeout_minutes, f"must be from 5 to {MAX_TIMEOUT_MINUTES} minutes"
@@ -137,7 +137,7 @@ def smoke_job(arguments: SmokeJobArguments, folder: str) -> Any:
     env = tpu_runtime_env(arguments.tpu_env)
     container = vertex.ContainerSpec(
         image_uri=arguments.tpu_image,
-        command=["python", "-m", "pipelines.smoke"],
+        command=tpu.launched(["python", "-m", "pipelines.smoke"]),
         args=in_job_arguments(arguments, folder),
         env=[vertex.EnvVar(name=name, value=value) for name, value in sorted(env.items())],
     )

@@ -80,6 +80,28 @@ def embedded_shards(tmp_path_factory: pytest.TempPathFactory, embedded_tokenizer
 
 
 @pytest.fixture(scope="session")
+def embedded_shards_in_files(tmp_path_factory: pytest.TempPathFactory, embedded_tokenizer: str) -> dict:
+    """The embedded corpus's shards in many small files, as a slice's hosts read them (each host a share): about
+    1,000 training samples in 12 files, 50 validation samples in 5."""
+    from components.shards import ShardArguments, write_shards
+
+    root = tmp_path_factory.mktemp("embedded-shards-in-files")
+    for split, holdout, records in (("train", "exclude", 90), ("validation", "only", 11)):
+        write_shards(
+            ShardArguments(
+                output=str(root / split),
+                tokenizer=embedded_tokenizer,
+                corpus="embedded",
+                split=split,
+                holdout_fraction=0.05,
+                holdout=holdout,
+                records_per_shard=records,
+            )
+        )
+    return {"train": str(root / "train"), "validation": str(root / "validation"), "tokenizer": embedded_tokenizer}
+
+
+@pytest.fixture(scope="session")
 def wikitext_tokenizer(tmp_path_factory: pytest.TempPathFactory, wikitext: Path) -> str:
     from components.tokenizer import TokenizerArguments, train_tokenizer
 

@@ -253,7 +253,8 @@ CASES = {
     "an unknown TPU type": Case(
         "compile",
         "--tpu_type v4-32 --tpu_image tpu:1 --output {out}",
-        "argument --tpu_type/--tpu-type: invalid choice: 'v4-32' (choose from 'v3-8', 'v5e-1', 'v5e-4', 'v5e-8')",
+        "argument --tpu_type/--tpu-type: invalid choice: 'v4-32' (choose from 'v3-8', 'v5e-1', 'v5e-4', 'v5e-8', "
+        "'v5e-16', 'v5e-32')",
     ),
     "a Vertex pipeline with the local CPU image": Case(
         "compile",

@@ -18,6 +18,8 @@ from conftest import PROJECT_ROOT, run_module
         "components.preflight",
         "components.push",
         "components.report",
+        "components.slice",
+        "components.tpu_worker",
         "pipelines.run_local",
         "pipelines.compile",
         "pipelines.smoke",

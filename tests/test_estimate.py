@@ -41,9 +41,16 @@ def test_the_tpu_defaults_fit_every_tpu_type_at_the_recipe_s_global_batch(tpu):
     result = estimate_run(EstimateArguments(model_config="roberta-base", tpu_type=tpu, max_steps=100))
     assert result["memory"]["verdict"] == "fits" and result["global_batch_size"] == 2048
     vertex = target_defaults("vertex", TPU_TYPES[tpu])  # what a compiled Vertex pipeline trains with
-    assert vertex["per_replica_batch_size"] == result["per_replica_batch_size"] == 128
+    micro_batch = 64 if TPU_TYPES[tpu].replicas == 32 else 128  # a v5e-32's 32 x 64 is the batch, unaccumulated
+    assert vertex["per_replica_batch_size"] == result["per_replica_batch_size"] == micro_batch
     assert vertex["gradient_accumulation_steps"] == result["gradient_accumulation_steps"]
-    assert "micro-batch(es) of 128" in estimate_table(result)
+    assert f"micro-batch(es) of {micro_batch}" in estimate_table(result)
+
+
+def test_a_slice_is_priced_on_demand_only():
+    result = estimate_run(EstimateArguments(model_config="roberta-base", tpu_type="v5e-16", max_steps=650))
+    assert result["cost"] == pytest.approx(19.20 * result["hours"]) and "spot_cost" not in result
+    assert "$19.20 an hour on demand (Vertex AI has no Spot for TPU slices of several hosts)" in estimate_table(result)
 
 
 @pytest.mark.parametrize(("tpu", "on_demand", "spot"), [("v3-8", 8.00, 2.04), ("v5e-8", 9.60, 1.959)])

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.lib.masking import IGNORE_INDEX, Masking, masked_dataset
+from components.lib.masking import IGNORE_INDEX, Masking, input_share, masked_dataset, shard_files
 from components.lib.shard_set import read_manifest
 
 
@@ -99,3 +99,93 @@ def test_batches_reach_the_device_as_int32(wikitext_shards):
         "attention_mask": tf.int32,
         "labels": tf.int32,
     }
+
+
+def contexts(pipelines: int, replicas_each: int = 2) -> list[tf.distribute.InputContext]:
+    """The input contexts of a slice of ``pipelines`` hosts with ``replicas_each`` replicas each, as
+    ``distribute_datasets_from_function`` makes them."""
+    return [tf.distribute.InputContext(pipelines, host, pipelines * replicas_each) for host in range(pipelines)]
+
+
+@pytest.mark.parametrize("pipelines", [2, 4])
+def test_each_host_reads_its_own_share_of_the_files_and_together_all_of_them(embedded_shards_in_files, pipelines):
+    uri = embedded_shards_in_files["train"]
+    files = shard_files(uri, read_manifest(uri))
+    shares = [input_share(files, pipelines, host, seed=5) for host in range(pipelines)]
+    assert sorted(file for share in shares for file in share) == sorted(files)  # disjoint, and the whole set
+    assert all(len(share) >= len(files) // pipelines for share in shares)
+    assert shares == [input_share(files, pipelines, host, seed=5) for host in range(pipelines)]  # a seed's
+    assert shares != [input_share(files, pipelines, host, seed=6) for host in range(pipelines)]
+    assert input_share(files, 1, 0, seed=5) == files  # one host reads the set as it is
+
+
+def unmasked_rows(batches: list[dict]) -> np.ndarray:
+    """Each sample's original ids (labels where masked), with its masked ids and labels, sorted by the former."""
+    rows = np.concatenate(
+        [
+            np.concatenate([np.where(b["labels"] >= 0, b["labels"], b["input_ids"]), b["input_ids"], b["labels"]], 1)
+            for b in batches
+        ]
+    )
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+@pytest.mark.parametrize("pipelines", [2, 4])
+def test_evaluation_scores_every_sample_once_with_the_same_masks_whatever_the_hosts(
+    embedded_shards_in_files, pipelines
+):
+    """Split over hosts, the evaluation pass still covers each sample once, masked at the same positions as on one
+    host (a sample's masks come from its file and record), in per-replica batches."""
+    uri = embedded_shards_in_files["validation"]
+    manifest = read_manifest(uri)
+    masking = Masking.from_manifest(manifest)
+    one_host = [b for b in masked_dataset(uri, manifest, 8, masking, training=False)]
+    per_host = [
+        list(masked_dataset(uri, manifest, 8, masking, context, training=False)) for context in contexts(pipelines)
+    ]
+    batches = [b for host in per_host for b in host]
+    assert all(b["input_ids"].shape[0] <= 8 // (2 * pipelines) for b in batches)  # per-replica batches
+    np.testing.assert_array_equal(unmasked_rows(batches), unmasked_rows(one_host))
+    assert sum(len(b["input_ids"]) for b in batches) == manifest["num_records"]
+
+
+def records_of(files: list[str]) -> set[tuple]:
+    spec = {"input_ids": tf.io.FixedLenFeature([128], tf.int64)}
+    return {tuple(tf.io.parse_single_example(r, spec)["input_ids"].numpy()) for r in tf.data.TFRecordDataset(files)}
+
+
+def masked_share(batch: dict, masking: Masking) -> float:
+    special = np.isin(np.where(batch["labels"] >= 0, batch["labels"], batch["input_ids"]), masking.special_token_ids)
+    return float((batch["labels"] >= 0).sum() / (~special).sum())
+
+
+@pytest.mark.parametrize("pipelines", [2, 4])
+def test_each_host_streams_its_share_the_same_for_a_seed_with_masks_of_its_own(embedded_shards_in_files, pipelines):
+    """Two replicas a host: a host's batches 2k and 2k+1 are micro-step k's, masked at its rate of the decay."""
+    uri = embedded_shards_in_files["train"]
+    manifest = read_manifest(uri)
+    masking = Masking.from_manifest(manifest, 0.3, final_probability=0.15, decay_batches=4)
+
+    def streams(seed: int) -> list[list[dict]]:
+        return [
+            [
+                {name: tensor.numpy() for name, tensor in batch.items()}
+                for batch in masked_dataset(uri, manifest, 64, masking, context, training=True, seed=seed).take(6)
+            ]
+            for context in contexts(pipelines)
+        ]
+
+    first, again, other = streams(3), streams(3), streams(4)
+    assert all(batch["input_ids"].shape == (64 // (2 * pipelines), 128) for host in first for batch in host)
+    for host, host_again in zip(first, again, strict=True):
+        for batch, batch_again in zip(host, host_again, strict=True):
+            np.testing.assert_array_equal(batch["labels"], batch_again["labels"])
+    assert not np.array_equal(first[0][0]["labels"], other[0][0]["labels"])
+    assert not np.array_equal(first[0][0]["labels"], first[1][0]["labels"])
+    shares = [np.mean([masked_share(host[k], masking) for host in first]) for k in range(6)]
+    assert shares == pytest.approx([0.3, 0.3, 0.2625, 0.2625, 0.225, 0.225], abs=0.03)
+    files = shard_files(uri, manifest)
+    for host, batches in enumerate(first):  # a host's samples come from its own files only
+        share = input_share(files, pipelines, host, seed=3)
+        mine = {tuple(row) for row in unmasked_rows(batches)[:, :128]}
+        assert mine and not mine & records_of([file for file in files if file not in share])

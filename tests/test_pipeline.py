@@ -41,6 +41,10 @@ EXPECTED_MACHINES = {
     "v5e-1": ({"machine_type": "ct5lp-hightpu-1t", "tpu_topology": "1x1"}, 1),
     "v5e-4": ({"machine_type": "ct5lp-hightpu-4t", "tpu_topology": "2x2"}, 4),
     "v5e-8": ({"machine_type": "ct5lp-hightpu-8t", "tpu_topology": "2x4"}, 8),
+    # slices: one pool of the 4-chip hosts' machine type, the slice's topology, one replica (Vertex AI runs a
+    # container on each host)
+    "v5e-16": ({"machine_type": "ct5lp-hightpu-4t", "tpu_topology": "4x4"}, 16),
+    "v5e-32": ({"machine_type": "ct5lp-hightpu-4t", "tpu_topology": "4x8"}, 32),
 }
 
 
@@ -109,12 +113,23 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     train = spec["components"]["comp-train-step"]
     job_inputs = train["inputDefinitions"]["parameters"]
     worker_pool = job_inputs["worker_pool_specs"]["defaultValue"][0]
-    assert worker_pool["machine_spec"] == machine
+    assert worker_pool["machine_spec"] == machine and worker_pool["replica_count"] == 1
     assert "disk_spec" not in worker_pool  # a TPU VM brings its own boot disk; pd-ssd is not a TPU VM disk type
     assert worker_pool["container_spec"]["image_uri"] == TPU_IMAGE
-    assert "from pipelines.steps import run_train" in worker_pool["container_spec"]["command"][-1]
+    command = worker_pool["container_spec"]["command"]
+    if TPU_TYPES[tpu_type].hosts > 1:  # every host's container runs the slice launcher, the step on host 0
+        launcher, command = command[:6], command[6:]
+        assert launcher == ["python", "-m", "components.slice", "--tpu_type", tpu_type, "--"]
+    assert "from pipelines.steps import run_train" in command[-1]
     assert job_inputs["restart_job_on_worker_restart"]["defaultValue"] is True
-    assert "exec env _KFP_RUNTIME=true python3 -m kfp.dsl.executor_main" in worker_pool["container_spec"]["command"][2]
+    assert "exec env _KFP_RUNTIME=true python3 -m kfp.dsl.executor_main" in command[2]
+    from google.cloud.aiplatform_v1.types import CustomJobSpec
+    from google.protobuf.json_format import ParseDict
+
+    job = ParseDict({"worker_pool_specs": [worker_pool]}, CustomJobSpec()._pb)  # what Vertex AI gets
+    assert len(job.worker_pool_specs) == 1 and job.worker_pool_specs[0].machine_spec.tpu_topology == machine.get(
+        "tpu_topology", ""
+    )
     # the TPU runtime's settings are the job's environment (Google's TF TPU CI defaults), not only the image's
     env = {item["name"]: item["value"] for item in worker_pool["container_spec"]["env"]}
     assert env == TPU_RUNTIME_ENV and "--tf_mlir_enable_mlir_bridge=true" in env["TF_XLA_FLAGS"]
@@ -147,7 +162,8 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     # how the TPU is provisioned: the pipeline parameter tpu_provisioning is the custom job's scheduling strategy
     assert train_inputs["strategy"] == {"componentInputParameter": "tpu_provisioning"}
     assert parameters["tpu_provisioning"]["defaultValue"] == "STANDARD" and "strategy" in job_inputs
-    assert parameters["per_replica_batch_size"]["defaultValue"] == 128  # a micro-batch that fits, accumulated
+    # a micro-batch that fits, accumulated (a v5e-32's 32 replicas make the batch with 64 each)
+    assert parameters["per_replica_batch_size"]["defaultValue"] == (64 if replicas == 32 else 128)
     assert (
         parameters["per_replica_batch_size"]["defaultValue"]
         * replicas

@@ -209,3 +209,21 @@ def test_the_tpu_job_s_limit_is_derived_from_the_estimate_or_checked_against_it(
     assert tpu_job_timeout(5, 3.0) == 5 * 3600
     with pytest.raises(InvalidParameter, match=r"--tpu-job-timeout-hours=1: is below the estimated 3.00 h"):
         tpu_job_timeout(1, 3.0)
+
+
+def test_preflight_for_a_slice_wants_a_shard_file_per_host_at_least_and_no_spot(
+    tmp_path, embedded_shards, embedded_shards_in_files
+):
+    """A v5e-16 is 4 hosts, each reading a share of the shard files: one file cannot be shared."""
+    slice_run = {"tpu_type": "v5e-16", "per_replica_batch_size": 2}
+    with pytest.raises(InvalidParameter) as error:
+        preflight(arguments(embedded_shards, tmp_path / "one-file", **slice_run))
+    samples = read_manifest(embedded_shards["train"])["num_records"]
+    assert error.value.parameter == "train_shards" and error.value.expected == (
+        "hold 1 shard file(s), fewer than the 4 hosts that each read a share of them; write the shards again with "
+        f"--records_per_shard {samples // 4} or fewer (or with more --num_parts)"
+    )
+    report = preflight(arguments(embedded_shards_in_files, tmp_path / "files", **slice_run))
+    assert report["replicas"] == 16 and report["global_batch_size"] == 32
+    with pytest.raises(InvalidParameter, match=re.escape("--tpu-provisioning='SPOT': Vertex AI has no Spot for TPU")):
+        arguments(embedded_shards_in_files, tmp_path / "spot", tpu_provisioning="SPOT", **slice_run)

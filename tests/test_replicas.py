@@ -4,6 +4,7 @@ cross-replica sums, checkpoints under a strategy), rehearsed with ``--accelerato
 TensorFlow splits the CPU only before it creates its devices, so each run is a process of its own, as on a
 TPU VM."""
 
+import functools
 import json
 import os
 import signal
@@ -69,6 +70,28 @@ def test_two_cpu_replicas_accumulate_micro_batches_into_the_global_batch(tmp_pat
     assert all(point["loss"] > 0 for point in summary["history"])
 
 
+@pytest.mark.slow  # trains in the test
+def test_two_cpu_replicas_checkpoint_on_a_sigterm_and_the_rerun_ends_at_the_planned_step(tmp_path, embedded_shards):
+    """A SIGTERM at the first log point (step 3), between checkpoints: the per-host input's stream is saved and
+    resumed from its step as on one replica."""
+    command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "8")
+    command += ["--max_steps", "9", "--checkpoint_every_steps", "6", "--log_every_steps", "3", "--eval_batches", "1"]
+    term = ["--function", "components.lib.training_log:LogWindow.point", "--action", "term"]
+    stopped = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *term, "--", *command],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "SIGTERM: checkpoint at step 3 of 9 saved" in stopped.stderr
+    resumed = run_module(*command)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((tmp_path / "model" / SUMMARY_FILE).read_text())
+    assert summary["replicas"] == 2 and summary["resumed_from_step"] == 3 and summary["steps_this_run"] == 6
+
+
 def reference_metrics(model, dataset) -> dict:
     """Today's figures computed the way they were before the masked-positions head: full logits everywhere."""
     loss_sum = tokens = correct = 0.0
@@ -90,18 +113,18 @@ def test_masked_positions_metrics_equal_the_full_logits_metrics_on_the_same_mask
     manifest = read_manifest(embedded_shards["validation"])
     tf.keras.utils.set_random_seed(3)
     model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
-    dataset = masked_dataset(
-        embedded_shards["validation"], manifest, 20, Masking.from_manifest(manifest), training=False
+    stream = functools.partial(
+        masked_dataset, embedded_shards["validation"], manifest, 20, Masking.from_manifest(manifest), training=False
     )
     score = MaskedLMScorer(model, tf.distribute.get_strategy(), max_predictions(manifest["max_length"], 0.15))
-    metrics = score(dataset)
-    expected = reference_metrics(model, dataset)
+    metrics = score(stream)
+    expected = reference_metrics(model, stream())
     assert metrics["masked_tokens"] == expected["masked_tokens"] > 0
     assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-5)
     assert metrics["masked_accuracy"] == pytest.approx(expected["masked_accuracy"], abs=1e-9)
     assert metrics["samples"] == manifest["num_records"] and metrics["batches"] == -(-manifest["num_records"] // 20)
-    assert score(dataset) == metrics  # the same function again, the same figures
-    assert score(dataset, max_batches=1)["batches"] == 1
+    assert score(stream) == metrics  # the same function again, the same figures
+    assert score(stream, max_batches=1)["batches"] == 1
     assert score.traces == 1  # one graph for every pass: no compile per checkpoint
 
 

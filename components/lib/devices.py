@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from components.lib.errors import InvalidParameter
+from components.lib.slice_hosts import ENDPOINTS_VARIABLE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_RUNTIMES, TPU_TYPES
 
 log = logging.getLogger("tpu_mlm.accelerators")
@@ -53,6 +54,12 @@ def check_accelerator(accelerator: str, replicas: int) -> None:
         raise InvalidParameter("replicas", replicas, "must be 0 (every device of the accelerator) or positive")
 
 
+def slice_or(tpu: str) -> str:
+    """The TPU to resolve: on host 0 of a slice, every host's endpoint (the slice launcher's ``TPU_SLICE_ENDPOINTS``)
+    in place of ``local``; ``tpu`` elsewhere."""
+    return os.environ.get(ENDPOINTS_VARIABLE, tpu) if tpu == "local" else tpu
+
+
 def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> tuple[Any, str]:
     """The ``tf.distribute`` strategy for ``accelerator`` (auto, tpu, gpu, cpu) and the kind found.
 
@@ -62,6 +69,7 @@ def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> 
     logical devices under ``MirroredStrategy``: the distributed values, datasets, reductions and checkpoints a
     TPU run has, to rehearse a TPU's global batch on a laptop."""
     try_tpu = accelerator in ("auto", "tpu")
+    tpu = slice_or(tpu)
     if local_tpu_missing(accelerator, tpu):
         log.info("accelerator auto: %s", NO_TPU_DEVICE)
         try_tpu = False
@@ -144,8 +152,11 @@ def prepare_runtime(accelerator: str, tpu: str = "local") -> None:
     """Before TensorFlow is imported: fails in seconds when the TPU asked for is missing from this VM, and keeps
     TensorFlow from loading libtpu where no TPU will be used (off a TPU VM it would wait minutes at the import,
     which any storage call makes, or fail to load where the library is not installed)."""
+    tpu = slice_or(tpu)
     try:
-        missing = accelerator not in ("tpu", "auto") or local_tpu_missing(accelerator, tpu)
+        # a slice's chips belong to the hosts' worker servers: the program reaches them by gRPC, without libtpu
+        missing = accelerator not in ("tpu", "auto") or tpu.startswith("grpc://")
+        missing = missing or local_tpu_missing(accelerator, tpu)
     except InvalidParameter:
         skip_tpu_runtime()  # what follows the error (a report, say) may still use TensorFlow
         raise

@@ -36,7 +36,7 @@ DEFAULT_TOKENS_PER_BYTE = 0.312
 @dataclass
 class EstimateArguments:
     model_config: str = field(default="roberta-base", metadata={"help": "As for the train step."})
-    tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {sorted(TPU_TYPES)}."})
+    tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {list(TPU_TYPES)}."})
     per_replica_batch_size: int = field(
         default=0,
         metadata={
@@ -268,16 +268,15 @@ def cpu_steps(data: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def prices(shape: RunShape, tpu: TpuType, given: bool) -> dict[str, Any]:
-    """The run's price and cost: the price given, else the TPU's list prices on demand and Spot."""
+    """The run's price and cost: the price given, else the TPU's list prices on demand and, where Vertex AI
+    offers it (one host), Spot."""
     if given:
         return {"price_per_hour": shape.price_per_hour, "cost": shape.cost, "price_source": "given"}
-    return {
-        "price_per_hour": shape.price_per_hour,
-        "cost": shape.cost,
-        "spot_price_per_hour": tpu.spot_list_price_per_hour,
-        "spot_cost": shape.cost_at(tpu.spot_list_price_per_hour),
-        "price_source": f"{PRICES}, override with --price_per_hour",
-    }
+    listed = {"price_per_hour": shape.price_per_hour, "cost": shape.cost}
+    if tpu.spot_list_price_per_hour:
+        spot = tpu.spot_list_price_per_hour
+        listed.update(spot_price_per_hour=spot, spot_cost=shape.cost_at(spot))
+    return {**listed, "price_source": f"{PRICES}, override with --price_per_hour"}
 
 
 def measured_rate(uri: str) -> dict[str, Any]:
@@ -328,6 +327,8 @@ def estimate_table(result: dict[str, Any]) -> str:
     cost = f"${result['cost']:,.2f} at ${result['price_per_hour']:,.2f} an hour"
     if "spot_cost" in result:
         cost += f" on demand, ${result['spot_cost']:,.2f} at ${result['spot_price_per_hour']:,.2f} Spot"
+    elif result["price_source"] != "given":
+        cost += " on demand (Vertex AI has no Spot for TPU slices of several hosts)"
     rows.append(("cost", cost))
     if "cost" in result.get("from_run", {}):
         rows.append(("cost (measured rate)", f"${result['from_run']['cost']:,.2f} on demand"))

@@ -8,7 +8,9 @@ batch inside ``strategy.run``, so the same code serves one CPU and the 8 replica
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 from components.lib.errors import InvalidParameter
@@ -90,12 +92,13 @@ class MaskedLMScorer:
 
         self._score = score
 
-    def __call__(self, dataset: Any, max_batches: int | None = None) -> dict[str, Any]:
-        if max_batches is not None:
-            dataset = dataset.take(max_batches)
-        loss_sum, tokens, correct, samples, batches = self._score(
-            self._strategy.experimental_distribute_dataset(dataset)
-        ).numpy()
+    def __call__(self, stream: Callable[..., Any], max_batches: int | None = None) -> dict[str, Any]:
+        """Scores the batches ``stream(input_context, max_batches=...)`` gives on each input pipeline (one a
+        host; ``masking.masked_dataset`` with its settings bound), at most ``max_batches`` global batches."""
+        from components.lib.masking import distributed
+
+        make = functools.partial(stream, max_batches=max_batches)
+        loss_sum, tokens, correct, samples, batches = self._score(distributed(self._strategy, make)).numpy()
         if tokens == 0:
             raise InvalidParameter("shards", "(evaluation set)", "no token was masked; the evaluation set is empty")
         loss = loss_sum / tokens
@@ -114,7 +117,7 @@ class MaskedLMScorer:
         return self._score.experimental_get_tracing_count()
 
 
-def unigram_perplexity(dataset: Any, token_counts: list[int], max_batches: int | None = None) -> float:
+def unigram_perplexity(dataset: Any, token_counts: list[int]) -> float:
     """The perplexity of predicting each masked token of ``dataset`` by its frequency in ``token_counts`` (the
     training shards', add-one smoothed): what a model scores that has learned word frequencies and nothing
     else, the baseline a trained model's perplexity is worth comparing with."""
@@ -122,8 +125,6 @@ def unigram_perplexity(dataset: Any, token_counts: list[int], max_batches: int |
 
     counts = np.asarray(token_counts, dtype=np.float64) + 1.0
     log_probabilities = np.log(counts / counts.sum())
-    if max_batches is not None:
-        dataset = dataset.take(max_batches)
     negative_log_likelihood, masked = 0.0, 0
     for batch in dataset.as_numpy_iterator():
         targets = batch["labels"][batch["labels"] >= 0]

@@ -9,8 +9,11 @@ Python and the model step compiles with XLA on TPU.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
+import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,69 +87,117 @@ def shard_files(uri: str, manifest: dict[str, Any]) -> list[str]:
     return [storage.join(uri, file["name"]) for file in manifest["files"]]
 
 
+def input_share(files: list[Any], pipelines: int, pipeline: int, seed: int) -> list[Any]:
+    """The shard files input pipeline ``pipeline`` of ``pipelines`` reads (one pipeline a host): every
+    ``pipelines``-th of the list shuffled with ``seed``, which every pipeline is given, so the shares are disjoint
+    and together the whole set, and a host's share does not follow the files' order (a corpus written in
+    order would give each host its own topics). One pipeline reads the list as it is."""
+    if pipelines == 1:
+        return list(files)
+    if len(files) < pipelines:
+        raise InvalidParameter("shards", f"{len(files)} file(s)", f"fewer than the {pipelines} input pipelines")
+    return random.Random(seed).sample(files, len(files))[pipeline::pipelines]
+
+
 def masked_dataset(
     uri: str,
     manifest: dict[str, Any],
     batch_size: int,
     masking: Masking,
+    input_context: Any = None,
     *,
     training: bool,
     seed: int = 0,
     shuffle_buffer: int = 10_000,
     parallel_reads: int = 16,
     drop_remainder: bool | None = None,
+    max_batches: int | None = None,
 ) -> Any:
-    """Batches of masked samples from the shard folder ``uri``.
+    """Batches of masked samples from the shard folder ``uri``, ``batch_size`` samples across the replicas.
 
-    Training: file order shuffled, samples shuffled, repeated forever, full batches only, the same batches in
-    every run for the same seed (parallel reads keep their order: a seed means a reproducible run). Evaluation: one
-    deterministic pass, the last batch short unless ``drop_remainder`` (TPUs need full batches), each sample
-    masked from its own index and the seed: the same positions in every run, whatever the batch size."""
+    ``input_context`` (a ``tf.distribute.InputContext``; none: one pipeline, one replica) says which input
+    pipeline this is, one a host: it reads its share of the files (``input_share``) and batches at the per-replica
+    size, its replicas taking consecutive batches. Training: file order shuffled, samples shuffled, repeated
+    forever, full batches only, the same batches in every run for the same seed (parallel reads keep their
+    order: a seed means a reproducible run), each pipeline masking with seeds of its own. Evaluation: one
+    deterministic pass, the last batch short unless ``drop_remainder`` (TPUs need full batches), at most
+    ``max_batches`` global batches, each sample masked from the seed and its place in the set (file and
+    record): the same positions in every run, whatever the batch size or the number of pipelines."""
     import tensorflow as tf
 
+    context = input_context or tf.distribute.InputContext()
+    replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
+    per_replica = context.get_per_replica_batch_size(batch_size)
     autotune = tf.data.AUTOTUNE
-    files = shard_files(uri, manifest)
     spec = feature_spec(manifest["max_length"])
-    dataset = tf.data.Dataset.from_tensor_slices(files)
-    if training:
-        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
-    dataset = dataset.interleave(
-        lambda path: tf.data.TFRecordDataset(path, buffer_size=1 << 20),
-        cycle_length=min(parallel_reads, len(files)),
-        num_parallel_calls=autotune,
-        deterministic=True,
-    )
     seed_tensor = tf.constant(seed, tf.int64)
+    # each file with the place of its first record in the whole set, which seeds evaluation's masks
+    firsts = [0, *itertools.accumulate(file["records"] for file in manifest["files"])][:-1]
+    share = input_share(
+        list(zip(shard_files(uri, manifest), firsts, strict=True)),
+        context.num_input_pipelines,
+        context.input_pipeline_id,
+        seed,
+    )
+    paths, firsts = (list(column) for column in zip(*share, strict=True))
+    cycle_length = min(parallel_reads, len(paths))
     if not training:
-        dataset = dataset.enumerate()  # each sample's index, which seeds its masks
-        dataset = dataset.batch(batch_size, drop_remainder=bool(drop_remainder))
+        dataset = tf.data.Dataset.from_tensor_slices((paths, tf.constant(firsts, tf.int64)))
+        dataset = dataset.interleave(
+            lambda path, first: tf.data.TFRecordDataset(path, buffer_size=1 << 20).enumerate(first),
+            cycle_length=cycle_length,
+            num_parallel_calls=autotune,
+            deterministic=True,
+        )
+        dataset = dataset.batch(per_replica, drop_remainder=bool(drop_remainder))
+        if max_batches is not None:
+            dataset = dataset.take(max_batches * replicas_here)
         dataset = dataset.map(
-            lambda indices, records: _mask_each(tf.io.parse_example(records, spec), seed_tensor, indices, masking),
+            lambda places, records: _mask_each(tf.io.parse_example(records, spec), seed_tensor, places, masking),
             num_parallel_calls=autotune,
             deterministic=True,
         )
         return _without_autotuning(dataset.prefetch(autotune))
-    dataset = dataset.shuffle(shuffle_buffer, seed=seed)
-    dataset = dataset.batch(batch_size, drop_remainder=True if drop_remainder is None else drop_remainder)
-    dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=autotune)
-    dataset = dataset.enumerate().map(
-        lambda index, batch: mask_tokens(batch, tf.stack([seed_tensor, index]), masking, index),
+    dataset = tf.data.Dataset.from_tensor_slices(paths)
+    dataset = dataset.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True).repeat()
+    dataset = dataset.interleave(
+        lambda path: tf.data.TFRecordDataset(path, buffer_size=1 << 20),
+        cycle_length=cycle_length,
         num_parallel_calls=autotune,
         deterministic=True,
     )
+    dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+    dataset = dataset.batch(per_replica, drop_remainder=True if drop_remainder is None else drop_remainder)
+    dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=autotune)
+    pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
+
+    def mask(index: Any, batch: dict[str, Any]) -> dict[str, Any]:
+        # the pipeline's index-th batch: a seed no other pipeline's batch has, and the micro-step it is
+        # trained at, which the masking rate's decay follows (the replicas here take consecutive batches)
+        batch_seed = tf.stack([seed_tensor, index * pipelines + pipeline])
+        return mask_tokens(batch, batch_seed, masking, index // replicas_here)
+
+    dataset = dataset.enumerate().map(mask, num_parallel_calls=autotune, deterministic=True)
     return _without_autotuning(dataset.prefetch(autotune))
 
 
-def _stream_iterator(strategy: Any, dataset: Any) -> Any:
-    """The training stream's iterator: the dataset's own on one CPU or GPU replica, the strategy's distributed one
-    elsewhere. The distributed iterator prefetches through per-device datasets of TensorFlow's own, autotuned
-    whatever the stream's options, and deleting it waits for their autotuning threads: up to 48 s measured at the
-    end of a run, on one CPU replica."""
+def input_pipelines(strategy: Any) -> int:
+    """How many input pipelines ``distribute_datasets_from_function`` makes for ``strategy``: one a host (a
+    worker task its devices are on)."""
+    return len({device.split("/device:")[0] for device in strategy.extended.worker_devices})
+
+
+def distributed(strategy: Any, make: Callable[[Any], Any]) -> Any:
+    """The stream ``make(input_context)`` gives on each input pipeline, one a host, spread over the replicas
+    (``distribute_datasets_from_function``); on one CPU or GPU replica, the dataset itself. The distributed
+    iterator prefetches through per-device datasets of TensorFlow's own, autotuned whatever the stream's options,
+    and deleting it waits for their autotuning threads: up to 48 s measured at the end of a run, on one CPU
+    replica. (TPUStrategy takes no other replication mode than one pipeline a host.)"""
     import tensorflow as tf
 
     if strategy.num_replicas_in_sync == 1 and not isinstance(strategy, tf.distribute.TPUStrategy):
-        return iter(dataset)
-    return iter(strategy.experimental_distribute_dataset(dataset))
+        return make(tf.distribute.InputContext())
+    return strategy.distribute_datasets_from_function(make)
 
 
 def _without_autotuning(dataset: Any) -> Any:
@@ -160,14 +211,14 @@ def _without_autotuning(dataset: Any) -> Any:
     return dataset.with_options(options)
 
 
-def _mask_each(batch: dict[str, Any], seed: Any, indices: Any, masking: Masking) -> dict[str, Any]:
-    """Masks each sample of a batch from ``(seed, its index)``."""
+def _mask_each(batch: dict[str, Any], seed: Any, places: Any, masking: Masking) -> dict[str, Any]:
+    """Masks each sample of a batch from ``(seed, its place in the set)``."""
     import tensorflow as tf
 
     length = batch["input_ids"].shape[-1]
     return tf.map_fn(
         lambda sample: mask_tokens(sample[0], tf.stack([seed, sample[1]]), masking),
-        (batch, indices),
+        (batch, places),
         fn_output_signature={
             name: tf.TensorSpec([length], tf.int32) for name in ("input_ids", "attention_mask", "labels")
         },
@@ -210,8 +261,9 @@ def naming_corrupt_shards(*sources: tuple[str, str, dict[str, Any] | None]) -> I
 
 def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -> tuple[Any, Any, Masking]:
     """The train step's inputs: the distributed training stream of micro-batches, its shuffle seeded anew for a
-    resumed run and its masking rate going on where it was, and the validation shards' full batches masked at
-    the fixed evaluation rate (None without validation shards), and the training's masking."""
+    resumed run and its masking rate going on where it was; the validation: a function of the most batches that
+    gives the validation shards' full batches masked at the fixed evaluation rate, for ``MaskedLMScorer`` (None
+    without validation shards); and the training's masking."""
     masking = Masking.from_manifest(
         plan.manifest,
         settings.mlm_probability,
@@ -219,7 +271,8 @@ def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -
         decay_batches=plan.total_steps * plan.accumulation,
         first_batch=start_step * plan.accumulation,
     )
-    dataset = masked_dataset(
+    stream = functools.partial(
+        masked_dataset,
         settings.train_shards,
         plan.manifest,
         plan.micro_batch_size,
@@ -228,10 +281,11 @@ def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -
         seed=settings.seed + start_step,
         shuffle_buffer=settings.shuffle_buffer,
     )
-    iterator = _stream_iterator(strategy, dataset)
+    iterator = iter(distributed(strategy, stream))
     if plan.eval_manifest is None:
         return iterator, None, masking
-    batches = masked_dataset(
+    validation = functools.partial(
+        masked_dataset,
         settings.eval_shards,
         plan.eval_manifest,
         plan.micro_batch_size,
@@ -239,4 +293,4 @@ def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -
         training=False,
         drop_remainder=True,  # TPUs need full batches
     )
-    return iterator, batches, masking
+    return iterator, validation, masking

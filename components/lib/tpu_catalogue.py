@@ -55,11 +55,20 @@ class TpuType:
     peak_tflops_per_replica: float  # dense bf16
     memory_gib_per_replica: float  # HBM
     list_price_per_hour: float  # USD, Cloud TPU on demand (PRICES)
-    spot_list_price_per_hour: float  # USD, Cloud TPU Spot
+    spot_list_price_per_hour: float  # USD, Cloud TPU Spot; 0: Vertex AI offers no Spot (slices of several hosts)
+    hosts: int = 1  # VMs of the slice, one container each; the train step's program runs on the first
 
     def list_price(self, provisioning: str) -> float:
         """The Cloud TPU list price an hour (PRICES) for Vertex AI's scheduling strategy: SPOT or on demand."""
         return self.spot_list_price_per_hour if provisioning == "SPOT" else self.list_price_per_hour
+
+    def launched(self, command: list[str]) -> list[str]:
+        """The container command that runs ``command`` on this TPU: under the slice launcher on a slice of several
+        hosts (``components/slice.py``: the command on host 0, a TPU worker server on every host), as it is on
+        one host."""
+        if self.hosts == 1:
+            return command
+        return ["python", "-m", "components.slice", "--tpu_type", self.name, "--", *command]
 
     @property
     def machine_spec(self) -> dict[str, Any]:
@@ -84,6 +93,10 @@ TPU_TYPES: dict[str, TpuType] = {
         TpuType("v5e-1", "ct5lp-hightpu-1t", "", 0, "1x1", 1, 197.0, 16.0, 1.20, 0.245),
         TpuType("v5e-4", "ct5lp-hightpu-4t", "", 0, "2x2", 4, 197.0, 16.0, 4.80, 0.980),
         TpuType("v5e-8", "ct5lp-hightpu-8t", "", 0, "2x4", 8, 197.0, 16.0, 9.60, 1.959),
+        # slices of 4-chip hosts: one worker pool of the host machine type, the slice's topology, one replica
+        # (Vertex AI's multi-host v5e sample); no Spot for TPU Pods on Vertex AI
+        TpuType("v5e-16", "ct5lp-hightpu-4t", "", 0, "4x4", 16, 197.0, 16.0, 19.20, 0.0, hosts=4),
+        TpuType("v5e-32", "ct5lp-hightpu-4t", "", 0, "4x8", 32, 197.0, 16.0, 38.40, 0.0, hosts=8),
     )
 }
 # Where the TPU prices come from, said wherever one is used: Vertex AI bills custom training at its own rates (its
@@ -100,16 +113,18 @@ TPU_MICRO_BATCH = 128
 
 
 def tpu_batch(tpu: TpuType) -> dict[str, int]:
-    """The per-replica micro-batch and accumulation that make the recipe's global batch on ``tpu``."""
+    """The per-replica micro-batch and accumulation that make the recipe's global batch on ``tpu`` (a slice of
+    more than 16 replicas takes smaller micro-batches, no accumulation)."""
+    micro_batch = min(TPU_MICRO_BATCH, RECIPE_GLOBAL_BATCH // tpu.replicas)
     return {
-        "per_replica_batch_size": TPU_MICRO_BATCH,
-        "gradient_accumulation_steps": max(1, RECIPE_GLOBAL_BATCH // (TPU_MICRO_BATCH * tpu.replicas)),
+        "per_replica_batch_size": micro_batch,
+        "gradient_accumulation_steps": RECIPE_GLOBAL_BATCH // (micro_batch * tpu.replicas),
     }
 
 
 def tpu_type(name: str) -> TpuType:
     if name not in TPU_TYPES:
-        raise InvalidParameter("tpu_type", name, f"must be one of {sorted(TPU_TYPES)}")
+        raise InvalidParameter("tpu_type", name, f"must be one of {list(TPU_TYPES)}")
     return TPU_TYPES[name]
 
 

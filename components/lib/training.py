@@ -223,8 +223,12 @@ class TrainingPlan:
         return self.shape.micro_batch_size
 
 
-def plan_training(arguments: TrainingSettings, num_replicas: int, tpu: TpuType | None = None) -> TrainingPlan:
-    """Every check that can fail before the accelerator is used: tokenizer, shards, config, batch arithmetic."""
+def plan_training(
+    arguments: TrainingSettings, num_replicas: int, tpu: TpuType | None = None, input_pipelines: int = 1
+) -> TrainingPlan:
+    """Every check that can fail before the accelerator is used: tokenizer, shards, config, batch arithmetic.
+    ``input_pipelines``: the hosts that each read a share of the shard files (``tpu``'s, when given)."""
+    input_pipelines = tpu.hosts if tpu is not None else input_pipelines
     tokenizer, tokenizer_fingerprint = load_tokenizer(arguments.tokenizer)
     manifest = read_manifest(arguments.train_shards, "train_shards")
     # the saved model's tokenizer tells its users (sentence-transformers' max_seq_length, pipelines' truncation) the
@@ -235,6 +239,7 @@ def plan_training(arguments: TrainingSettings, num_replicas: int, tpu: TpuType |
         if shards is None:
             continue
         verify_files(getattr(arguments, parameter), shards, parameter)
+        check_shares(getattr(arguments, parameter), shards, parameter, input_pipelines)
         if shards["tokenizer_fingerprint"] != tokenizer_fingerprint:
             raise InvalidParameter(
                 parameter,
@@ -274,6 +279,19 @@ def plan_training(arguments: TrainingSettings, num_replicas: int, tpu: TpuType |
     if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
         check_checkpoints_match(arguments.checkpoint_dir, identity)
     return TrainingPlan(manifest, eval_manifest, config, tokenizer, shape, identity)
+
+
+def check_shares(uri: str, manifest: dict[str, Any], parameter: str, input_pipelines: int) -> None:
+    """Refuses a shard set of fewer files than the hosts that each read a share of them (masking.input_share)."""
+    files = len(manifest["files"])
+    if files < input_pipelines:
+        most = max(1, manifest["num_records"] // input_pipelines)
+        raise InvalidParameter(
+            parameter,
+            uri,
+            f"hold {files} shard file(s), fewer than the {input_pipelines} hosts that each read a share of them; "
+            f"write the shards again with --records_per_shard {most} or fewer (or with more --num_parts)",
+        )
 
 
 def checkpoint_identity(config: Any, tokenizer_fingerprint: str, recipe: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,162 @@
+"""A TPU slice's hosts, as TensorFlow's single controller needs them: which host this is, every host's address, the
+TensorFlow worker server that owns a host's chips, and the status host 0 gives the others while its program runs.
+
+On a slice of several hosts, TensorFlow runs one program, on host 0, which reaches every host's chips through the
+gRPC worker server each host runs (``TPUClusterResolver("grpc://h0:8470,grpc://h1:8470,...")``). The hosts are found
+from ``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES`` where they are set (GKE sets them for TPU slices), else from the
+Compute Engine metadata the TPU VM's own worker reads (``agent-worker-number``, ``worker-network-endpoints``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import socketserver
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from components.lib.errors import ServiceFailed
+
+log = logging.getLogger("tpu_mlm.slice")
+
+SERVER_PORT = 8470  # the TPU worker's gRPC port on Cloud TPU VMs
+STATUS_PORT = 8471  # host 0's status, which the other hosts follow
+# Set by the slice launcher for host 0's program: the endpoints that take the place of --tpu local there.
+ENDPOINTS_VARIABLE = "TPU_SLICE_ENDPOINTS"
+METADATA_TIMEOUT_SECONDS = 5.0
+METADATA_TRIES = 3
+
+
+@dataclass(frozen=True)
+class SliceHosts:
+    """This host's index and every host's address in the slice's order (host 0 first), and where they were
+    found. An address may carry its port (``host:port``), which takes the place of the server's port for that
+    host: several stand-in hosts on one machine."""
+
+    index: int
+    addresses: tuple[str, ...]
+    source: str
+
+    def server(self, host: int, port: int = SERVER_PORT) -> tuple[str, int]:
+        name, _, own_port = self.addresses[host].partition(":")
+        return name, int(own_port or port)
+
+    def endpoints(self, port: int = SERVER_PORT) -> str:
+        """Every host's worker server, as ``TPUClusterResolver`` takes them."""
+        return ",".join("grpc://{}:{}".format(*self.server(host, port)) for host in range(len(self.addresses)))
+
+
+class SliceFailed(ServiceFailed):
+    """The slice could not be brought up: hosts not found, or a host that did not come up in time."""
+
+
+def discover(environ: Mapping[str, str], metadata: Callable[[str], str | None], hosts: int) -> SliceHosts:
+    """This host and its slice's ``hosts`` hosts, from the environment, else the instance metadata."""
+    if environ.get("TPU_WORKER_ID") and environ.get("TPU_WORKER_HOSTNAMES"):
+        index, addresses = environ["TPU_WORKER_ID"], environ["TPU_WORKER_HOSTNAMES"].split(",")
+        source = "TPU_WORKER_ID and TPU_WORKER_HOSTNAMES"
+    else:
+        index, endpoints = metadata("agent-worker-number"), metadata("worker-network-endpoints")
+        if index is None or not endpoints:
+            raise SliceFailed(
+                "found no TPU slice hosts: TPU_WORKER_ID and TPU_WORKER_HOSTNAMES are not set, and the instance "
+                "metadata has no agent-worker-number or worker-network-endpoints (is this a TPU VM of a slice?)"
+            )
+        # "unknown:unknown:10.130.0.7,unknown:unknown:10.130.0.8": the address is each entry's third field
+        addresses = [entry.split(":")[2] for entry in endpoints.split(",")]
+        source = "the instance metadata (agent-worker-number, worker-network-endpoints)"
+    addresses = [address.strip() for address in addresses]
+    if not index.strip().isdigit() or int(index) >= len(addresses) or len(addresses) != hosts or not all(addresses):
+        raise SliceFailed(f"{source} say host {index!r} of {addresses}; this slice has {hosts} hosts")
+    return SliceHosts(int(index), tuple(addresses), source)
+
+
+def metadata_attribute(name: str) -> str | None:
+    """An attribute of this VM's instance metadata (``GCE_METADATA_HOST``: another server, as Google's clients
+    take it), None where it is not set or the server cannot be reached after a few tries."""
+    host = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
+    request = urllib.request.Request(
+        f"http://{host}/computeMetadata/v1/instance/attributes/{name}", headers={"Metadata-Flavor": "Google"}
+    )
+    for attempt in range(METADATA_TRIES):
+        try:
+            with urllib.request.urlopen(request, timeout=METADATA_TIMEOUT_SECONDS) as response:
+                return response.read().decode()
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return None
+        except OSError:
+            pass
+        time.sleep(attempt + 1)
+    return None
+
+
+def wait_for_servers(hosts: SliceHosts, port: int, timeout_seconds: float) -> None:
+    """Returns once every host's worker server accepts connections; fails, naming the hosts that did not, after
+    ``timeout_seconds``."""
+    deadline = time.monotonic() + timeout_seconds
+    waiting = set(range(len(hosts.addresses)))
+    while waiting:
+        waiting = {host for host in waiting if not _accepts(*hosts.server(host, port))}
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(f"{host} ({hosts.addresses[host]})" for host in sorted(waiting))
+            raise SliceFailed(f"the worker server of host(s) {names} did not come up in {timeout_seconds:.0f} s")
+        if waiting:
+            time.sleep(1.0)
+
+
+def _accepts(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=2.0):
+            return True
+    except OSError:
+        return False
+
+
+class StatusServer:
+    """Host 0's status for the other hosts: one JSON line a connection, ``{"running": true}`` while its program
+    runs, then ``{"running": false, "exit_code": N}``."""
+
+    def __init__(self, port: int):
+        status = self.status = {"running": True}
+        self.asked_after_end: set[str] = set()
+        asked = self.asked_after_end
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                self.request.sendall((json.dumps(status) + "\n").encode())
+                if not status["running"]:
+                    asked.add(self.client_address[0] + self.request.recv(64).decode().strip())
+
+        socketserver.ThreadingTCPServer.allow_reuse_address = True
+        self._server = socketserver.ThreadingTCPServer(("", port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def end(self, exit_code: int, hosts: int, linger_seconds: float) -> None:
+        """Says the program ended with ``exit_code``, and stays up until the ``hosts - 1`` others have read it
+        or ``linger_seconds`` have passed."""
+        self.status.update(running=False, exit_code=exit_code)
+        deadline = time.monotonic() + linger_seconds
+        while len(self.asked_after_end) < hosts - 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def host_zero_status(hosts: SliceHosts, status_port: int) -> dict | None:
+    """Host 0's status, None when it cannot be reached."""
+    address = hosts.server(0)[0]
+    try:
+        with socket.create_connection((address, status_port), timeout=5.0) as connection:
+            status = json.loads(connection.makefile().readline())
+            if not status["running"]:
+                connection.sendall(f":{hosts.index}\n".encode())  # read: host 0 may stop waiting for this host
+            return status
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,151 @@
+"""Run a command on a TPU slice of several hosts, the way TensorFlow's single controller needs: Vertex AI starts this
+container on every host of the slice, and on each this launcher
+
+1. finds the host's index and every host's address (``components/lib/slice_hosts.py``);
+2. starts the TensorFlow worker server that owns the host's chips (``python -m components.tpu_worker``);
+3. on host 0: waits until every host's server accepts connections (a host that never does fails the job after
+   ``--hosts_timeout_minutes``), then runs the command with ``TPU_SLICE_ENDPOINTS`` set to every host's
+   ``grpc://`` endpoint, which the train step takes in place of ``--tpu local`` (and keeps itself off libtpu, which
+   the server owns), passes it a SIGTERM as on one host, and ends with its exit code;
+4. on the other hosts: serves until host 0's program has ended, then ends with its exit code (a host 0 that is
+   gone for ``--host_zero_lost_minutes`` fails the host).
+
+    python -m components.slice --tpu_type v5e-16 -- python -m components.train --accelerator tpu ...
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.lib.errors import InvalidParameter
+from components.lib.jobs import run_job
+from components.lib.slice_hosts import (
+    ENDPOINTS_VARIABLE,
+    SERVER_PORT,
+    STATUS_PORT,
+    SliceFailed,
+    StatusServer,
+    discover,
+    host_zero_status,
+    metadata_attribute,
+    wait_for_servers,
+)
+from components.lib.tpu_catalogue import TPU_TYPES, tpu_type
+
+log = logging.getLogger("tpu_mlm.slice")
+POLL_SECONDS = 2.0
+
+
+@dataclass
+class SliceArguments:
+    tpu_type: str = field(
+        metadata={"help": f"The slice, one of {sorted(name for name, tpu in TPU_TYPES.items() if tpu.hosts > 1)}."}
+    )
+    server_port: int = field(default=SERVER_PORT, metadata={"help": "Each host's worker server port."})
+    status_port: int = field(default=STATUS_PORT, metadata={"help": "Host 0's status port, which the others follow."})
+    hosts_timeout_minutes: float = field(
+        default=10.0, metadata={"help": "How long host 0 waits for every host's server before the job fails."}
+    )
+    host_zero_lost_minutes: float = field(
+        default=5.0, metadata={"help": "How long another host goes on without reaching host 0 before it fails."}
+    )
+    linger_seconds: float = field(
+        default=30.0, metadata={"help": "How long host 0 waits, after its command, for the others to hear it ended."}
+    )
+
+    def __post_init__(self) -> None:
+        if tpu_type(self.tpu_type).hosts < 2:
+            raise InvalidParameter("tpu_type", self.tpu_type, "is one host: run the command itself")
+        for name in ("hosts_timeout_minutes", "host_zero_lost_minutes"):
+            if getattr(self, name) <= 0:
+                raise InvalidParameter(name, getattr(self, name), "must be above 0")
+
+
+def launch(arguments: SliceArguments, command: list[str]) -> int:
+    """Runs ``command`` on host 0 of the slice, the worker servers on every host; returns the command's exit code
+    (on every host)."""
+    hosts = discover(os.environ, metadata_attribute, tpu_type(arguments.tpu_type).hosts)
+    log.info("host %d of %s, from %s", hosts.index, list(hosts.addresses), hosts.source)
+    port = hosts.server(hosts.index, arguments.server_port)[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "components.tpu_worker", "--task", str(hosts.index), "--port", str(port)]
+    )
+    try:
+        if hosts.index == 0:
+            exit_code = _run_host_zero(arguments, hosts, command)
+        else:
+            exit_code = _follow_host_zero(arguments, hosts, server)
+    finally:  # the server holds nothing to save, and TensorFlow's preemption notifier catches its SIGTERM
+        server.kill()
+        server.wait()
+    return exit_code
+
+
+def _run_host_zero(arguments: SliceArguments, hosts: Any, command: list[str]) -> int:
+    status = StatusServer(arguments.status_port)
+    exit_code = 1
+    try:
+        wait_for_servers(hosts, arguments.server_port, arguments.hosts_timeout_minutes * 60)
+        log.info("every host's worker server is up; running %s", " ".join(command[:4]))
+        program = subprocess.Popen(
+            command, env={**os.environ, ENDPOINTS_VARIABLE: hosts.endpoints(arguments.server_port)}
+        )
+        previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+        for number in previous:  # the program checkpoints on SIGTERM, as on one host
+            signal.signal(number, lambda number, frame: program.send_signal(number))
+        try:
+            exit_code = program.wait()
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+        log.info("the command ended with exit code %d", exit_code)
+    finally:
+        status.end(exit_code, len(hosts.addresses), arguments.linger_seconds)
+    return exit_code
+
+
+def _follow_host_zero(arguments: SliceArguments, hosts: Any, server: subprocess.Popen) -> int:
+    """Serves until host 0 says its program ended, and ends with its exit code. A SIGTERM does not end the server
+    early: host 0's program may still be saving a checkpoint, which needs every host's chips."""
+    signal.signal(signal.SIGTERM, lambda number, frame: log.warning("SIGTERM: serving until host 0 ends"))
+    last_seen = time.monotonic()
+    patience = (arguments.hosts_timeout_minutes + arguments.host_zero_lost_minutes) * 60  # before its first answer
+    while True:
+        if server.poll() is not None:
+            raise SliceFailed(f"this host's worker server ended with exit code {server.returncode}")
+        status = host_zero_status(hosts, arguments.status_port)
+        if status is not None and not status["running"]:
+            log.info("host 0's command ended with exit code %d", status["exit_code"])
+            return status["exit_code"]
+        if status is not None:
+            last_seen, patience = time.monotonic(), arguments.host_zero_lost_minutes * 60
+        elif time.monotonic() - last_seen > patience:
+            raise SliceFailed(f"host 0 ({hosts.addresses[0]}) could not be reached for {patience / 60:g} minutes")
+        time.sleep(POLL_SECONDS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    flags, command = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    exit_code = 0
+
+    def run(arguments: SliceArguments) -> dict[str, Any]:
+        nonlocal exit_code
+        if not command:
+            raise InvalidParameter("command", "", "give the command to run on host 0 after --")
+        exit_code = launch(arguments, command)
+        return {}
+
+    return run_job(SliceArguments, run, flags, description=__doc__, print_summary=False) or exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The slice launcher rehearsed on this machine: TensorFlow worker servers on localhost stand in for a TPU slice's
+hosts, each host's launcher a process of its own, found from the workers' variables (as GKE sets them) or from a
+stand-in of the Compute Engine metadata server. What only a slice can show (libtpu in each server, TPUStrategy
+over the remote TPUs) is not here: MirroredStrategy refuses remote devices in one eager program ("In-graph
+multi-worker training with MirroredStrategy is not supported in eager mode"), so no strategy trains over them."""
+
+import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import PROJECT_ROOT
+
+from components.lib.slice_hosts import SliceFailed, SliceHosts, discover, metadata_attribute
+
+
+class MetadataStandIn(http.server.ThreadingHTTPServer):
+    """The instance metadata server's attributes, refused without its header, as the real one does."""
+
+    def __init__(self, attributes: dict[str, str]):
+        attributes_served = attributes
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                name = self.path.removeprefix("/computeMetadata/v1/instance/attributes/")
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    self.send_error(403)
+                elif name not in attributes_served:
+                    self.send_error(404)
+                else:
+                    body = attributes_served[name].encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
+
+
+def test_the_hosts_come_from_the_workers_variables_else_from_the_instance_metadata(monkeypatch):
+    environment = {"TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": "t1v-w-0,t1v-w-1,t1v-w-2,t1v-w-3"}
+    hosts = discover(environment, lambda name: None, 4)
+    assert hosts == SliceHosts(2, ("t1v-w-0", "t1v-w-1", "t1v-w-2", "t1v-w-3"), hosts.source)
+    assert hosts.endpoints() == "grpc://t1v-w-0:8470,grpc://t1v-w-1:8470,grpc://t1v-w-2:8470,grpc://t1v-w-3:8470"
+
+    endpoints = ",".join(f"unknown:unknown:10.130.0.{i}" for i in range(4))
+    metadata = MetadataStandIn({"agent-worker-number": "1", "worker-network-endpoints": endpoints})
+    monkeypatch.setenv("GCE_METADATA_HOST", metadata.host)
+    hosts = discover({}, metadata_attribute, 4)
+    assert hosts.index == 1 and hosts.addresses == tuple(f"10.130.0.{i}" for i in range(4))
+    assert "instance metadata" in hosts.source
+    with pytest.raises(SliceFailed, match=r"host '1' of .*; this slice has 8 hosts"):
+        discover({}, metadata_attribute, 8)  # a v5e-32's job on a v5e-16's hosts
+    metadata.shutdown()
+
+    monkeypatch.setenv("GCE_METADATA_HOST", MetadataStandIn({}).host)
+    with pytest.raises(SliceFailed, match="found no TPU slice hosts: TPU_WORKER_ID and TPU_WORKER_HOSTNAMES are not"):
+        discover({}, metadata_attribute, 4)
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for probe in sockets:
+        probe.bind(("127.0.0.1", 0))
+    ports = [probe.getsockname()[1] for probe in sockets]
+    for probe in sockets:
+        probe.close()
+    return ports
+
+
+def launch_host(index: int, ports: list[int], status_port: int, *command: str, timeout_minutes: float = 2.0, linger=60):
+    """Host ``index``'s launcher of a v5e-16 (4 hosts) whose hosts are localhost servers on ``ports``."""
+    hostnames = ",".join(f"127.0.0.1:{port}" for port in ports)
+    env = {**os.environ, "TPU_WORKER_ID": str(index), "TPU_WORKER_HOSTNAMES": hostnames}
+    flags = ["--tpu_type", "v5e-16", "--status_port", str(status_port)]
+    flags += ["--hosts_timeout_minutes", str(timeout_minutes), "--linger_seconds", str(linger)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "components.slice", *flags, "--", *command],
+        cwd=PROJECT_ROOT,
+        env={**env, "PYTHONPATH": str(PROJECT_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+# Host 0's program in the rehearsal: it prepares its runtime as the train step does, connects to every host's server
+# through TPUClusterResolver, runs an op on each, writes what it saw, then waits for a SIGTERM and exits 42.
+PROBE = """
+import json, os, signal, sys, time
+from components.lib.devices import prepare_runtime, slice_or
+prepare_runtime("tpu")
+import tensorflow as tf
+resolver = tf.distribute.cluster_resolver.TPUClusterResolver(slice_or("local"))
+tf.config.experimental_connect_to_cluster(resolver)
+results = {}
+for task in range(4):
+    with tf.device(f"/job:worker/replica:0/task:{task}/device:CPU:0"):
+        value = tf.constant(task) * 10
+    results[value.device] = int(value)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
+report = {"tpu": slice_or("local"), "load_libtpu": os.environ.get("TPU_LOAD_LIBRARY"), "ran": results}
+with open(sys.argv[1] + ".tmp", "w") as out:
+    json.dump(report, out)
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow  # four launchers, four TensorFlow servers and a TensorFlow program on two cores
+def test_host_zero_runs_the_program_against_every_host_s_server_and_every_host_ends_with_it(tmp_path):
+    *ports, status_port = free_ports(5)
+    report = tmp_path / "probe.json"
+    launchers = [launch_host(0, ports, status_port, sys.executable, "-c", PROBE, str(report))]
+    launchers += [launch_host(index, ports, status_port, "false") for index in (1, 2, 3)]
+    deadline = time.monotonic() + 240
+    while not report.exists() and time.monotonic() < deadline and launchers[0].poll() is None:
+        time.sleep(0.5)
+    assert report.exists(), launchers[0].communicate(timeout=60)[1][-3000:]
+    seen = json.loads(report.read_text())
+    assert seen["tpu"] == ",".join(f"grpc://127.0.0.1:{port}" for port in ports)
+    assert seen["load_libtpu"] == "0"  # the program keeps off libtpu: each host's server owns its chips
+    assert seen["ran"] == {f"/job:worker/replica:0/task:{task}/device:CPU:0": task * 10 for task in range(4)}
+
+    launchers[1].send_signal(signal.SIGTERM)  # another host told to stop serves on until host 0's program ends
+    time.sleep(1)
+    assert launchers[1].poll() is None
+    launchers[0].send_signal(signal.SIGTERM)  # reaches host 0's program, as on one host
+    outcomes = [launcher.communicate(timeout=120) for launcher in launchers]
+    assert [launcher.returncode for launcher in launchers] == [42] * 4, [err[-2000:] for _, err in outcomes]
+    assert "host 0's command ended with exit code 42" in outcomes[3][1]
+
+
+def test_host_zero_fails_in_bounded_time_when_a_host_never_comes_up(tmp_path):
+    *ports, status_port = free_ports(5)
+    started = time.monotonic()
+    launcher = launch_host(0, ports, status_port, "true", timeout_minutes=0.1, linger=1)
+    _, stderr = launcher.communicate(timeout=180)
+    assert launcher.returncode == 1, stderr[-3000:]
+    assert time.monotonic() - started < 120
+    hosts = ", ".join(f"{host} (127.0.0.1:{ports[host]})" for host in (1, 2, 3))
+    assert f"error: the worker server of host(s) {hosts} did not come up in 6 s" in stderr
+
+
+def test_the_launcher_refuses_a_one_host_tpu_and_a_missing_command():
+    for flags, message in (
+        (["--tpu_type", "v5e-8", "--", "true"], "--tpu-type='v5e-8': is one host: run the command itself"),
+        (["--tpu_type", "v5e-16"], "--command='': give the command to run on host 0 after --"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "components.slice", *flags],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        )
+        assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
