@@ -29,8 +29,10 @@ from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.slice_hosts import (
     ENDPOINTS_VARIABLE,
+    METADATA_REPORTED,
     SERVER_PORT,
     STATUS_PORT,
+    HostReport,
     SliceFailed,
     StatusServer,
     discover,
@@ -60,6 +62,10 @@ class SliceArguments:
     linger_seconds: float = field(
         default=30.0, metadata={"help": "How long host 0 waits, after its command, for the others to hear it ended."}
     )
+    report_dir: str = field(
+        default="",
+        metadata={"help": "Folder (gs:// on Vertex AI) where each host writes what it found, hosts/host-N.json."},
+    )
 
     def __post_init__(self) -> None:
         if tpu_type(self.tpu_type).hosts < 2:
@@ -72,42 +78,61 @@ class SliceArguments:
 def launch(arguments: SliceArguments, command: list[str]) -> int:
     """Runs ``command`` on host 0 of the slice, the worker servers on every host; returns the command's exit code
     (on every host)."""
-    hosts = discover(os.environ, metadata_attribute, tpu_type(arguments.tpu_type).hosts)
+    report = HostReport(arguments.report_dir)
+    # what this VM's metadata says, whether or not the hosts are found from it
+    seen = {name: metadata_attribute(name, tries=1) for name in METADATA_REPORTED} if report.report_dir else {}
+    try:
+        hosts = discover(os.environ, metadata_attribute, tpu_type(arguments.tpu_type).hosts)
+    except SliceFailed as error:
+        report.update(metadata=seen, failed=str(error))
+        raise
+    report.found(hosts, metadata=seen)
     log.info("host %d of %s, from %s", hosts.index, list(hosts.addresses), hosts.source)
     port = hosts.server(hosts.index, arguments.server_port)[1]
+    worker = ["--task", str(hosts.index), "--port", str(port), "--report_dir", arguments.report_dir]
     server = subprocess.Popen(
-        [sys.executable, "-m", "components.tpu_worker", "--task", str(hosts.index), "--port", str(port)]
+        [sys.executable, "-m", "components.tpu_worker", *worker], env={**os.environ, **hosts.server_environment()}
     )
+    report.update(server_port=port, server_started=time.time())
     try:
         if hosts.index == 0:
-            exit_code = _run_host_zero(arguments, hosts, command)
+            exit_code = _run_host_zero(arguments, hosts, command, report)
         else:
             exit_code = _follow_host_zero(arguments, hosts, server)
+    except SliceFailed as error:
+        report.update(failed=str(error))
+        raise
     finally:  # the server holds nothing to save, and TensorFlow's preemption notifier catches its SIGTERM
         server.kill()
         server.wait()
+    report.update(exit_code=exit_code)
     return exit_code
 
 
-def _run_host_zero(arguments: SliceArguments, hosts: Any, command: list[str]) -> int:
+def _run_host_zero(arguments: SliceArguments, hosts: Any, command: list[str], report: HostReport) -> int:
     status = StatusServer(arguments.status_port)
     exit_code = 1
+    program: subprocess.Popen | None = None
+
+    def on_signal(number: int, frame: Any) -> None:  # the program checkpoints on SIGTERM, as on one host
+        if program is None:
+            raise SliceFailed(f"{signal.Signals(number).name} while waiting for the hosts' servers")
+        program.send_signal(number)
+
+    previous = {number: signal.signal(number, on_signal) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
+        started = time.monotonic()
         wait_for_servers(hosts, arguments.server_port, arguments.hosts_timeout_minutes * 60)
+        report.update(every_server_up_after_seconds=round(time.monotonic() - started, 1))
         log.info("every host's worker server is up; running %s", " ".join(command[:4]))
         program = subprocess.Popen(
             command, env={**os.environ, ENDPOINTS_VARIABLE: hosts.endpoints(arguments.server_port)}
         )
-        previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
-        for number in previous:  # the program checkpoints on SIGTERM, as on one host
-            signal.signal(number, lambda number, frame: program.send_signal(number))
-        try:
-            exit_code = program.wait()
-        finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
+        exit_code = program.wait()
         log.info("the command ended with exit code %d", exit_code)
     finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         status.end(exit_code, len(hosts.addresses), arguments.linger_seconds)
     return exit_code
 

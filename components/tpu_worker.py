@@ -8,6 +8,7 @@ this process loads the TPU runtime (libtpu) and owns the host's chips, host 0's 
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -24,6 +25,9 @@ log = logging.getLogger("tpu_mlm.tpu_worker")
 class WorkerArguments:
     task: int = field(default=0, metadata={"help": "This host's index in the slice (host 0 runs the program)."})
     port: int = field(default=SERVER_PORT, metadata={"help": "The port to serve on."})
+    report_dir: str = field(
+        default="", metadata={"help": "Folder where the devices served go, hosts/host-N-server.json (the smoke's)."}
+    )
 
 
 def serve(arguments: WorkerArguments) -> dict[str, Any]:
@@ -31,8 +35,14 @@ def serve(arguments: WorkerArguments) -> dict[str, Any]:
 
     cluster = tf.train.ClusterSpec({"worker": {arguments.task: f"localhost:{arguments.port}"}})
     server = tf.distribute.Server(cluster, job_name="worker", task_index=arguments.task, protocol="grpc")
-    devices = [device.name for device in tf.config.list_logical_devices()]
+    devices = [device.name for device in tf.config.list_physical_devices()]
     log.info("host %d serving %s on port %d", arguments.task, devices, arguments.port)
+    if arguments.report_dir:  # whether libtpu gave this server its chips, for the smoke test's report
+        from components.lib import storage
+        from components.lib.slice_hosts import HOSTS_FOLDER
+
+        uri = storage.join(arguments.report_dir, HOSTS_FOLDER, f"host-{arguments.task}-server.json")
+        storage.write_text_atomic(uri, json.dumps({"host": arguments.task, "devices": devices}) + "\n")
     server.join()  # until the launcher ends this process
     return {}
 

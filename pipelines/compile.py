@@ -34,16 +34,17 @@ class CompileArguments:
     )
 
     train_retries: int = field(
-        default=DEFAULT_TRAIN_RETRIES,
+        default=-1,
         metadata={
             "help": "Reruns of the TPU task when its job fails for good (a reclaimed Spot TPU), each 10 minutes "
-            "later and resuming from the run's checkpoints (vertex target)."
+            f"later and resuming from the run's checkpoints (vertex target); -1: {DEFAULT_TRAIN_RETRIES} on one "
+            "host, 0 on a slice of several hosts (no Spot there, and a failed start costs every host's chips again)."
         },
     )
 
     def __post_init__(self) -> None:
-        if not 0 <= self.train_retries <= 10:
-            raise InvalidParameter("train_retries", self.train_retries, "must be from 0 to 10")
+        if not -1 <= self.train_retries <= 10:
+            raise InvalidParameter("train_retries", self.train_retries, "must be from 0 to 10, or -1 (the default)")
         if self.target == "vertex" and not self.tpu_image:
             raise InvalidParameter("tpu_image", self.tpu_image, "the vertex target needs the TPU image's URI")
         if self.target == "vertex":

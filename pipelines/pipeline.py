@@ -293,11 +293,13 @@ def build_pipeline(
     tpu_image: str = "",
     tpu_type: str = "v3-8",
     tpu_env: dict[str, str] | None = None,
-    train_retries: int = DEFAULT_TRAIN_RETRIES,
+    train_retries: int = -1,
 ) -> Any:
     check_target(target, tpu_type)
     vertex = target == "vertex"
     tpu = TPU_TYPES[tpu_type]
+    # the default: no retry on a slice (no Spot there, and a failed start costs every host's chips again)
+    retries = train_retries if train_retries != -1 else DEFAULT_TRAIN_RETRIES if tpu.hosts == 1 else 0
     steps = make_steps(cpu_image, tpu_image or cpu_image)
     env = TPU_RUNTIME_ENV if tpu_env is None else tpu_env
     train_component = tpu_training_job(steps["train"], tpu, env, cpu_image) if vertex else steps["train"]
@@ -355,9 +357,9 @@ def build_pipeline(
         )
         trained.set_display_name("train").after(checked)
         trained.set_caching_options(False)
-        if vertex and train_retries:
+        if vertex and retries:
             # a job Vertex AI ends for good (a Spot TPU reclaimed, say) runs again, from the run's checkpoints
-            trained.set_retry(num_retries=train_retries, backoff_duration=RETRY_BACKOFF, backoff_factor=1.0)
+            trained.set_retry(num_retries=retries, backoff_duration=RETRY_BACKOFF, backoff_factor=1.0)
         model = trained.outputs["model"]
         evaluation = step(
             "evaluate", model=model, shards=validation.outputs["shards"], train_shards=train_shards.outputs["shards"]

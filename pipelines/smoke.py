@@ -32,7 +32,7 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.corpus import EMBEDDED, embedded_lines
-from components.lib.devices import ACCELERATORS, check_accelerator, prepare_runtime, tpu_devices
+from components.lib.devices import ACCELERATORS, check_accelerator, prepare_runtime, slice_or, tpu_devices
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.memory_model import GIB, MemoryEstimate
@@ -40,7 +40,8 @@ from components.lib.preemption import last_words
 from components.lib.recipe import DEFAULT_RECIPE, RECIPES, highest_mlm_probability
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import run_shape
-from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, tpu_batch, tpu_type
+from components.lib.slice_hosts import ENDPOINTS_VARIABLE, HOSTS_FOLDER
+from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_TYPES, tpu_batch, tpu_type
 
 log = logging.getLogger("tpu_mlm.smoke")
 
@@ -58,7 +59,7 @@ class SmokeRun:
 
     tpu_type: str = field(
         default="",
-        metadata={"help": "The TPU expected (v3-8, v5e-1, v5e-4, v5e-8): its replicas, peak, memory and batch."},
+        metadata={"help": f"The TPU expected, one of {list(TPU_TYPES)}: its replicas, peak, memory and batch."},
     )
     model_config: str = field(default="roberta-base", metadata={"help": "The real run's model config."})
     vocab_size: int = field(default=25_000, metadata={"help": "The real run's vocabulary size."})
@@ -160,6 +161,9 @@ def _run_stages(arguments: SmokeArguments, report: Report) -> dict[str, Any]:
         with report.stage("runtime") as found:
             found.update(runtime())
             prepare_runtime(arguments.accelerator)
+        if os.environ.get(ENDPOINTS_VARIABLE):  # host 0 of a slice, under the slice launcher
+            with report.stage("slice") as found:
+                found.update(slice_seen(arguments.scratch))
         with report.stage("data") as found:
             tokenizer, shards, validation = make_data(arguments)
             found.update(tokenizer=tokenizer, shards=shards, validation_shards=validation)
@@ -194,6 +198,35 @@ def runtime() -> dict[str, Any]:
         "packages": packages,
         "environment": {name: os.environ[name] for name in names if name in os.environ},
         "tpu_devices": tpu_devices(),
+    }
+
+
+def slice_seen(scratch: str) -> dict[str, Any]:
+    """What each host's launcher wrote (``--report_dir``, the smoke's folder) and, connected to every host's
+    server as the train step will be, the devices each host serves."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context  # the devices of the cluster; tf.config lists this process's
+
+    found = {
+        storage.basename(uri): json.loads(storage.read_text(uri))
+        for uri in storage.glob(storage.join(scratch, HOSTS_FOLDER, "*.json"))
+    }
+    hosts = [report for name, report in found.items() if not name.endswith("-server.json")]
+    for host in hosts:  # the devices its server found (libtpu's chips, on a TPU), once it has written them
+        host["server_devices"] = found.get(f"host-{host.get('host')}-server.json", {}).get("devices")
+    endpoints = slice_or("local")
+    started = time.perf_counter()
+    tf.config.experimental_connect_to_cluster(tf.distribute.cluster_resolver.TPUClusterResolver(endpoints))
+    devices: dict[str, list[str]] = {}
+    for name in context.context().devices():
+        if "/job:worker/" in name:
+            task = name.split("/task:")[1].split("/")[0]
+            devices.setdefault(task, []).append(name.rsplit("/device:", 1)[1])
+    return {
+        "endpoints": endpoints,
+        "host_reports": sorted(hosts, key=lambda host: host.get("host", len(hosts))),  # hosts not found: last
+        "connect_seconds": round(time.perf_counter() - started, 1),
+        "devices_by_host": devices,
     }
 
 
@@ -366,6 +399,14 @@ def describe(values: dict[str, Any]) -> list[str]:
     if "runtime" in stages:
         packages = ", ".join(f"{name} {version}" for name, version in stages["runtime"]["packages"].items())
         lines.append(f"runtime: {packages}; TPU devices: {len(stages['runtime']['tpu_devices'])}")
+    if "slice" in stages and "devices_by_host" in stages["slice"]:
+        seen = stages["slice"]
+        sources = sorted({host.get("source", host.get("failed", "?")) for host in seen["host_reports"]})
+        lines.append(f"slice: {len(seen['host_reports'])} host report(s), hosts found from {'; '.join(sources)}")
+        for task, names in sorted(seen["devices_by_host"].items(), key=lambda item: int(item[0])):
+            kinds = sorted({name.rsplit(":", 1)[0] for name in names})
+            counts = ", ".join(f"{sum(n.startswith(kind + ':') for n in names)} {kind}" for kind in kinds)
+            lines.append(f"  host {task}: {counts}")
     if "train" in stages and "accelerator" in stages["train"]:
         trained = stages["train"]
         mfu = f", MFU {trained['mfu']:.1%}" if trained["mfu"] is not None else ""

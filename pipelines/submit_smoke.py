@@ -137,7 +137,7 @@ def smoke_job(arguments: SmokeJobArguments, folder: str) -> Any:
     env = tpu_runtime_env(arguments.tpu_env)
     container = vertex.ContainerSpec(
         image_uri=arguments.tpu_image,
-        command=tpu.launched(["python", "-m", "pipelines.smoke"]),
+        command=tpu.launched(["python", "-m", "pipelines.smoke"], report_dir=folder),
         args=in_job_arguments(arguments, folder),
         env=[vertex.EnvVar(name=name, value=value) for name, value in sorted(env.items())],
     )

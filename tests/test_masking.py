@@ -147,6 +147,14 @@ def test_evaluation_scores_every_sample_once_with_the_same_masks_whatever_the_ho
     assert all(b["input_ids"].shape[0] <= 8 // (2 * pipelines) for b in batches)  # per-replica batches
     np.testing.assert_array_equal(unmasked_rows(batches), unmasked_rows(one_host))
     assert sum(len(b["input_ids"]) for b in batches) == manifest["num_records"]
+    # full batches only (a TPU's): every host as many, those of the host with the fewest, whatever its share
+    full = [
+        len(list(masked_dataset(uri, manifest, 8, masking, context, training=False, drop_remainder=True)))
+        for context in contexts(pipelines)
+    ]
+    shares = [input_share(read_manifest(uri)["files"], pipelines, host, seed=0) for host in range(pipelines)]
+    fewest = min(sum(file["records"] for file in share) // (8 // (2 * pipelines)) for share in shares)
+    assert full == [fewest // 2 * 2] * pipelines and fewest > 0
 
 
 def records_of(files: list[str]) -> set[tuple]:

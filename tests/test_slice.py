@@ -17,7 +17,7 @@ import time
 import pytest
 from conftest import PROJECT_ROOT
 
-from components.lib.slice_hosts import SliceFailed, SliceHosts, discover, metadata_attribute
+from components.lib.slice_hosts import METADATA_REPORTED, SliceFailed, SliceHosts, discover, metadata_attribute
 
 
 class MetadataStandIn(http.server.ThreadingHTTPServer):
@@ -82,11 +82,15 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def launch_host(index: int, ports: list[int], status_port: int, *command: str, timeout_minutes: float = 2.0, linger=60):
-    """Host ``index``'s launcher of a v5e-16 (4 hosts) whose hosts are localhost servers on ``ports``."""
+def launch_host(
+    index: int, ports: list[int], status_port: int, *command: str, timeout_minutes=2.0, linger=60, report_dir=""
+):
+    """Host ``index``'s launcher of a v5e-16 (4 hosts) whose hosts are localhost servers on ``ports``; no metadata
+    server answers (a closed port)."""
     hostnames = ",".join(f"127.0.0.1:{port}" for port in ports)
     env = {**os.environ, "TPU_WORKER_ID": str(index), "TPU_WORKER_HOSTNAMES": hostnames}
-    flags = ["--tpu_type", "v5e-16", "--status_port", str(status_port)]
+    env["GCE_METADATA_HOST"] = f"127.0.0.1:{status_port + 1 if status_port < 65535 else 1}"
+    flags = ["--tpu_type", "v5e-16", "--status_port", str(status_port), "--report_dir", report_dir]
     flags += ["--hosts_timeout_minutes", str(timeout_minutes), "--linger_seconds", str(linger)]
     return subprocess.Popen(
         [sys.executable, "-m", "components.slice", *flags, "--", *command],
@@ -145,15 +149,46 @@ def test_host_zero_runs_the_program_against_every_host_s_server_and_every_host_e
     assert "host 0's command ended with exit code 42" in outcomes[3][1]
 
 
+@pytest.mark.slow  # four launchers and servers, and the smoke test's training on two cores
+def test_the_smoke_test_on_a_slice_reports_every_host_and_the_devices_host_zero_reaches(tmp_path):
+    """``tpu-mlm smoke --tpu_type v5e-16``'s job rehearsed: every host's launcher writes what it found beside the
+    report, and the smoke test on host 0 connects to every host's server before it trains (here on its CPU)."""
+    *ports, status_port = free_ports(5)
+    scratch = str(tmp_path / "smoke")
+    smoke = [sys.executable, "-m", "pipelines.smoke", "--scratch", scratch, "--accelerator", "cpu"]
+    smoke += ["--model_config", "tiny", "--per_replica_batch_size", "8", "--steps", "6", "--vocab_size", "2000"]
+    smoke += ["--max_length", "32"]
+    launchers = [launch_host(0, ports, status_port, *smoke, report_dir=scratch)]
+    launchers += [launch_host(index, ports, status_port, "false", report_dir=scratch) for index in (1, 2, 3)]
+    outcomes = [launcher.communicate(timeout=600) for launcher in launchers]
+    assert [launcher.returncode for launcher in launchers] == [0] * 4, outcomes[0][1][-3000:]
+    report = json.loads((tmp_path / "smoke" / "smoke.json").read_text())
+    assert report["verdict"] == "pass", report
+    seen = report["stages"]["slice"]
+    assert seen["endpoints"] == ",".join(f"grpc://127.0.0.1:{port}" for port in ports)
+    assert seen["devices_by_host"] == {str(task): ["CPU:0"] for task in range(4)}
+    hosts = seen["host_reports"]
+    assert [host["host"] for host in hosts] == [0, 1, 2, 3]
+    assert all(host["source"] == "TPU_WORKER_ID and TPU_WORKER_HOSTNAMES" for host in hosts)
+    assert all(host["environment"]["TPU_WORKER_ID"] == str(host["host"]) for host in hosts)
+    assert all(host["metadata"] == dict.fromkeys(METADATA_REPORTED) for host in hosts)  # no metadata server here
+    assert "every_server_up_after_seconds" in hosts[0] and all(host["server_port"] for host in hosts)
+    assert all("/physical_device:CPU:0" in host["server_devices"] for host in hosts)  # each server's own devices
+    assert hosts[0]["environment"]["TPU_WORKER_HOSTNAMES"].count(",") == 3
+    assert "slice: 4 host report(s), hosts found from TPU_WORKER_ID and TPU_WORKER_HOSTNAMES" in outcomes[0][1]
+
+
 def test_host_zero_fails_in_bounded_time_when_a_host_never_comes_up(tmp_path):
     *ports, status_port = free_ports(5)
     started = time.monotonic()
-    launcher = launch_host(0, ports, status_port, "true", timeout_minutes=0.1, linger=1)
+    launcher = launch_host(0, ports, status_port, "true", timeout_minutes=0.1, linger=1, report_dir=str(tmp_path))
     _, stderr = launcher.communicate(timeout=180)
     assert launcher.returncode == 1, stderr[-3000:]
     assert time.monotonic() - started < 120
     hosts = ", ".join(f"{host} (127.0.0.1:{ports[host]})" for host in (1, 2, 3))
     assert f"error: the worker server of host(s) {hosts} did not come up in 6 s" in stderr
+    reported = json.loads((tmp_path / "hosts" / "host-0.json").read_text())  # what the smoke test gathers
+    assert reported["failed"] == f"the worker server of host(s) {hosts} did not come up in 6 s"
 
 
 def test_the_launcher_refuses_a_one_host_tpu_and_a_missing_command():

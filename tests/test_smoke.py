@@ -78,6 +78,28 @@ def test_a_smoke_job_stopped_while_its_tpu_start_hangs_still_reports_where(tmp_p
     assert "seconds" in report["stages"]["data"]  # the stages before it, as they were written
 
 
+def test_the_smoke_job_on_a_slice_runs_every_host_under_the_launcher_in_one_pool_on_demand(capsys):
+    from google.cloud import aiplatform_v1 as vertex
+
+    common = [*("--project", "my-project-123", "--scratch", "gs://bucket/smoke", "--tpu_type", "v5e-16")]
+    common += [*("--tpu_image", "us-docker.pkg.dev/p/r/tpu:1", "--dry_run", "--json")]
+    assert submit_smoke.main(common) == 0
+    job = vertex.CustomJob.from_json(json.dumps(json.loads(capsys.readouterr().out)["would_create"]))
+    (pool,) = job.job_spec.worker_pool_specs
+    assert (pool.machine_spec.machine_type, pool.machine_spec.tpu_topology, pool.replica_count) == (
+        "ct5lp-hightpu-4t",
+        "4x4",
+        1,
+    )
+    folder = job.job_spec.base_output_directory.output_uri_prefix
+    launcher = ["python", "-m", "components.slice", "--tpu_type", "v5e-16", "--report_dir", folder, "--"]
+    assert list(pool.container_spec.command) == [*launcher, "python", "-m", "pipelines.smoke"]
+    (run,) = HfArgumentParser(SmokeArguments).parse_args_into_dataclasses(args=list(pool.container_spec.args))
+    assert (run.replicas, run.per_replica_batch_size, run.gradient_accumulation_steps) == (16, 128, 1)
+    assert submit_smoke.main([*common, "--tpu_provisioning", "SPOT"]) == 2  # no Spot for slices on Vertex AI
+    assert "Vertex AI has no Spot for TPU slices of several hosts" in capsys.readouterr().err
+
+
 def test_the_smoke_job_is_a_custom_job_on_the_tpu_with_a_hard_limit_no_retries_and_the_runtime_env(capsys):
     from google.cloud import aiplatform_v1 as vertex
 

@@ -120,9 +120,10 @@ def masked_dataset(
     size, its replicas taking consecutive batches. Training: file order shuffled, samples shuffled, repeated
     forever, full batches only, the same batches in every run for the same seed (parallel reads keep their
     order: a seed means a reproducible run), each pipeline masking with seeds of its own. Evaluation: one
-    deterministic pass, the last batch short unless ``drop_remainder`` (TPUs need full batches), at most
-    ``max_batches`` global batches, each sample masked from the seed and its place in the set (file and
-    record): the same positions in every run, whatever the batch size or the number of pipelines."""
+    deterministic pass, the last batch short unless ``drop_remainder`` (TPUs need full batches; then every
+    pipeline gives as many as the pipeline with the fewest), at most ``max_batches`` global batches, each sample
+    masked from the seed and its place in the set (file and record): a sample's masks are the same in every
+    run, whatever the batch size or the number of pipelines (which samples a pass covers depends on them)."""
     import tensorflow as tf
 
     context = input_context or tf.distribute.InputContext()
@@ -132,16 +133,19 @@ def masked_dataset(
     spec = feature_spec(manifest["max_length"])
     seed_tensor = tf.constant(seed, tf.int64)
     # each file with the place of its first record in the whole set, which seeds evaluation's masks
-    firsts = [0, *itertools.accumulate(file["records"] for file in manifest["files"])][:-1]
-    share = input_share(
-        list(zip(shard_files(uri, manifest), firsts, strict=True)),
-        context.num_input_pipelines,
-        context.input_pipeline_id,
-        seed,
-    )
-    paths, firsts = (list(column) for column in zip(*share, strict=True))
+    records = [file["records"] for file in manifest["files"]]
+    firsts = [0, *itertools.accumulate(records)][:-1]
+    files = list(zip(shard_files(uri, manifest), firsts, records, strict=True))
+    pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
+    paths, firsts, _ = (list(column) for column in zip(*input_share(files, pipelines, pipeline, seed), strict=True))
     cycle_length = min(parallel_reads, len(paths))
     if not training:
+        if drop_remainder and pipelines > 1:
+            # every host the same number of full batches: a host that ran out would be given empty batches, of
+            # another shape than the others' (a TPU compiles the step again for it)
+            shares = [input_share(files, pipelines, host, seed) for host in range(pipelines)]
+            steps = min(sum(file[2] for file in share) // per_replica for share in shares) // replicas_here
+            max_batches = steps if max_batches is None else min(max_batches, steps)
         dataset = tf.data.Dataset.from_tensor_slices((paths, tf.constant(firsts, tf.int64)))
         dataset = dataset.interleave(
             lambda path, first: tf.data.TFRecordDataset(path, buffer_size=1 << 20).enumerate(first),
@@ -169,7 +173,6 @@ def masked_dataset(
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
     dataset = dataset.batch(per_replica, drop_remainder=True if drop_remainder is None else drop_remainder)
     dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=autotune)
-    pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
 
     def mask(index: Any, batch: dict[str, Any]) -> dict[str, Any]:
         # the pipeline's index-th batch: a seed no other pipeline's batch has, and the micro-step it is

@@ -26,7 +26,10 @@ from components.lib.errors import ServiceFailed
 log = logging.getLogger("tpu_mlm.slice")
 
 SERVER_PORT = 8470  # the TPU worker's gRPC port on Cloud TPU VMs
-STATUS_PORT = 8471  # host 0's status, which the other hosts follow
+# host 0's status, which the other hosts follow: outside the ports libtpu and the TPU runtime take (8466-8480:
+# 8471 is libtpu's slice builder, 8476 the mesh controller; 8080, 8431)
+STATUS_PORT = 8491
+MESH_CONTROLLER_PORT = 8476
 # Set by the slice launcher for host 0's program: the endpoints that take the place of --tpu local there.
 ENDPOINTS_VARIABLE = "TPU_SLICE_ENDPOINTS"
 METADATA_TIMEOUT_SECONDS = 5.0
@@ -46,6 +49,19 @@ class SliceHosts:
     def server(self, host: int, port: int = SERVER_PORT) -> tuple[str, int]:
         name, _, own_port = self.addresses[host].partition(":")
         return name, int(own_port or port)
+
+    def server_environment(self) -> dict[str, str]:
+        """What the TPU runtime of this host's worker server reads to join the slice, as TensorFlow's own TPU worker
+        (``tensorflow/python/tools/grpc_tpu_worker.py``) sets it: its task, host 0's mesh controller, its own
+        address, the chips locked to it."""
+        return {
+            "CLOUD_TPU_TASK_ID": str(self.index),
+            "TPU_WORKER_ID": str(self.index),
+            "TPU_MESH_CONTROLLER_ADDRESS": f"{self.server(0)[0]}:{MESH_CONTROLLER_PORT}",
+            "TPU_MESH_CONTROLLER_PORT": str(MESH_CONTROLLER_PORT),
+            "TPU_HOSTNAME_OVERRIDE": self.server(self.index)[0],
+            "TPU_LOCK_DEVICE": "true",
+        }
 
     def endpoints(self, port: int = SERVER_PORT) -> str:
         """Every host's worker server, as ``TPUClusterResolver`` takes them."""
@@ -77,14 +93,48 @@ def discover(environ: Mapping[str, str], metadata: Callable[[str], str | None], 
     return SliceHosts(int(index), tuple(addresses), source)
 
 
-def metadata_attribute(name: str) -> str | None:
+HOSTS_FOLDER = "hosts"  # under a launcher's --report_dir: host-<index>.json from each host
+METADATA_REPORTED = ("accelerator-type", "agent-worker-number", "worker-network-endpoints")
+
+
+class HostReport:
+    """What one host's launcher found, written to ``report_dir/hosts/host-<index>.json`` as it goes (none without a
+    ``report_dir``): where the hosts came from, the TPU variables and metadata it saw, its server's start, and
+    on host 0 every host's server coming up. The smoke test gathers them."""
+
+    def __init__(self, report_dir: str):
+        import socket
+
+        self.report_dir = report_dir
+        self.name = f"host-unknown-{socket.gethostname()}"
+        self.values: dict = {
+            "hostname": socket.gethostname(),
+            "environment": {
+                name: value for name, value in os.environ.items() if name.startswith("TPU_") or name == "CLUSTER_SPEC"
+            },
+        }
+
+    def found(self, hosts: SliceHosts, **values: object) -> None:
+        self.name = f"host-{hosts.index}"
+        self.update(host=hosts.index, addresses=list(hosts.addresses), source=hosts.source, **values)
+
+    def update(self, **values: object) -> None:
+        self.values.update(values)
+        if self.report_dir:
+            from components.lib import storage
+
+            uri = storage.join(self.report_dir, HOSTS_FOLDER, f"{self.name}.json")
+            storage.write_text_atomic(uri, json.dumps(self.values, indent=2) + "\n")
+
+
+def metadata_attribute(name: str, tries: int = METADATA_TRIES) -> str | None:
     """An attribute of this VM's instance metadata (``GCE_METADATA_HOST``: another server, as Google's clients
-    take it), None where it is not set or the server cannot be reached after a few tries."""
+    take it), None where it is not set or the server cannot be reached in ``tries``."""
     host = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
     request = urllib.request.Request(
         f"http://{host}/computeMetadata/v1/instance/attributes/{name}", headers={"Metadata-Flavor": "Google"}
     )
-    for attempt in range(METADATA_TRIES):
+    for attempt in range(tries):
         try:
             with urllib.request.urlopen(request, timeout=METADATA_TIMEOUT_SECONDS) as response:
                 return response.read().decode()
@@ -93,7 +143,8 @@ def metadata_attribute(name: str) -> str | None:
                 return None
         except OSError:
             pass
-        time.sleep(attempt + 1)
+        if attempt + 1 < tries:
+            time.sleep(attempt + 1)
     return None
 
 

@@ -62,13 +62,14 @@ class TpuType:
         """The Cloud TPU list price an hour (PRICES) for Vertex AI's scheduling strategy: SPOT or on demand."""
         return self.spot_list_price_per_hour if provisioning == "SPOT" else self.list_price_per_hour
 
-    def launched(self, command: list[str]) -> list[str]:
+    def launched(self, command: list[str], report_dir: str = "") -> list[str]:
         """The container command that runs ``command`` on this TPU: under the slice launcher on a slice of several
-        hosts (``components/slice.py``: the command on host 0, a TPU worker server on every host), as it is on
-        one host."""
+        hosts (``components/slice.py``: the command on host 0, a TPU worker server on every host; each host's
+        findings under ``report_dir`` when given), as it is on one host."""
         if self.hosts == 1:
             return command
-        return ["python", "-m", "components.slice", "--tpu_type", self.name, "--", *command]
+        reports = ["--report_dir", report_dir] if report_dir else []
+        return ["python", "-m", "components.slice", "--tpu_type", self.name, *reports, "--", *command]
 
     @property
     def machine_spec(self) -> dict[str, Any]:
