@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.lib.devices import skip_tpu_runtime
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.slice_hosts import (
@@ -78,6 +79,8 @@ class SliceArguments:
 def launch(arguments: SliceArguments, command: list[str]) -> int:
     """Runs ``command`` on host 0 of the slice, the worker servers on every host; returns the command's exit code
     (on every host)."""
+    runtime_env = dict(os.environ)  # the TPU runtime's settings: for the worker server and host 0's program only
+    skip_tpu_runtime()  # this process writes its reports through TensorFlow's storage: it must not take the chips
     report = HostReport(arguments.report_dir)
     # what this VM's metadata says, whether or not the hosts are found from it
     seen = {name: metadata_attribute(name, tries=1) for name in METADATA_REPORTED} if report.report_dir else {}
@@ -91,12 +94,12 @@ def launch(arguments: SliceArguments, command: list[str]) -> int:
     port = hosts.server(hosts.index, arguments.server_port)[1]
     worker = ["--task", str(hosts.index), "--port", str(port), "--report_dir", arguments.report_dir]
     server = subprocess.Popen(
-        [sys.executable, "-m", "components.tpu_worker", *worker], env={**os.environ, **hosts.server_environment()}
+        [sys.executable, "-m", "components.tpu_worker", *worker], env={**runtime_env, **hosts.server_environment()}
     )
     report.update(server_port=port, server_started=time.time())
     try:
         if hosts.index == 0:
-            exit_code = _run_host_zero(arguments, hosts, command, report)
+            exit_code = _run_host_zero(arguments, hosts, command, report, runtime_env, server)
         else:
             exit_code = _follow_host_zero(arguments, hosts, server)
     except SliceFailed as error:
@@ -109,7 +112,14 @@ def launch(arguments: SliceArguments, command: list[str]) -> int:
     return exit_code
 
 
-def _run_host_zero(arguments: SliceArguments, hosts: Any, command: list[str], report: HostReport) -> int:
+def _run_host_zero(
+    arguments: SliceArguments,
+    hosts: Any,
+    command: list[str],
+    report: HostReport,
+    runtime_env: dict[str, str],
+    server: subprocess.Popen,
+) -> int:
     status = StatusServer(arguments.status_port)
     exit_code = 1
     program: subprocess.Popen | None = None
@@ -122,13 +132,14 @@ def _run_host_zero(arguments: SliceArguments, hosts: Any, command: list[str], re
     previous = {number: signal.signal(number, on_signal) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
         started = time.monotonic()
-        wait_for_servers(hosts, arguments.server_port, arguments.hosts_timeout_minutes * 60)
+        wait_for_servers(hosts, arguments.server_port, arguments.hosts_timeout_minutes * 60, server)
         report.update(every_server_up_after_seconds=round(time.monotonic() - started, 1))
         log.info("every host's worker server is up; running %s", " ".join(command[:4]))
         program = subprocess.Popen(
-            command, env={**os.environ, ENDPOINTS_VARIABLE: hosts.endpoints(arguments.server_port)}
+            command, env={**runtime_env, ENDPOINTS_VARIABLE: hosts.endpoints(arguments.server_port)}
         )
         exit_code = program.wait()
+        exit_code = 128 - exit_code if exit_code < 0 else exit_code  # killed by signal N: 128 + N, as a shell says
         log.info("the command ended with exit code %d", exit_code)
     finally:
         for number, handler in previous.items():

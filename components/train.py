@@ -130,8 +130,11 @@ def _train(
         create_repo(arguments.hub_repo_id, token, arguments.hub_private)
         pusher = BackgroundPush(arguments.hub_repo_id, token)
     started = time.perf_counter()
+    # the streams outlive the save: deleting the training iterator can wait on tf.data's autotuning threads where
+    # it prefetches to each device (many replicas, TPUs), and the model is published before that wait
+    streams = training_streams(arguments, plan, strategy, state.start_step)
     try:
-        _training_loop(arguments, plan, strategy, kind, state, pusher, stop)
+        _training_loop(arguments, plan, strategy, kind, state, streams, pusher, stop)
     finally:
         push_failures = pusher.close() if pusher else []
     summary = state.summary(arguments, plan, kind, time.perf_counter() - started)
@@ -146,13 +149,14 @@ def _training_loop(
     strategy: Any,
     kind: str,
     state: TrainingState,
+    streams: tuple[Any, Any, Any],
     pusher: BackgroundPush | None,
     stop: StopRequest,
 ) -> None:
     """Runs the steps left in chunks that end at log and checkpoint boundaries."""
     import tensorflow as tf
 
-    iterator, validation_stream, masking = training_streams(arguments, plan, strategy, state.start_step)
+    iterator, validation_stream, masking = streams
     max_length = plan.manifest["max_length"]
     scorer = MaskedLMScorer(state.model, strategy, max_predictions(max_length, EVALUATION_MLM_PROBABILITY))
     validation = None if validation_stream is None else (validation_stream, scorer)

@@ -201,19 +201,27 @@ def runtime() -> dict[str, Any]:
     }
 
 
-def slice_seen(scratch: str) -> dict[str, Any]:
-    """What each host's launcher wrote (``--report_dir``, the smoke's folder) and, connected to every host's
-    server as the train step will be, the devices each host serves."""
-    import tensorflow as tf
-    from tensorflow.python.eager import context  # the devices of the cluster; tf.config lists this process's
-
+def host_reports(scratch: str) -> list[dict[str, Any]]:
+    """What each host's slice launcher wrote under ``scratch`` (its ``--report_dir``), host 0 first, the hosts
+    that could not tell their index last, each with the devices its server found (libtpu's chips, on a TPU)
+    once it has written them."""
     found = {
         storage.basename(uri): json.loads(storage.read_text(uri))
         for uri in storage.glob(storage.join(scratch, HOSTS_FOLDER, "*.json"))
     }
     hosts = [report for name, report in found.items() if not name.endswith("-server.json")]
-    for host in hosts:  # the devices its server found (libtpu's chips, on a TPU), once it has written them
+    for host in hosts:
         host["server_devices"] = found.get(f"host-{host.get('host')}-server.json", {}).get("devices")
+    return sorted(hosts, key=lambda host: host.get("host", len(hosts)))
+
+
+def slice_seen(scratch: str) -> dict[str, Any]:
+    """What each host's launcher found and, connected to every host's server as the train step will be, the
+    devices each host serves."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context  # the devices of the cluster; tf.config lists this process's
+
+    hosts = host_reports(scratch)
     endpoints = slice_or("local")
     started = time.perf_counter()
     tf.config.experimental_connect_to_cluster(tf.distribute.cluster_resolver.TPUClusterResolver(endpoints))
@@ -224,7 +232,7 @@ def slice_seen(scratch: str) -> dict[str, Any]:
             devices.setdefault(task, []).append(name.rsplit("/device:", 1)[1])
     return {
         "endpoints": endpoints,
-        "host_reports": sorted(hosts, key=lambda host: host.get("host", len(hosts))),  # hosts not found: last
+        "host_reports": hosts,
         "connect_seconds": round(time.perf_counter() - started, 1),
         "devices_by_host": devices,
     }
@@ -262,8 +270,9 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
         copies = math.ceil(needed_tokens / (TOKENS_PER_BYTE_LOW * text_bytes))
         corpus = Path(local, "corpus.txt")
         corpus.write_text("\n".join(lines * copies) + "\n", encoding="utf-8")
-        # two files a host at least: each host of a slice reads a share of the files
+        # on a slice, two files a host: each host reads a share of the files
         hosts = tpu_type(arguments.tpu_type).hosts if arguments.tpu_type else 1
+        files = {"records_per_shard": max(1, needed_tokens // arguments.max_length // (2 * hosts))} if hosts > 1 else {}
         for split in ("train", "validation"):
             write_shards(
                 ShardArguments(
@@ -272,7 +281,7 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
                     output=storage.join(shards_uri, split),
                     split=split,
                     max_length=arguments.max_length,
-                    records_per_shard=max(1, needed_tokens // arguments.max_length // (2 * hosts)),
+                    **files,
                 )
             )
     return tokenizer_uri, storage.join(shards_uri, "train"), storage.join(shards_uri, "validation")

@@ -26,7 +26,7 @@ from components.lib.jobs import log, run_job
 from components.lib.tpu_catalogue import PRICES, TPU_TYPES, tpu_runtime_env, tpu_type
 from components.preflight import TPU_PROVISIONING, check_tpu_provisioning
 from pipelines.compile import check_image_uri
-from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe
+from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe, host_reports
 from pipelines.submit import check_project, check_service_account
 from pipelines.vertex_jobs import JobServiceArguments, JobWait, create_job, job_client, location_path
 
@@ -217,11 +217,17 @@ def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any
         state = waiting.follow(created.name).state
     report_uri = storage.join(folder, REPORT_FILE)
     if not storage.exists(report_uri):
+        failed = [
+            f"host {host.get('host', host['hostname'])}: {host['failed']}"
+            for host in host_reports(folder)
+            if "failed" in host
+        ]
         raise ServiceFailed(
             f"the smoke job ended {state.name} without a report at {report_uri}: the container did not get to run "
             f"the smoke test (the image not pulled, no access to the bucket, no quota, or its "
-            f"{arguments.timeout_minutes}-minute limit reached before the first stage ended); see the job's logs "
-            f"({created.name})"
+            f"{arguments.timeout_minutes}-minute limit reached before the first stage ended"
+            + (f"; the slice's hosts said: {'; '.join(failed)}" if failed else "")
+            + f"); see the job's logs ({created.name})"
         )
     report = json.loads(storage.read_text(report_uri))
     for line in describe(report):

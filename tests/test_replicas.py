@@ -134,13 +134,14 @@ def test_eight_replicas_train_validate_and_resume_after_a_kill_then_evaluate_as_
 ):
     """A run as on a v3-8, SIGKILLed right after its first checkpoint and run again: it resumes there and ends at
     the planned step, with the recipe's schedules going on from the checkpoint's step (the learning rate's
-    warmup-stable-decay, the masking rate's decay from 30% to 15% over the 12 steps' 24 micro-batches). Its
+    warmup-stable-decay, the masking rate's decay from 30% to 15% over the 12 steps' 24 micro-batches), the
+    gradient clipped. Its
     model then scores the same at 8 replicas as at 1. (The resume on gs://: tests/test_train.py.)"""
     output = str(tmp_path / "model")
     command = train_command(embedded_shards, output, "--replicas", "8", "--per_replica_batch_size", "2")
     command += ["--gradient_accumulation_steps", "2", "--learning_rate", "1e-3", "--warmup_steps", "2"]
     command += ["--lr_schedule", "wsd", "--decay_fraction", "0.5", "--mlm_probability", "0.3"]
-    command += ["--final_mlm_probability", "0.15"]
+    command += ["--final_mlm_probability", "0.15", "--clip_norm", "0.5"]  # clipping the gradient summed over replicas
     command += ["--max_steps", "12", "--checkpoint_every_steps", "4", "--log_every_steps", "4", "--eval_batches", "1"]
     save = "tensorflow.python.checkpoint.checkpoint_management:CheckpointManager.save"
     killed = subprocess.run(  # SIGKILL right after the first checkpoint (and its validation had not run yet)
@@ -159,6 +160,7 @@ def test_eight_replicas_train_validate_and_resume_after_a_kill_then_evaluate_as_
     assert "resuming from" in resumed.stderr
     summary = json.loads(storage.read_text(f"{output}/{SUMMARY_FILE}"))
     assert summary["replicas"] == 8 and summary["global_batch_size"] == 32
+    assert summary["arguments"]["clip_norm"] == 0.5 and all(point["loss"] > 0 for point in summary["history"])
     assert summary["resumed_from_step"] == 4 and summary["steps_this_run"] == 8
     assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-12")
     assert storage.exists(f"{output}/tf_model.h5")

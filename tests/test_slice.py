@@ -17,7 +17,14 @@ import time
 import pytest
 from conftest import PROJECT_ROOT
 
-from components.lib.slice_hosts import METADATA_REPORTED, SliceFailed, SliceHosts, discover, metadata_attribute
+from components.lib.slice_hosts import (
+    METADATA_REPORTED,
+    SliceFailed,
+    SliceHosts,
+    discover,
+    metadata_attribute,
+    wait_for_servers,
+)
 
 
 class MetadataStandIn(http.server.ThreadingHTTPServer):
@@ -92,14 +99,31 @@ def launch_host(
     env["GCE_METADATA_HOST"] = f"127.0.0.1:{status_port + 1 if status_port < 65535 else 1}"
     flags = ["--tpu_type", "v5e-16", "--status_port", str(status_port), "--report_dir", report_dir]
     flags += ["--hosts_timeout_minutes", str(timeout_minutes), "--linger_seconds", str(linger)]
-    return subprocess.Popen(
+    launcher = subprocess.Popen(
         [sys.executable, "-m", "components.slice", *flags, "--", *command],
         cwd=PROJECT_ROOT,
         env={**env, "PYTHONPATH": str(PROJECT_ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its server and program with it: a failed test ends them all (end_hosts)
     )
+    LAUNCHED.append(launcher)
+    return launcher
+
+
+LAUNCHED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def end_hosts():
+    """Whatever a test's outcome, no stand-in host outlives it: each launcher's process group is killed."""
+    yield
+    while LAUNCHED:
+        launcher = LAUNCHED.pop()
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
 
 
 # Host 0's program in the rehearsal: it prepares its runtime as the train step does, connects to every host's server
@@ -204,3 +228,14 @@ def test_the_launcher_refuses_a_one_host_tpu_and_a_missing_command():
             env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         )
         assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+
+
+def test_host_zero_stops_waiting_for_the_hosts_when_its_own_server_has_ended():
+    """A server that could not start (libtpu refused it, say) ends the wait at once, not after its timeout."""
+    hosts = SliceHosts(0, ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"), "test")
+    ended = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    ended.wait()
+    started = time.monotonic()
+    with pytest.raises(SliceFailed, match="this host's worker server ended with exit code 3"):
+        wait_for_servers(hosts, 8470, 600, ended)
+    assert time.monotonic() - started < 10

@@ -165,6 +165,24 @@ def test_smoke_creates_the_job_follows_it_and_prints_the_report_it_wrote_when_no
     assert json.loads(storage.read_text(report))["failed_at"] == "runtime"
 
 
+def test_a_slice_whose_hosts_are_not_found_says_so_from_its_hosts_reports(gcs, monkeypatch):
+    """The smoke job on a v5e-16 where neither TPU_WORKER_* nor the metadata say who the hosts are (this machine):
+    the launcher fails before the smoke test starts, and its host report says why."""
+    from vertex_server import VertexStandIn
+
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # no metadata server answers (the job's environment)
+    with VertexStandIn() as vertex:
+        result = run_module(
+            "pipelines.submit_smoke",
+            *("--project", "my-project-123", "--scratch", gcs, "--tpu_type", "v5e-16"),
+            *("--tpu_image", "us-docker.pkg.dev/p/r/tpu:1", "--api_endpoint", vertex.url, "--poll_seconds", "0.2"),
+        )
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "without a report" in last and "the slice's hosts said: host " in last
+    assert "found no TPU slice hosts: TPU_WORKER_ID and TPU_WORKER_HOSTNAMES are not set" in last
+
+
 SMOKE_JOB = ["--project", "my-project-123", "--tpu_type", "v5e-1", "--tpu_image", "us-docker.pkg.dev/p/r/tpu:1"]
 
 

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from components.lib.errors import ServiceFailed
 
@@ -148,12 +149,14 @@ def metadata_attribute(name: str, tries: int = METADATA_TRIES) -> str | None:
     return None
 
 
-def wait_for_servers(hosts: SliceHosts, port: int, timeout_seconds: float) -> None:
+def wait_for_servers(hosts: SliceHosts, port: int, timeout_seconds: float, own_server: Any = None) -> None:
     """Returns once every host's worker server accepts connections; fails, naming the hosts that did not, after
-    ``timeout_seconds``."""
+    ``timeout_seconds``, or at once when this host's own server (a ``subprocess.Popen``) has ended."""
     deadline = time.monotonic() + timeout_seconds
     waiting = set(range(len(hosts.addresses)))
     while waiting:
+        if own_server is not None and own_server.poll() is not None:
+            raise SliceFailed(f"this host's worker server ended with exit code {own_server.returncode}")
         waiting = {host for host in waiting if not _accepts(*hosts.server(host, port))}
         if waiting and time.monotonic() > deadline:
             names = ", ".join(f"{host} ({hosts.addresses[host]})" for host in sorted(waiting))
