@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.lib import storage
 from components.lib.jobs import run_job
-from components.lib.slice_hosts import SERVER_PORT
+from components.lib.slice_hosts import HOSTS_FOLDER, SERVER_PORT
 
 log = logging.getLogger("tpu_mlm.tpu_worker")
 
@@ -38,9 +39,6 @@ def serve(arguments: WorkerArguments) -> dict[str, Any]:
     devices = [device.name for device in tf.config.list_physical_devices()]
     log.info("host %d serving %s on port %d", arguments.task, devices, arguments.port)
     if arguments.report_dir:  # whether libtpu gave this server its chips, for the smoke test's report
-        from components.lib import storage
-        from components.lib.slice_hosts import HOSTS_FOLDER
-
         uri = storage.join(arguments.report_dir, HOSTS_FOLDER, f"host-{arguments.task}-server.json")
         storage.write_text_atomic(uri, json.dumps({"host": arguments.task, "devices": devices}) + "\n")
     server.join()  # until the launcher ends this process

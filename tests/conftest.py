@@ -59,46 +59,39 @@ def embedded_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     return output
 
 
-@pytest.fixture(scope="session")
-def embedded_shards(tmp_path_factory: pytest.TempPathFactory, embedded_tokenizer: str) -> dict:
-    """Train shards and held-out validation shards of the embedded corpus: about 1,000 and 50 samples."""
+def embedded_shard_set(root: Path, tokenizer: str, records_per_shard: dict[str, int] | None = None) -> dict:
+    """Training shards of the embedded corpus and its held-out 5% as validation shards, under ``root``;
+    ``records_per_shard``: samples a file, by split (default: the shards step's)."""
     from components.shards import ShardArguments, write_shards
 
-    root = tmp_path_factory.mktemp("embedded-shards")
     for split, holdout in (("train", "exclude"), ("validation", "only")):
+        files = {"records_per_shard": records_per_shard[split]} if records_per_shard else {}
         write_shards(
             ShardArguments(
                 output=str(root / split),
-                tokenizer=embedded_tokenizer,
+                tokenizer=tokenizer,
                 corpus="embedded",
                 split=split,
                 holdout_fraction=0.05,
                 holdout=holdout,
+                **files,
             )
         )
-    return {"train": str(root / "train"), "validation": str(root / "validation"), "tokenizer": embedded_tokenizer}
+    return {"train": str(root / "train"), "validation": str(root / "validation"), "tokenizer": tokenizer}
+
+
+@pytest.fixture(scope="session")
+def embedded_shards(tmp_path_factory: pytest.TempPathFactory, embedded_tokenizer: str) -> dict:
+    """Train shards and held-out validation shards of the embedded corpus: about 1,000 and 50 samples."""
+    return embedded_shard_set(tmp_path_factory.mktemp("embedded-shards"), embedded_tokenizer)
 
 
 @pytest.fixture(scope="session")
 def embedded_shards_in_files(tmp_path_factory: pytest.TempPathFactory, embedded_tokenizer: str) -> dict:
     """The embedded corpus's shards in many small files, as a slice's hosts read them (each host a share): about
     1,000 training samples in 12 files, 50 validation samples in 5."""
-    from components.shards import ShardArguments, write_shards
-
     root = tmp_path_factory.mktemp("embedded-shards-in-files")
-    for split, holdout, records in (("train", "exclude", 90), ("validation", "only", 11)):
-        write_shards(
-            ShardArguments(
-                output=str(root / split),
-                tokenizer=embedded_tokenizer,
-                corpus="embedded",
-                split=split,
-                holdout_fraction=0.05,
-                holdout=holdout,
-                records_per_shard=records,
-            )
-        )
-    return {"train": str(root / "train"), "validation": str(root / "validation"), "tokenizer": embedded_tokenizer}
+    return embedded_shard_set(root, embedded_tokenizer, {"train": 90, "validation": 11})
 
 
 @pytest.fixture(scope="session")
@@ -110,6 +103,18 @@ def wikitext_tokenizer(tmp_path_factory: pytest.TempPathFactory, wikitext: Path)
         TokenizerArguments(output=output, corpus=str(wikitext / "valid.txt"), vocab_size=WIKITEXT_VOCAB_SIZE)
     )
     return output
+
+
+def run_at(action: list[str], *command: str) -> subprocess.CompletedProcess:
+    """Runs the job ``command`` (``python -m`` style) under ``tests/kill_at.py``, acting (``--function ... --action
+    ...``) at a chosen call, as ``run_module`` runs a job."""
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *action, "--", *command],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )
 
 
 def run_module(module: str, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:

@@ -6,14 +6,11 @@ TPU VM."""
 
 import functools
 import json
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
-from conftest import PROJECT_ROOT, run_module
+from conftest import run_at, run_module
 from transformers import TFAutoModelForMaskedLM
 
 from components.lib import storage
@@ -77,13 +74,7 @@ def test_two_cpu_replicas_checkpoint_on_a_sigterm_and_the_rerun_ends_at_the_plan
     command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "8")
     command += ["--max_steps", "9", "--checkpoint_every_steps", "6", "--log_every_steps", "3", "--eval_batches", "1"]
     term = ["--function", "components.lib.training_log:LogWindow.point", "--action", "term"]
-    stopped = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *term, "--", *command],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-    )
+    stopped = run_at(term, *command)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert "SIGTERM: checkpoint at step 3 of 9 saved" in stopped.stderr
     resumed = run_module(*command)
@@ -144,13 +135,8 @@ def test_eight_replicas_train_validate_and_resume_after_a_kill_then_evaluate_as_
     command += ["--final_mlm_probability", "0.15", "--clip_norm", "0.5"]  # clipping the gradient summed over replicas
     command += ["--max_steps", "12", "--checkpoint_every_steps", "4", "--log_every_steps", "4", "--eval_batches", "1"]
     save = "tensorflow.python.checkpoint.checkpoint_management:CheckpointManager.save"
-    killed = subprocess.run(  # SIGKILL right after the first checkpoint (and its validation had not run yet)
-        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), "--function", save, "--after", "--", *command],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-    )
+    # SIGKILL right after the first checkpoint (and its validation had not run yet)
+    killed = run_at(["--function", save, "--after"], *command)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-4")
     assert not storage.exists(f"{output}/{SUMMARY_FILE}")

@@ -1,9 +1,6 @@
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
-from conftest import PROJECT_ROOT, WIKITEXT_VOCAB_SIZE, run_module
+from conftest import WIKITEXT_VOCAB_SIZE, run_at, run_module
 from transformers import AutoTokenizer
 
 from components.lib.corpus import LINE_STEP, embedded_lines
@@ -251,13 +248,7 @@ def merge_reference(tmp_path_factory, embedded_tokenizer) -> tuple[list[str], di
 def run_killed(kill_point: tuple[str, str, int, bool], job: list[str], output: str) -> None:
     function, matching, nth, after = kill_point
     kill = ["--function", function, "--matching", matching, "--nth", str(nth), *(["--after"] if after else [])]
-    process = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *kill, "--", *job, "--output", output],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-    )
+    process = run_at(kill, *job, "--output", output)
     assert process.returncode == -signal.SIGKILL, f"not killed at {kill_point}: {process.stderr[-2000:]}"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import PROJECT_ROOT, WIKITEXT_VOCAB_SIZE, run_module
+from conftest import PROJECT_ROOT, WIKITEXT_VOCAB_SIZE, run_at, run_module
 from transformers import AutoTokenizer, TFAutoModelForMaskedLM, pipeline
 
 from components.evaluate import EvaluateArguments, evaluate
@@ -138,13 +138,7 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
     data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
     job = ["components.train", *data, *RESUME_ARGS, "--output", output]
     save = "tensorflow.python.checkpoint.checkpoint_management:CheckpointManager.save"
-    killed = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), "--function", save, "--after", "--", *job],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-    )
+    killed = run_at(["--function", save, "--after"], *job)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-20")
     assert not tf.io.gfile.exists(f"{output}/{SUMMARY_FILE}")
@@ -191,13 +185,7 @@ def test_a_sigterm_checkpoints_where_training_is_and_the_rerun_ends_at_the_plann
     job = ["components.train", *data, *RESUME_ARGS, "--output", str(output)]
     # the SIGTERM comes with the first log point, at step 10: between periodic checkpoints (every 20 steps)
     term = ["--function", "components.lib.training_log:LogWindow.point", "--action", "term"]
-    stopped = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *term, "--", *job],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-    )
+    stopped = run_at(term, *job)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert "SIGTERM: checkpoint at step 10 of 60 saved" in stopped.stderr
     assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-10")

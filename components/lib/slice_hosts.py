@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from components.lib import storage
 from components.lib.errors import ServiceFailed
 
 log = logging.getLogger("tpu_mlm.slice")
@@ -104,8 +105,6 @@ class HostReport:
     on host 0 every host's server coming up. The smoke test gathers them."""
 
     def __init__(self, report_dir: str):
-        import socket
-
         self.report_dir = report_dir
         self.name = f"host-unknown-{socket.gethostname()}"
         self.values: dict = {
@@ -122,8 +121,6 @@ class HostReport:
     def update(self, **values: object) -> None:
         self.values.update(values)
         if self.report_dir:
-            from components.lib import storage
-
             uri = storage.join(self.report_dir, HOSTS_FOLDER, f"{self.name}.json")
             storage.write_text_atomic(uri, json.dumps(self.values, indent=2) + "\n")
 
