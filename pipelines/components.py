@@ -30,10 +30,10 @@ def tokenizer_step(
         sample_bytes: Train on about this many bytes of text, spread evenly over the whole corpus and the same in every run (0: all of it). The Unigram trainer holds its input in memory: about 10 bytes a byte of sample at worst (measured in docs/benchmarks.md).
     """
     values = dict(locals())
-    from components.lib.storage import permission_errors_in_one_line
+    from components.lib.jobs import job_exit_status
     from pipelines.steps import run_tokenizer
 
-    with permission_errors_in_one_line(values.values()):
+    with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_tokenizer(**values)
 
 
@@ -76,10 +76,10 @@ def shards_step(
         overwrite: Replace a complete shard set made with other settings.
     """
     values = dict(locals())
-    from components.lib.storage import permission_errors_in_one_line
+    from components.lib.jobs import job_exit_status
     from pipelines.steps import run_shards
 
-    with permission_errors_in_one_line(values.values()):
+    with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_shards(**values)
 
 
@@ -175,10 +175,10 @@ def preflight_step(
         allow_tight_memory: Start a run whose memory estimate is tight (its high end above the TPU's memory) instead of refusing it: XLA may fit it, or the job may die of out-of-memory at compile.
     """
     values = dict(locals())
-    from components.lib.storage import permission_errors_in_one_line
+    from components.lib.jobs import job_exit_status
     from pipelines.steps import run_preflight
 
-    with permission_errors_in_one_line(values.values()):
+    with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_preflight(**values)
 
 
@@ -272,10 +272,10 @@ def train_step(
         start_minutes: The accelerator must be ready (the TPU initialised) within this many minutes: a start that hangs is a failed attempt, not a wait until the job's timeout that every restart and retry would pay again.
     """
     values = dict(locals())
-    from components.lib.storage import permission_errors_in_one_line
+    from components.lib.jobs import job_exit_status
     from pipelines.steps import run_train
 
-    with permission_errors_in_one_line(values.values()):
+    with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_train(**values)
 
 
@@ -313,10 +313,10 @@ def evaluate_step(
         replicas: Replicas, as for training (0: all devices; CPU: 1).
     """
     values = dict(locals())
-    from components.lib.storage import permission_errors_in_one_line
+    from components.lib.jobs import job_exit_status
     from pipelines.steps import run_evaluate
 
-    with permission_errors_in_one_line(values.values()):
+    with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_evaluate(**values)
 
 
@@ -343,10 +343,10 @@ def push_step(
         retries: Tries again after transient Hub errors (1, 2, 4 ... s apart).
     """
     values = dict(locals())
-    from components.lib.storage import permission_errors_in_one_line
+    from components.lib.jobs import job_exit_status
     from pipelines.steps import run_push
 
-    with permission_errors_in_one_line(values.values()):
+    with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_push(**values)
 
 
@@ -363,8 +363,8 @@ def report_step(
         evaluation: Folder with metrics.json from components.evaluate.
     """
     values = dict(locals())
-    from components.lib.storage import permission_errors_in_one_line
+    from components.lib.jobs import job_exit_status
     from pipelines.steps import run_report
 
-    with permission_errors_in_one_line(values.values()):
+    with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_report(**values)

@@ -11,7 +11,8 @@ in seconds, without a new TPU job or a resume. This launcher looks at the record
   resumes from the run's checkpoints, with what is left of the run's time limit: the jobs of one task share the
   payload's ``timeout``, which preflight derived from the run's estimate;
 * cancelled (someone stopped it), expired, paused, or failed for a reason another try would meet again (bad
-  input, a permission, an image that does not exist): not replaced; the task fails, saying why.
+  input, a loss that diverged, a permission, an image that does not exist): not replaced; the task fails, saying
+  why.
 
 A job queued or pending longer than ``--max_queued_minutes`` is cancelled, and a SIGTERM (the task cancelled)
 cancels the job it follows. The job carries the pipeline run's labels, as GCPC's launcher gives them.
@@ -33,7 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from components.lib.errors import InvalidParameter, ServiceFailed
-from components.lib.jobs import BAD_INPUT_EXIT, log, run_job
+from components.lib.jobs import NOT_RETRIED_EXITS, log, run_job
 from pipelines.vertex_jobs import (
     ENDED_WITHOUT_SUCCESS,
     SUCCEEDED,
@@ -165,13 +166,14 @@ REPLICA_EXITED = re.compile(r"exited with a non-zero status of (\d+)")
 def replaceable(job: Any) -> bool:
     """Whether another job may get further than this failed one: the train step's container exited with an error
     (a preemption's SIGTERM, a crash; its own attempts.json refuses a repeated failure), but not with bad input
-    (status 2: the same settings would fail again); or the job failed for a reason that is not the user's
-    (GCPC's list of such error codes). A job cancelled (someone stopped it), expired or paused is not replaced."""
+    (status 2) or a diverged loss (status 4), which the same settings meet again; or the job failed for a reason
+    that is not the user's (GCPC's list of such error codes). A job cancelled (someone stopped it), expired or
+    paused is not replaced."""
     if job.state.name != "JOB_STATE_FAILED":
         return False
     exited = REPLICA_EXITED.search(job.error.message or "")
     if exited:
-        return int(exited.group(1)) != BAD_INPUT_EXIT
+        return int(exited.group(1)) not in NOT_RETRIED_EXITS
     return job.error.code not in USER_ERROR_CODES
 
 

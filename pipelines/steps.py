@@ -272,10 +272,10 @@ def component_source(step: Step) -> str:
     lines += [f"){' -> ' + step.returns if step.returns else ''}:", *docstring(step)]
     lines += [
         "    values = dict(locals())",
-        "    from components.lib.storage import permission_errors_in_one_line",
+        "    from components.lib.jobs import job_exit_status",
         f"    from pipelines.steps import {step.runner.__name__}",
         "",
-        "    with permission_errors_in_one_line(values.values()):",
+        "    with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command",
         f"        return {step.runner.__name__}(**values)",
     ]
     return "\n".join(lines) + "\n"
@@ -315,19 +315,23 @@ def make_component(step: Step, image: str) -> Any:
 
 def part_indices(num_parts: int) -> list:
     from components.lib.errors import InvalidParameter
+    from components.lib.jobs import job_exit_status
 
-    if num_parts < 1:
-        raise InvalidParameter("num_parts", num_parts, "must be a positive whole number")
-    return list(range(num_parts))
+    with job_exit_status([]):
+        if num_parts < 1:
+            raise InvalidParameter("num_parts", num_parts, "must be a positive whole number")
+        return list(range(num_parts))
 
 
 def merge_shards_step(output_root: str, parts: Input[list[Dataset]], shards: Output[Dataset]):
+    from components.lib.jobs import job_exit_status
     from components.lib.shard_set import gather_parts
     from components.lib.storage import relocate
 
-    shards.uri = relocate(shards.uri, output_root)
-    manifest = gather_parts([part.uri for part in parts], shards.uri)
-    shards.metadata.update({"split": manifest["split"], "num_records": manifest["num_records"]})
+    with job_exit_status([output_root, *parts]):
+        shards.uri = relocate(shards.uri, output_root)
+        manifest = gather_parts([part.uri for part in parts], shards.uri)
+        shards.metadata.update({"split": manifest["split"], "num_records": manifest["num_records"]})
 
 
 def main() -> int:

@@ -130,6 +130,48 @@ def run_module(module: str, *args: str, env: dict[str, str] | None = None, **kwa
     )
 
 
+def compiled_step_command(spec: dict, step: str) -> list[str]:
+    """The command and arguments a step of a compiled pipeline (``spec``, the YAML loaded) runs in its container:
+    for the vertex target's train step, its TPU job's; its executor input is the placeholder to fill."""
+    if "worker_pool_specs" in spec["components"][f"comp-{step}"]["inputDefinitions"]["parameters"]:
+        parameters = spec["components"][f"comp-{step}"]["inputDefinitions"]["parameters"]
+        container = parameters["worker_pool_specs"]["defaultValue"][0]["container_spec"]
+    else:
+        container = spec["deploymentSpec"]["executors"][f"exec-{step}"]["container"]
+    return [*container["command"], *container["args"]]
+
+
+def run_compiled_step(command: list[str], tmp_path: Path, parameters: dict, artifacts: dict, **kwargs):
+    """Runs a compiled step's ``command`` (``compiled_step_command``) as its container would, through KFP's executor,
+    with the executor input Vertex AI would fill in: ``parameters`` by name, ``artifacts`` by name as (KFP schema
+    title, URI), inputs and outputs alike. The image's ``python3`` is this environment's."""
+    import json
+
+    def artifact(name: str, schema: str, uri: str) -> dict:
+        return {"artifacts": [{"name": name, "type": {"schemaTitle": schema}, "uri": uri, "metadata": {}}]}
+
+    executor_input = {
+        "inputs": {
+            "parameterValues": parameters,
+            "artifacts": {name: artifact(name, *value) for name, value in artifacts.items()},
+        },
+        "outputs": {
+            "artifacts": {name: artifact(name, *value) for name, value in artifacts.items()},
+            "outputFile": str(tmp_path / "executor_output.json"),
+        },
+    }
+    filled = [json.dumps(executor_input) if argument.startswith("{{$") else argument for argument in command]
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    return subprocess.run(
+        filled,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": path, "PYTHONPATH": str(PROJECT_ROOT)},
+        **kwargs,
+    )
+
+
 @pytest.fixture(scope="session")
 def wikitext_shards(tmp_path_factory: pytest.TempPathFactory, wikitext: Path, wikitext_tokenizer: str) -> dict:
     """Train shards from WikiText-2 valid.txt and validation shards from test.txt (first 600 texts)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_module
+from conftest import compiled_step_command, run_compiled_step, run_module
 from pytorch_env import run_pytorch
 from transformers import pipeline
 
@@ -100,6 +100,53 @@ def test_the_tpu_job_s_python_gets_the_sigterm_sent_to_the_job_s_main_process(tm
     job.send_signal(signal.SIGTERM)
     assert job.wait(timeout=30) == 143
     assert heard.read_text() == "SIGTERM"
+
+
+@pytest.mark.slow  # a TensorFlow import a case
+@pytest.mark.parametrize("refused", ["no TPU", "no tokenizer"])
+def test_the_compiled_train_step_exits_2_in_one_line_on_a_refused_input(tmp_path, embedded_shards, refused):
+    """What the TPU task's launcher reads from a job that ended: the compiled train component, run as its TPU job's
+    container runs it (KFP's executor on the component's code), exits 2 with one line for an input it refuses, so
+    that no new TPU job is created for it. Off a TPU, the compiled default (accelerator tpu) is one such input."""
+    spec = compiled(tmp_path, target="vertex", cpu_image=CPU_IMAGE, tpu_image=TPU_IMAGE)
+    command = compiled_step_command(spec, "train-step")
+    # what the pipeline passes on a v3-8 (accelerator tpu), on a tiny model and the embedded corpus
+    parameters = {"accelerator": "tpu", "replicas": 8, "model_config": "tiny", "per_replica_batch_size": 4}
+    parameters["checkpoint_dir"] = str(tmp_path / "checkpoints")
+    tokenizer = embedded_shards["tokenizer"]
+    if refused == "no tokenizer":  # on the CPU, which starts
+        parameters.update(accelerator="cpu", replicas=0)
+        tokenizer = str(tmp_path / "no-tokenizer-here")
+    artifacts = {
+        "tokenizer": ("system.Artifact", tokenizer),
+        "train_shards": ("system.Dataset", embedded_shards["train"]),
+        "eval_shards": ("system.Dataset", embedded_shards["validation"]),
+        "model": ("system.Model", str(tmp_path / "model")),
+    }
+    result = run_compiled_step(command, tmp_path, parameters, artifacts, timeout=600)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    if refused == "no TPU":
+        assert last.startswith("error: --accelerator='tpu': no TPU found at --tpu='local'"), last
+    else:
+        assert last.startswith(f"error: --tokenizer={tokenizer!r}: "), last
+    assert not (tmp_path / "model").exists()
+
+
+def test_a_compiled_cpu_step_exits_2_in_one_line_on_a_refused_input(tmp_path):
+    spec = compiled(tmp_path, target="vertex", cpu_image=CPU_IMAGE, tpu_image=TPU_IMAGE)
+    command = compiled_step_command(spec, "tokenizer-step")
+    output = tmp_path / "tokenizer"
+    result = run_compiled_step(
+        command, tmp_path, {"vocab_size": 3}, {"tokenizer": ("system.Artifact", str(output))}, timeout=300
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --vocab-size=3: "), result.stderr[-3000:]
+    assert not output.exists()
+    # the inline step that plans the parts, with the same rule
+    plan = run_compiled_step(compiled_step_command(spec, "part-indices"), tmp_path, {"num_parts": 0}, {}, timeout=300)
+    assert plan.returncode == 2 and "Traceback" not in plan.stderr, plan.stderr[-3000:]
+    assert plan.stderr.strip().splitlines()[-1] == "error: --num-parts=0: must be a positive whole number"
 
 
 def test_every_tpu_type_has_its_expected_machine():

@@ -60,7 +60,8 @@ class VertexStandIn:
         command = [*container.get("command", []), *container.get("args", [])]
         if command[:1] == ["python"]:
             command[0] = sys.executable  # the image's Python is this project's here
-        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+        path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # and its python3 (KFP's executor line)
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "PATH": path}
         env.update({variable["name"]: variable["value"] for variable in container.get("env", [])})
         self.jobs[name] = {**job, "name": name, "state": "JOB_STATE_PENDING", "createTime": now()}
         if self.start_jobs:

@@ -1,5 +1,5 @@
-"""The errors a step reports in one line: bad input (before it spends time or writes anything), and an
-outside service that kept failing after retries."""
+"""The errors a step reports in one line: bad input (before it spends time or writes anything), a training whose
+loss stopped being finite, and an outside service that kept failing after retries."""
 
 
 class InvalidParameter(ValueError):
@@ -15,3 +15,8 @@ class InvalidParameter(ValueError):
 
 class ServiceFailed(RuntimeError):
     """An outside service (the Hub) kept failing with errors that are usually transient, retries included."""
+
+
+class Diverged(RuntimeError):
+    """The training's loss or gradient norm stopped being finite: the run stopped with no checkpoint or model written
+    from those weights. The message names the step, the learning rate and what to try."""

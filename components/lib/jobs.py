@@ -1,22 +1,29 @@
 """Running a job from its command line: parse its arguments dataclass, set up logging, run it, and end with its
 summary in a few lines for people (``--json``: the whole summary as JSON, for scripts; the whole record is in the
-files the job writes). Bad input exits with status 2 and one line naming the parameter."""
+files the job writes). Bad input exits with status 2 and one line naming the parameter; a training that diverged
+with status 4; a failure of an outside service with 1; each in one line, without a traceback. A pipeline component
+exits the same way (``job_exit_status``): KFP's executor maps no exception to a status, and Vertex AI shows the
+last lines of a task's log."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import logging
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from components.lib import storage
-from components.lib.errors import InvalidParameter, ServiceFailed
+from components.lib.errors import Diverged, InvalidParameter, ServiceFailed
 
 Arguments = TypeVar("Arguments")
 BAD_INPUT_EXIT = 2  # the exit status of a job refused for its input: the same input fails the same way again
+DIVERGED_EXIT = 4  # a training stopped on a non-finite loss: the same data, seed and settings diverge again
+# what a new job with the same settings would meet again: the TPU task's launcher does not replace such a job
+NOT_RETRIED_EXITS = (BAD_INPUT_EXIT, DIVERGED_EXIT)
 log = logging.getLogger("tpu_mlm")
 
 
@@ -85,6 +92,35 @@ def google_cloud_refusal(error: BaseException) -> str:
     return ""
 
 
+def one_line_failure(error: BaseException) -> tuple[int, str] | None:
+    """The exit status and the one line of an error a job reports without a traceback; None for any other."""
+    if isinstance(error, InvalidParameter):
+        return BAD_INPUT_EXIT, str(error)
+    if isinstance(error, Diverged):
+        return DIVERGED_EXIT, str(error)
+    if isinstance(error, ServiceFailed):
+        return 1, str(error)
+    refused = google_cloud_refusal(error)
+    return (1, refused) if refused else None
+
+
+@contextlib.contextmanager
+def job_exit_status(values: Iterable[Any]) -> Iterator[None]:
+    """Ends the process as ``run_job`` does for the errors it reports in one line (``one_line_failure``): for a
+    pipeline component, whose code KFP's executor runs with no mapping of exceptions to exit statuses. ``values``:
+    the step's arguments, whose buckets a storage permission error names."""
+    try:
+        with storage.permission_errors_in_one_line(values):
+            yield
+    except Exception as error:
+        failure = one_line_failure(error)
+        if failure is None:
+            raise
+        status, line = failure
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        raise SystemExit(status) from None
+
+
 def run_job(
     arguments_class: type[Arguments],
     job: Callable[[Arguments], dict[str, Any]],
@@ -103,18 +139,13 @@ def run_job(
         arguments, as_json = parse_arguments(arguments_class, argv, description or job.__doc__ or "", prog)
         with storage.permission_errors_in_one_line(vars(arguments).values()):
             summary = job(arguments)
-    except InvalidParameter as error:
-        print(f"error: {error}", file=sys.stderr)
-        return BAD_INPUT_EXIT
-    except ServiceFailed as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
     except Exception as error:
-        refused = google_cloud_refusal(error)
-        if not refused:
+        failure = one_line_failure(error)
+        if failure is None:
             raise
-        print(f"error: {refused}", file=sys.stderr)
-        return 1
+        status, line = failure
+        print(f"error: {line}", file=sys.stderr)
+        return status
     if print_summary and as_json:
         print(json.dumps(summary, indent=2, default=str))
     elif print_summary:
