@@ -173,6 +173,25 @@ def test_host_zero_runs_the_program_against_every_host_s_server_and_every_host_e
     assert "host 0's command ended with exit code 42" in outcomes[3][1]
 
 
+@pytest.mark.slow  # four launchers and TensorFlow servers on two cores
+def test_a_refused_input_on_host_zero_ends_every_host_with_status_2(tmp_path):
+    """The train step on host 0 refuses its input (no tokenizer there): every host's container exits 2, the status
+    the TPU task's launcher reads as "do not replace the job", whichever host's status Vertex AI reports."""
+    *ports, status_port = free_ports(5)
+    train = [sys.executable, "-m", "components.train", "--tokenizer", str(tmp_path / "no-tokenizer-here")]
+    train += ["--train_shards", str(tmp_path / "shards"), "--accelerator", "cpu", "--output", str(tmp_path / "model")]
+    launchers = [launch_host(0, ports, status_port, *train)]
+    launchers += [launch_host(index, ports, status_port, "false") for index in (1, 2, 3)]
+    outcomes = [launcher.communicate(timeout=300) for launcher in launchers]
+    assert [launcher.returncode for launcher in launchers] == [2] * 4, [err[-2000:] for _, err in outcomes]
+    refused = [line for line in outcomes[0][1].splitlines() if line.startswith("error: ")]
+    assert refused == [
+        f"error: --tokenizer='{tmp_path / 'no-tokenizer-here'}': is not a tokenizer folder (no tokenizer.json in it)"
+    ]
+    assert "host 0's command ended with exit code 2" in outcomes[3][1]
+    assert not (tmp_path / "model").exists()
+
+
 @pytest.mark.slow  # four launchers and servers, and the smoke test's training on two cores
 def test_the_smoke_test_on_a_slice_reports_every_host_and_the_devices_host_zero_reaches(tmp_path):
     """``tpu-mlm smoke --tpu_type v5e-16``'s job rehearsed: every host's launcher writes what it found beside the
