@@ -77,12 +77,12 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     steps = train_function(model, optimizer, strategy, False, max_predictions(manifest["max_length"], 0.15))
     chunk = tf.constant(arguments.steps_per_execution, tf.int32)
-    float(steps(iterator, chunk))  # tracing
+    float(steps(iterator, chunk)[0])  # tracing
     best = 0.0
     for _ in range(arguments.repeats):
         started = time.perf_counter()
         for _ in range(arguments.steps // arguments.steps_per_execution):
-            loss = float(steps(iterator, chunk))
+            loss = float(steps(iterator, chunk)[0])
         elapsed = time.perf_counter() - started
         best = max(best, arguments.steps * shape.global_batch_size / elapsed)
     return {"replicas": replicas, "samples_per_second": best, "last_loss": loss}

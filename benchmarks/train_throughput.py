@@ -166,7 +166,7 @@ def main() -> None:
     steps(iterator, chunk)  # warm-up: tracing
     started = time.perf_counter()
     for _ in range(arguments.train_steps // arguments.steps_per_execution):
-        float(steps(iterator, chunk))
+        float(steps(iterator, chunk)[0])
     timed = arguments.train_steps // arguments.steps_per_execution * arguments.steps_per_execution
     result["train_component_samples_per_s"] = timed * arguments.batch_size / (time.perf_counter() - started)
     result["train_ratio"] = result["train_component_samples_per_s"] / result["train_default_fit_samples_per_s"]

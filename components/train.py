@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -33,7 +34,7 @@ from typing import Any
 from components.lib import storage
 from components.lib.attempts import Attempts
 from components.lib.devices import peak_tflops_per_replica, prepare_runtime, select_strategy
-from components.lib.errors import InvalidParameter
+from components.lib.errors import Diverged, InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
@@ -50,7 +51,7 @@ from components.lib.results import SUMMARY_FILE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES
 from components.lib.training import TrainingPlan, TrainingSettings, plan_training
 from components.lib.training_log import LogWindow, format_point, write_summaries
-from components.lib.training_state import TrainingState, start_or_resume
+from components.lib.training_state import TrainingState, start_or_resume, weights_finite
 
 log = logging.getLogger("tpu_mlm.train")
 
@@ -183,6 +184,7 @@ def _training_loop(
     storage.makedirs(arguments.tensorboard_dir)  # in a bucket: its marker, where the writer's own walk stops
     writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
     step = state.start_step
+    skipped = 0  # steps' batches the stream went past in rewinds
     pace = CallPace()
     stop.in_loop = True  # a SIGTERM from here on is acted on between calls: checkpoint, then exit
     try:
@@ -196,12 +198,18 @@ def _training_loop(
             steps = min(min(boundaries) - step, pace.steps_per_call())
             with naming_corrupt_shards(*shard_sources):
                 pace.start()
-                loss = float(train_steps(iterator, tf.constant(steps, tf.int32)))
+                loss, gradient_norm = (float(value) for value in train_steps(iterator, tf.constant(steps, tf.int32)))
                 pace.done(steps)
             step += steps
-            window.add(steps, loss)
+            if not (math.isfinite(loss) and math.isfinite(gradient_norm)):
+                rewound_to = _rewind_or_stop(arguments, state, step, loss, gradient_norm)
+                skipped, step = skipped + step - rewound_to, rewound_to
+                window.restart()
+                continue
+            window.add(steps, loss, gradient_norm)
             if step % arguments.log_every_steps == 0 or step == plan.total_steps:
-                rate = masking.rate((step - state.start_step) * plan.accumulation)  # of the stream's next batch
+                # of the stream's next batch, which rewinds moved on past the batches they skipped
+                rate = masking.rate((step - state.start_step + skipped) * plan.accumulation)
                 point = window.point(step, float(state.schedule(step)), float(rate))
                 state.history.append(point)
                 write_summaries(writer, point)
@@ -255,6 +263,39 @@ def _at_checkpoint(
         state.save_history()  # with the validation: a rerun that finds every step done reports it too
 
 
+def _rewind_or_stop(arguments: TrainArguments, state: TrainingState, step: int, loss: float, norm: float) -> int:
+    """After a call whose loss or gradient norm is not finite: the step of the last checkpoint, restored, where the
+    run rewinds (``--on_divergence rewind``, at most ``--max_rewinds`` times); else ``Diverged``, with nothing saved
+    from these weights and what to try."""
+    learning_rate = float(state.schedule(step))
+    latest = state.manager.latest_checkpoint
+    seen = f"the loss is {loss} and the gradient norm {norm} at step {step} (learning rate {learning_rate:.2e})"
+    if arguments.on_divergence == "rewind" and latest and len(state.rewinds) < arguments.max_rewinds:
+        to_step = state.rewind(step)
+        log.warning(
+            "diverged: %s; rewind %d of at most %d: back to the checkpoint of step %d, skipping the batches of steps "
+            "%d to %d",
+            seen,
+            len(state.rewinds),
+            arguments.max_rewinds,
+            to_step,
+            to_step + 1,
+            step,
+        )
+        return to_step
+    if arguments.on_divergence == "rewind":
+        why = f"{len(state.rewinds)} rewind(s) done, at most {arguments.max_rewinds}" if latest else "no checkpoint yet"
+        stopped = f"stopped ({why})"
+    else:
+        stopped = "stopped"
+    raise Diverged(
+        f"the training diverged: {seen}; {stopped}, with no checkpoint or model written from these weights (the "
+        f"last good checkpoint: {latest or 'none'}). Try a lower peak learning rate (--learning_rate, now "
+        f"{arguments.learning_rate:g}), clipping (--clip_norm 1.0; now {arguments.clip_norm:g}), or "
+        "--on_divergence rewind to go back to the last checkpoint and skip the batches after it"
+    )
+
+
 def _use_xla(choice: str, kind: str) -> bool:
     """XLA for the replica step on GPU or CPU when asked; never on a TPU, which compiles the whole step
     already (a nested jit_compile there is what the Keras maintainers warn against)."""
@@ -266,7 +307,10 @@ def _next_multiple(step: int, every: int) -> int:
 
 
 def _save_model(model: Any, tokenizer: Any, output: str, summary: dict[str, Any]) -> None:
-    """Publishes the ``save_pretrained`` folder with the tokenizer; the summary goes last, marking it done."""
+    """Publishes the ``save_pretrained`` folder with the tokenizer; the summary goes last, marking it done. Never a
+    model whose weights are not finite (a last step can overflow them after its loss was computed)."""
+    if not weights_finite(model):
+        raise Diverged(f"the trained model's weights are not finite: not saved to {output}")
     with tempfile.TemporaryDirectory() as staging:
         save_model_folder(model, tokenizer, Path(staging))
         Path(staging, SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")

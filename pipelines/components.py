@@ -115,6 +115,8 @@ def preflight_step(
     checkpoint_every_steps: int = 1000,
     log_every_steps: int = 100,
     eval_batches: int = 20,
+    on_divergence: str = 'stop',
+    max_rewinds: int = 3,
     accelerator: str = 'auto',
     replicas: int = 0,
     tpu: str = 'local',
@@ -160,6 +162,8 @@ def preflight_step(
         checkpoint_every_steps: Steps between checkpoints.
         log_every_steps: Steps between log lines and TensorBoard points.
         eval_batches: Validation batches at each checkpoint.
+        on_divergence: When the loss or the gradient norm is not finite (checked at every call into the graph, at least every log point): stop (exit 4, nothing written from those weights), or rewind to the last checkpoint, skip the batches that followed it and go on, lowering nothing, at most max_rewinds times.
+        max_rewinds: With on_divergence rewind: the most rewinds in a run before it stops.
         accelerator: auto, tpu, gpu or cpu; tpu and gpu fail when absent rather than train on the host's CPU.
         replicas: Replicas: 0 for every device of the accelerator. A TPU or the GPUs found must have exactly this many; on the CPU, N > 1 splits it into N logical devices (rehearse a v3-8 with 8).
         tpu: TPU name for TPUClusterResolver ('local' on TPU VMs).
@@ -218,6 +222,8 @@ def train_step(
     checkpoint_every_steps: int = 1000,
     log_every_steps: int = 100,
     eval_batches: int = 20,
+    on_divergence: str = 'stop',
+    max_rewinds: int = 3,
     accelerator: str = 'auto',
     replicas: int = 0,
     tpu: str = 'local',
@@ -260,6 +266,8 @@ def train_step(
         checkpoint_every_steps: Steps between checkpoints.
         log_every_steps: Steps between log lines and TensorBoard points.
         eval_batches: Validation batches at each checkpoint.
+        on_divergence: When the loss or the gradient norm is not finite (checked at every call into the graph, at least every log point): stop (exit 4, nothing written from those weights), or rewind to the last checkpoint, skip the batches that followed it and go on, lowering nothing, at most max_rewinds times.
+        max_rewinds: With on_divergence rewind: the most rewinds in a run before it stops.
         accelerator: auto, tpu, gpu or cpu; tpu and gpu fail when absent rather than train on the host's CPU.
         replicas: Replicas: 0 for every device of the accelerator. A TPU or the GPUs found must have exactly this many; on the CPU, N > 1 splits it into N logical devices (rehearse a v3-8 with 8).
         tpu: TPU name for TPUClusterResolver ('local' on TPU VMs).

@@ -40,6 +40,8 @@ ROUTES = {
     'checkpoint_every_steps': {'preflight': 'checkpoint_every_steps', 'train': 'checkpoint_every_steps'},
     'log_every_steps': {'preflight': 'log_every_steps', 'train': 'log_every_steps'},
     'eval_batches': {'preflight': 'eval_batches', 'train': 'eval_batches'},
+    'on_divergence': {'preflight': 'on_divergence', 'train': 'on_divergence'},
+    'max_rewinds': {'preflight': 'max_rewinds', 'train': 'max_rewinds'},
     'accelerator': {'preflight': 'accelerator', 'train': 'accelerator'},
     'replicas': {'preflight': 'replicas', 'train': 'replicas'},
     'tpu_price_per_hour': {'preflight': 'price_per_hour', 'train': 'price_per_hour'},

@@ -141,29 +141,28 @@ def compiled_step_command(spec: dict, step: str) -> list[str]:
     return [*container["command"], *container["args"]]
 
 
-def run_compiled_step(command: list[str], tmp_path: Path, parameters: dict, artifacts: dict, **kwargs):
-    """Runs a compiled step's ``command`` (``compiled_step_command``) as its container would, through KFP's executor,
-    with the executor input Vertex AI would fill in: ``parameters`` by name, ``artifacts`` by name as (KFP schema
-    title, URI), inputs and outputs alike. The image's ``python3`` is this environment's."""
+def filled_step_command(command: list[str], tmp_path: Path, parameters: dict, artifacts: dict) -> list[str]:
+    """A compiled step's ``command`` (``compiled_step_command``) with the executor input Vertex AI would fill in:
+    ``parameters`` by name, ``artifacts`` by name as (KFP schema title, URI), inputs and outputs alike."""
     import json
 
     def artifact(name: str, schema: str, uri: str) -> dict:
         return {"artifacts": [{"name": name, "type": {"schemaTitle": schema}, "uri": uri, "metadata": {}}]}
 
+    given = {name: artifact(name, *value) for name, value in artifacts.items()}
     executor_input = {
-        "inputs": {
-            "parameterValues": parameters,
-            "artifacts": {name: artifact(name, *value) for name, value in artifacts.items()},
-        },
-        "outputs": {
-            "artifacts": {name: artifact(name, *value) for name, value in artifacts.items()},
-            "outputFile": str(tmp_path / "executor_output.json"),
-        },
+        "inputs": {"parameterValues": parameters, "artifacts": given},
+        "outputs": {"artifacts": given, "outputFile": str(tmp_path / "executor_output.json")},
     }
-    filled = [json.dumps(executor_input) if argument.startswith("{{$") else argument for argument in command]
+    return [json.dumps(executor_input) if argument.startswith("{{$") else argument for argument in command]
+
+
+def run_compiled_step(command: list[str], tmp_path: Path, parameters: dict, artifacts: dict, **kwargs):
+    """Runs a compiled step's ``command`` as its container would, through KFP's executor, with the executor input
+    ``filled_step_command`` makes; the image's ``python3`` is this environment's."""
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     return subprocess.run(
-        filled,
+        filled_step_command(command, tmp_path, parameters, artifacts),
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -9,7 +9,8 @@ the kernel's OOM killer strikes. The crash tests use it to stop a job at exact, 
 
 Other actions at that point: ``--action term`` sends the process a SIGTERM (as Vertex AI does before a preemption)
 and goes on; ``--action hang`` makes the call never return, never giving Python's signal handlers a turn, as a long
-native call does (the TPU's initialisation, a compile).
+native call does (the TPU's initialisation, a compile); ``--action nan`` sets every weight of the model its first
+argument holds (a ``TrainingState``) to NaN and goes on, as a step that blew up would leave them.
 """
 
 import argparse
@@ -37,9 +38,13 @@ def arm(function: str, matching: str, nth: int, after: bool, action: str = "kill
     original = getattr(owner, name)
     calls = 0
 
-    def act() -> None:
+    def act(args: tuple) -> None:
         if marker:  # for a test to wait on a state, not on a log line
             open(marker, "w").close()
+        if action == "nan":
+            for weight in args[0].model.weights:
+                weight.assign(weight * float("nan"))
+            return
         if action == "hang":
             hang()
         os.kill(os.getpid(), signal.SIGTERM if action == "term" else signal.SIGKILL)
@@ -50,10 +55,10 @@ def arm(function: str, matching: str, nth: int, after: bool, action: str = "kill
             return original(*args, **kwargs)
         calls += 1
         if calls == nth and not after:
-            act()
+            act(args)
         result = original(*args, **kwargs)
         if calls == nth and after:
-            act()
+            act(args)
         return result
 
     setattr(owner, name, wrapper)
@@ -65,7 +70,7 @@ def main() -> None:
     parser.add_argument("--matching", default="", help="count only calls with an argument containing this")
     parser.add_argument("--nth", type=int, default=1, help="act at this (counted) call")
     parser.add_argument("--after", action="store_true", help="act just after the call returns, not before")
-    parser.add_argument("--action", choices=("kill", "term", "hang"), default="kill", help="what to do there")
+    parser.add_argument("--action", choices=("kill", "term", "hang", "nan"), default="kill", help="what to do there")
     parser.add_argument("--marker", default="", help="a file to create just before acting")
     split = sys.argv.index("--")
     options = parser.parse_args(sys.argv[1:split])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PROJECT_ROOT, compiled_step_command, run_module
+from conftest import PROJECT_ROOT, compiled_step_command, filled_step_command, run_module
 from google.cloud.aiplatform_v1 import Scheduling
 from vertex_server import VertexStandIn
 
@@ -113,42 +113,19 @@ def test_a_retry_replaces_a_failed_job_with_what_is_left_of_the_time_limit(tmp_p
     assert created["labels"] == {"vertex-ai-pipelines-run-billing-id": "1234", "tpu-mlm-seconds-used": str(used)}
 
 
-def compiled_train_job_refusing_its_input(tmp_path, shards: dict) -> list[str]:
-    """The compiled pipeline's TPU job command for the train step, with the executor input Vertex AI would fill in: a
-    v3-8's settings on this machine, which has no TPU (an input the step refuses, exit status 2)."""
+def compiled_train_job(tmp_path, shards: dict, parameters: dict) -> list[str]:
+    """The compiled pipeline's TPU job command for the train step, with the executor input Vertex AI would fill in."""
     from pipelines.pipeline import compile_pipeline
 
     spec = yaml.safe_load(Path(compile_pipeline(str(tmp_path / "pipeline.yaml"), target="vertex")).read_text())
-    executor_input = {
-        "inputs": {
-            "parameterValues": {"accelerator": "tpu", "replicas": 8, "checkpoint_dir": str(tmp_path / "checkpoints")},
-            "artifacts": {
-                name: {"artifacts": [{"name": name, "type": {"schemaTitle": schema}, "uri": uri, "metadata": {}}]}
-                for name, schema, uri in (
-                    ("tokenizer", "system.Artifact", shards["tokenizer"]),
-                    ("train_shards", "system.Dataset", shards["train"]),
-                    ("eval_shards", "system.Dataset", shards["validation"]),
-                )
-            },
-        },
-        "outputs": {
-            "artifacts": {
-                "model": {
-                    "artifacts": [
-                        {
-                            "name": "model",
-                            "type": {"schemaTitle": "system.Model"},
-                            "uri": str(tmp_path / "model"),
-                            "metadata": {},
-                        }
-                    ]
-                }
-            },
-            "outputFile": str(tmp_path / "executor_output.json"),
-        },
+    artifacts = {
+        "tokenizer": ("system.Artifact", shards["tokenizer"]),
+        "train_shards": ("system.Dataset", shards["train"]),
+        "eval_shards": ("system.Dataset", shards["validation"]),
+        "model": ("system.Model", str(tmp_path / "model")),
     }
-    command = compiled_step_command(spec, "train-step")
-    return [json.dumps(executor_input) if argument.startswith("{{$") else argument for argument in command]
+    parameters = {"checkpoint_dir": str(tmp_path / "checkpoints"), **parameters}
+    return filled_step_command(compiled_step_command(spec, "train-step"), tmp_path, parameters, artifacts)
 
 
 @pytest.mark.parametrize("ending", ["cancelled", "failed for good", "refused its input", "time spent"])
@@ -158,7 +135,8 @@ def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp
         labels = {"tpu-mlm-seconds-used": "7200"} if ending == "time spent" else {}
         command = "import time; time.sleep(600)" if ending == "cancelled" else "raise SystemExit(3)"
         if ending == "refused its input":  # the train step's own command, exiting as the compiled YAML runs it
-            command = compiled_train_job_refusing_its_input(tmp_path, request.getfixturevalue("embedded_shards"))
+            shards = request.getfixturevalue("embedded_shards")  # a v3-8's settings on a machine with no TPU
+            command = compiled_train_job(tmp_path, shards, {"accelerator": "tpu", "replicas": 8})
         old = earlier_job(vertex, command, record, labels)
         if ending == "cancelled":  # someone stopped it, in the console, to stop paying
             vertex.cancel(old)

@@ -141,7 +141,8 @@ def test_a_decaying_stream_masks_about_its_rate_in_each_batch(embedded_shards):
 @pytest.mark.slow  # trains in the test
 def test_clipping_acts_once_on_the_gradient_summed_over_micro_batches(wikitext_shards):
     """With two micro-batches and a clip norm far below the gradient's, the step moves the weights by the summed
-    (mean) gradient scaled to that norm: clipping each micro-batch's gradient would move them elsewhere."""
+    (mean) gradient scaled to that norm: clipping each micro-batch's gradient would move them elsewhere. The norm the
+    step reports (logged, and watched for divergence) is that summed gradient's, clipped or not."""
     manifest = read_manifest(wikitext_shards["validation"])
     config = model_config("tiny", manifest)
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0  # the same forward pass every time
@@ -152,20 +153,24 @@ def test_clipping_acts_once_on_the_gradient_summed_over_micro_batches(wikitext_s
     initial(first)
     start = initial.get_weights()
 
-    def one_step(clip_norm: float) -> list[np.ndarray]:
+    def one_step(clip_norm: float) -> tuple[list[np.ndarray], float]:
         model = TFAutoModelForMaskedLM.from_config(config)
         model(first)
         model.set_weights(start)
         optimizer = tf.keras.optimizers.SGD(learning_rate=1.0)  # moves by exactly the gradient it is given
         dataset = tf.data.Dataset.from_tensors(first).concatenate(tf.data.Dataset.from_tensors(second))
         run = train_function(model, optimizer, strategy, False, max_predictions(128, 0.15), 2, clip_norm)
-        run(iter(dataset), tf.constant(1))
-        return model.get_weights()
+        _, reported_norm = run(iter(dataset), tf.constant(1))
+        return model.get_weights(), float(reported_norm)
 
-    unclipped = [weights - initial for weights, initial in zip(one_step(0.0), start, strict=True)]
+    weights, reported = one_step(0.0)
+    unclipped = [after - initial for after, initial in zip(weights, start, strict=True)]
     norm = float(np.sqrt(sum(np.sum(np.square(delta)) for delta in unclipped)))
+    assert reported == pytest.approx(norm, rel=1e-3)  # SGD at 1.0: the step is the gradient
     clip_norm = norm / 10
-    clipped = [weights - initial for weights, initial in zip(one_step(clip_norm), start, strict=True)]
+    weights, reported_clipped = one_step(clip_norm)
+    assert reported_clipped == pytest.approx(norm, rel=1e-3)
+    clipped = [after - initial for after, initial in zip(weights, start, strict=True)]
     for delta, expected in zip(clipped, unclipped, strict=True):
         np.testing.assert_allclose(delta, expected * clip_norm / norm, rtol=1e-3, atol=1e-7)
 

@@ -29,6 +29,7 @@ from components.lib.tpu_catalogue import TpuType
 CHECKPOINT_IDENTITY_FILE = "checkpoint_identity.json"
 NOT_ARCHITECTURE = ("transformers_version", "_name_or_path", "architectures")  # config keys that are bookkeeping
 XLA_CHOICES = ("auto", "on", "off")
+DIVERGENCE_CHOICES = ("stop", "rewind")
 
 
 @dataclass(kw_only=True)
@@ -125,6 +126,18 @@ class TrainingSettings:
     checkpoint_every_steps: int = field(default=1_000, metadata={"help": "Steps between checkpoints."})
     log_every_steps: int = field(default=100, metadata={"help": "Steps between log lines and TensorBoard points."})
     eval_batches: int = field(default=20, metadata={"help": "Validation batches at each checkpoint."})
+    on_divergence: str = field(
+        default="stop",
+        metadata={
+            "help": "When the loss or the gradient norm is not finite (checked at every call into the graph, at "
+            "least every log point): stop (exit 4, nothing written from those weights), or rewind to the last "
+            "checkpoint, skip the batches that followed it and go on, lowering nothing, at most max_rewinds times.",
+            "choices": DIVERGENCE_CHOICES,
+        },
+    )
+    max_rewinds: int = field(
+        default=3, metadata={"help": "With on_divergence rewind: the most rewinds in a run before it stops."}
+    )
     accelerator: str = field(
         default="auto",
         metadata={
@@ -191,6 +204,10 @@ class TrainingSettings:
         check_accelerator(self.accelerator, self.replicas)
         if self.xla not in XLA_CHOICES:
             raise InvalidParameter("xla", self.xla, f"must be one of {XLA_CHOICES}")
+        if self.on_divergence not in DIVERGENCE_CHOICES:
+            raise InvalidParameter("on_divergence", self.on_divergence, f"must be one of {DIVERGENCE_CHOICES}")
+        if self.max_rewinds < 0:
+            raise InvalidParameter("max_rewinds", self.max_rewinds, "must be 0 or a positive whole number")
         if self.hub_repo_id:
             check_repo_id("hub_repo_id", self.hub_repo_id)
 

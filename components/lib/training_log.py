@@ -1,6 +1,6 @@
-"""What the training loop reports as it goes: a log point for each window of steps (loss, learning rate, samples
-and tokens a second, MFU where the accelerator's peak is known, time left and, with a price, the cost so far and
-projected), as a log line and as TensorBoard scalars."""
+"""What the training loop reports as it goes: a log point for each window of steps (loss, global gradient norm,
+learning rate, samples and tokens a second, MFU where the accelerator's peak is known, time left and, with a price,
+the cost so far and projected), as a log line and as TensorBoard scalars."""
 
 from __future__ import annotations
 
@@ -25,9 +25,15 @@ class LogWindow:
     started: float = field(default_factory=time.perf_counter)
     steps: int = 0
     loss_sum: float = 0.0
+    norm_sum: float = 0.0
 
-    def add(self, steps: int, loss: float) -> None:
+    def add(self, steps: int, loss: float, gradient_norm: float) -> None:
         self.steps, self.loss_sum = self.steps + steps, self.loss_sum + loss * steps
+        self.norm_sum += gradient_norm * steps
+
+    def restart(self) -> None:
+        """Forgets the steps since the last point (a rewind goes back before them)."""
+        self.started, self.steps, self.loss_sum, self.norm_sum = time.perf_counter(), 0, 0.0, 0.0
 
     def point(self, step: int, learning_rate: float, mlm_probability: float) -> dict[str, float]:
         seconds = time.perf_counter() - self.started
@@ -36,6 +42,7 @@ class LogWindow:
         point = {
             "step": step,
             "loss": self.loss_sum / self.steps,
+            "gradient_norm": self.norm_sum / self.steps,
             "learning_rate": learning_rate,
             "mlm_probability": mlm_probability,
             "samples_per_second": samples_per_second,
@@ -49,7 +56,7 @@ class LogWindow:
             elapsed = time.perf_counter() - self.run_started
             point["cost_so_far"] = self.price_per_hour * elapsed / 3600
             point["projected_cost"] = self.price_per_hour * (elapsed + point["eta_seconds"]) / 3600
-        self.started, self.steps, self.loss_sum = time.perf_counter(), 0, 0.0
+        self.restart()
         return point
 
 
@@ -64,7 +71,8 @@ def write_summaries(writer: Any, point: dict[str, float]) -> None:
 
 def format_point(point: dict[str, float], total_steps: int) -> str:
     line = (
-        f"step {int(point['step'])}/{total_steps}: loss {point['loss']:.4f}, lr {point['learning_rate']:.2e}, "
+        f"step {int(point['step'])}/{total_steps}: loss {point['loss']:.4f}, "
+        f"gradient norm {point['gradient_norm']:.3g}, lr {point['learning_rate']:.2e}, "
         f"masking {point['mlm_probability']:.1%}, "
         f"{point['samples_per_second']:,.1f} samples/s, {point['tokens_per_second']:,.0f} tokens/s"
     )

@@ -1,15 +1,17 @@
 """Where a training stands: the model and optimizer built in the strategy's scope, the latest checkpoint
-restored into them, and the log points so far; what a checkpoint saves and a restarted job resumes from."""
+restored into them, and the log points so far; what a checkpoint saves and a restarted job resumes from, and what a
+rewind after a divergence goes back to. No checkpoint is ever written from weights that are not finite."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.lib import storage
+from components.lib.errors import Diverged
 from components.lib.recipe import create_optimizer
 from components.lib.results import HISTORY_FILE
 from components.lib.training import CHECKPOINT_IDENTITY_FILE, TrainingPlan
@@ -27,11 +29,28 @@ class TrainingState:
     start_step: int
     history: list[dict[str, float]]  # log points so far, those of earlier runs of a resumed training included
     first_call_seconds: float | None = None  # this run's first call into the graph: tracing, compiling, its steps
+    rewinds: list[dict[str, int]] = field(default_factory=list)  # this run's: {"at_step": ..., "to_step": ...}
 
     def save(self, step: int) -> None:
+        """Checkpoints the model and optimizer at ``step``, whatever asked (the period, a SIGTERM): never from weights
+        that are not finite, which would replace a good checkpoint that a resume or a rewind needs."""
+        if not weights_finite(self.model):
+            raise Diverged(
+                f"the model's weights are not finite at step {step}: no checkpoint written; the last good one is "
+                f"{self.manager.latest_checkpoint or 'none'}"
+            )
         # the history first: a kill between the two leaves points past the checkpoint, which a resume drops
         self.save_history()
         self.manager.save(checkpoint_number=step)
+
+    def rewind(self, at_step: int) -> int:
+        """Restores the last checkpoint into the model and optimizer (the schedule with them), drops the log points
+        after it, and returns its step; the training's stream goes on, so the batches since are skipped."""
+        self.manager.checkpoint.restore(self.manager.latest_checkpoint)
+        step = int(self.optimizer.iterations.numpy())
+        self.history = [point for point in self.history if point["step"] <= step]
+        self.rewinds.append({"at_step": at_step, "to_step": step})
+        return step
 
     def save_history(self) -> None:
         history = json.dumps(self.history, indent=1) + "\n"
@@ -55,6 +74,7 @@ class TrainingState:
             "num_parameters": int(sum(math.prod(variable.shape) for variable in self.model.trainable_variables)),
             "model_flops_per_step": plan.shape.model_flops_per_step,
             "first_loss": history[0]["loss"] if history else None,
+            "rewinds": self.rewinds,
             "last_loss": history[-1]["loss"] if history else None,
             "history": history,
             "tokenizer_fingerprint": plan.manifest["tokenizer_fingerprint"],
@@ -67,6 +87,14 @@ class TrainingState:
             summary["cost_this_run"] = settings.price_per_hour * seconds / 3600
             summary["price_source"] = settings.price_source or "--price_per_hour"
         return summary
+
+
+def weights_finite(model: Any) -> bool:
+    """Whether every weight of ``model`` is finite (one value read back from the device)."""
+    import tensorflow as tf
+
+    weights = [weight for weight in model.weights if weight.dtype.is_floating]
+    return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(weight)) for weight in weights]))
 
 
 def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint_dir: str) -> TrainingState:
