@@ -67,6 +67,13 @@ class SliceArguments:
         default="",
         metadata={"help": "Folder (gs:// on Vertex AI) where each host writes what it found, hosts/host-N.json."},
     )
+    stream_executor_runtime: bool = field(
+        default=False,
+        metadata={
+            "help": "Give each worker server the mesh controller's variables that TensorFlow's own TPU worker sets for "
+            "the StreamExecutor TPU runtime; the PJRT runtimes of this project's images do not read them."
+        },
+    )
 
     def __post_init__(self) -> None:
         if tpu_type(self.tpu_type).hosts < 2:
@@ -93,10 +100,11 @@ def launch(arguments: SliceArguments, command: list[str]) -> int:
     log.info("host %d of %s, from %s", hosts.index, list(hosts.addresses), hosts.source)
     port = hosts.server(hosts.index, arguments.server_port)[1]
     worker = ["--task", str(hosts.index), "--port", str(port), "--report_dir", arguments.report_dir]
+    server_environment = hosts.server_environment(arguments.stream_executor_runtime)
     server = subprocess.Popen(
-        [sys.executable, "-m", "components.tpu_worker", *worker], env={**runtime_env, **hosts.server_environment()}
+        [sys.executable, "-m", "components.tpu_worker", *worker], env={**runtime_env, **server_environment}
     )
-    report.update(server_port=port, server_started=time.time())
+    report.update(server_port=port, server_environment=server_environment, server_started=time.time())
     try:
         if hosts.index == 0:
             exit_code = _run_host_zero(arguments, hosts, command, report, runtime_env, server)

@@ -79,6 +79,41 @@ def test_the_hosts_come_from_the_workers_variables_else_from_the_instance_metada
         discover({}, metadata_attribute, 4)
 
 
+def test_vertex_ai_s_cluster_spec_names_the_hosts_when_it_lists_the_slice_s():
+    """Vertex AI documents CLUSTER_SPEC for distributed jobs; whether a TPU slice's pool lists its hosts there is not
+    documented: read when its task's pool has the slice's number of hosts, passed over (to the metadata) when not."""
+    pool = [f"cmle-training-workerpool0-ab12-{host}:2222" for host in range(4)]
+    spec = {"cluster": {"workerpool0": pool}, "environment": "cloud", "task": {"type": "workerpool0", "index": 3}}
+    hosts = discover({"CLUSTER_SPEC": json.dumps(spec)}, lambda name: None, 4)
+    assert hosts.index == 3 and hosts.source == "CLUSTER_SPEC (Vertex AI)"
+    assert hosts.endpoints() == ",".join(f"grpc://cmle-training-workerpool0-ab12-{host}:8470" for host in range(4))
+    # the workers' variables come first; a spec of one replica (the pool's replica_count) is not the slice's hosts
+    workers = {"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "w0,w1,w2,w3", "CLUSTER_SPEC": json.dumps(spec)}
+    assert discover(workers, lambda name: None, 4).addresses == ("w0", "w1", "w2", "w3")
+    one = {**spec, "cluster": {"workerpool0": pool[:1]}, "task": {"type": "workerpool0", "index": 0}}
+    for cluster_spec in (json.dumps(one), "not json"):
+        with pytest.raises(SliceFailed, match="found no TPU slice hosts"):
+            discover({"CLUSTER_SPEC": cluster_spec}, lambda name: None, 4)
+
+
+def test_each_worker_server_gets_the_slice_s_hosts_and_the_mesh_controller_only_when_asked():
+    hosts = SliceHosts(2, ("10.0.0.1", "10.0.0.2", "10.0.0.3:9000", "10.0.0.4"), "test")
+    pjrt = hosts.server_environment()
+    assert pjrt == {
+        "CLOUD_TPU_TASK_ID": "2",
+        "TPU_WORKER_ID": "2",
+        "TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4",
+        "TPU_LOCK_DEVICE": "true",
+    }
+    stream_executor = hosts.server_environment(mesh_controller=True)
+    assert stream_executor == {
+        **pjrt,
+        "TPU_MESH_CONTROLLER_ADDRESS": "10.0.0.1:8476",
+        "TPU_MESH_CONTROLLER_PORT": "8476",
+        "TPU_HOSTNAME_OVERRIDE": "10.0.0.3",
+    }
+
+
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     for probe in sockets:
@@ -218,6 +253,12 @@ def test_the_smoke_test_on_a_slice_reports_every_host_and_the_devices_host_zero_
     assert "every_server_up_after_seconds" in hosts[0] and all(host["server_port"] for host in hosts)
     assert all("/physical_device:CPU:0" in host["server_devices"] for host in hosts)  # each server's own devices
     assert hosts[0]["environment"]["TPU_WORKER_HOSTNAMES"].count(",") == 3
+    # what each host's worker server was given: the slice's hosts, no StreamExecutor mesh controller by default
+    assert all(
+        host["server_environment"]["TPU_WORKER_HOSTNAMES"] == "127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1"
+        for host in hosts
+    )
+    assert not any("TPU_MESH_CONTROLLER_ADDRESS" in host["server_environment"] for host in hosts)
     assert "slice: 4 host report(s), hosts found from TPU_WORKER_ID and TPU_WORKER_HOSTNAMES" in outcomes[0][1]
 
 

@@ -2,9 +2,11 @@
 TensorFlow worker server that owns a host's chips, and the status host 0 gives the others while its program runs.
 
 On a slice of several hosts, TensorFlow runs one program, on host 0, which reaches every host's chips through the
-gRPC worker server each host runs (``TPUClusterResolver("grpc://h0:8470,grpc://h1:8470,...")``). The hosts are found
-from ``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES`` where they are set (GKE sets them for TPU slices), else from the
-Compute Engine metadata the TPU VM's own worker reads (``agent-worker-number``, ``worker-network-endpoints``).
+gRPC worker server each host runs (``TPUClusterResolver("grpc://h0:8470,grpc://h1:8470,...")``). The hosts are found,
+in this order, from ``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES`` (GKE sets them for TPU slices), from Vertex AI's
+documented ``CLUSTER_SPEC`` (its task's pool and index; whether Vertex AI lists a TPU slice's hosts there is not
+documented, so a pool of another size than the slice's is passed over), else from the Compute Engine metadata the
+TPU VM's own worker reads (``agent-worker-number``, ``worker-network-endpoints``).
 """
 
 from __future__ import annotations
@@ -52,18 +54,25 @@ class SliceHosts:
         name, _, own_port = self.addresses[host].partition(":")
         return name, int(own_port or port)
 
-    def server_environment(self) -> dict[str, str]:
-        """What the TPU runtime of this host's worker server reads to join the slice, as TensorFlow's own TPU worker
-        (``tensorflow/python/tools/grpc_tpu_worker.py``) sets it: its task, host 0's mesh controller, its own
-        address, the chips locked to it."""
-        return {
+    def server_environment(self, mesh_controller: bool = False) -> dict[str, str]:
+        """What the TPU runtime of this host's worker server reads to join the slice: its index and every host's
+        name (``TPU_WORKER_ID``, ``TPU_WORKER_HOSTNAMES``, as GKE sets them for libtpu), its task as TensorFlow's own
+        TPU worker (``tensorflow/python/tools/grpc_tpu_worker.py``) sets it, and the chips locked to it. With
+        ``mesh_controller``: also host 0's mesh controller and this host's address, which grpc_tpu_worker.py sets
+        for the StreamExecutor TPU runtime; the PJRT runtimes of this project's images do not read them."""
+        environment = {
             "CLOUD_TPU_TASK_ID": str(self.index),
             "TPU_WORKER_ID": str(self.index),
-            "TPU_MESH_CONTROLLER_ADDRESS": f"{self.server(0)[0]}:{MESH_CONTROLLER_PORT}",
-            "TPU_MESH_CONTROLLER_PORT": str(MESH_CONTROLLER_PORT),
-            "TPU_HOSTNAME_OVERRIDE": self.server(self.index)[0],
+            "TPU_WORKER_HOSTNAMES": ",".join(self.server(host)[0] for host in range(len(self.addresses))),
             "TPU_LOCK_DEVICE": "true",
         }
+        if mesh_controller:
+            environment.update(
+                TPU_MESH_CONTROLLER_ADDRESS=f"{self.server(0)[0]}:{MESH_CONTROLLER_PORT}",
+                TPU_MESH_CONTROLLER_PORT=str(MESH_CONTROLLER_PORT),
+                TPU_HOSTNAME_OVERRIDE=self.server(self.index)[0],
+            )
+        return environment
 
     def endpoints(self, port: int = SERVER_PORT) -> str:
         """Every host's worker server, as ``TPUClusterResolver`` takes them."""
@@ -76,9 +85,13 @@ class SliceFailed(ServiceFailed):
 
 def discover(environ: Mapping[str, str], metadata: Callable[[str], str | None], hosts: int) -> SliceHosts:
     """This host and its slice's ``hosts`` hosts, from the environment, else the instance metadata."""
+    cluster = cluster_spec_hosts(environ.get("CLUSTER_SPEC", ""), hosts)
     if environ.get("TPU_WORKER_ID") and environ.get("TPU_WORKER_HOSTNAMES"):
         index, addresses = environ["TPU_WORKER_ID"], environ["TPU_WORKER_HOSTNAMES"].split(",")
         source = "TPU_WORKER_ID and TPU_WORKER_HOSTNAMES"
+    elif cluster is not None:
+        index, addresses = cluster
+        source = "CLUSTER_SPEC (Vertex AI)"
     else:
         index, endpoints = metadata("agent-worker-number"), metadata("worker-network-endpoints")
         if index is None or not endpoints:
@@ -93,6 +106,25 @@ def discover(environ: Mapping[str, str], metadata: Callable[[str], str | None], 
     if not index.strip().isdigit() or int(index) >= len(addresses) or len(addresses) != hosts or not all(addresses):
         raise SliceFailed(f"{source} say host {index!r} of {addresses}; this slice has {hosts} hosts")
     return SliceHosts(int(index), tuple(addresses), source)
+
+
+def cluster_spec_hosts(cluster_spec: str, hosts: int) -> tuple[str, list[str]] | None:
+    """This host's index and the hosts' names from Vertex AI's ``CLUSTER_SPEC`` (``{"cluster": {"workerpool0":
+    ["host:port", ...]}, "task": {"type": "workerpool0", "index": 0}}``), or None where it is absent, not of that
+    form, or lists another number of hosts in this task's pool than the slice has. Its ports are Vertex AI's, not the
+    worker servers'."""
+    try:
+        spec = json.loads(cluster_spec) if cluster_spec else {}
+        pool, index = spec["task"]["type"], spec["task"]["index"]
+        addresses = [entry.rsplit(":", 1)[0] for entry in spec["cluster"][pool]]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        if cluster_spec:
+            log.warning("CLUSTER_SPEC is not of the form Vertex AI documents: not read (%s)", cluster_spec[:200])
+        return None
+    if len(addresses) != hosts:
+        log.info("CLUSTER_SPEC lists %d host(s) in %s, not this slice's %d: not read", len(addresses), pool, hosts)
+        return None
+    return str(index), addresses
 
 
 HOSTS_FOLDER = "hosts"  # under a launcher's --report_dir: host-<index>.json from each host
