@@ -130,6 +130,31 @@ def unmasked_rows(batches: list[dict]) -> np.ndarray:
     return rows[np.lexsort(rows.T[::-1])]
 
 
+@pytest.mark.parametrize("pipelines", [2, 8])
+def test_validation_shards_of_fewer_files_than_hosts_are_shared_by_record(embedded_shards_in_files, pipelines):
+    """A v5e-32's 8 hosts over 5 validation files (or 2 hosts over 1): each host reads every file and keeps every
+    n-th record; together every sample once, with the one-host masks, and full batches as many on every host."""
+    uri = embedded_shards_in_files["validation" if pipelines == 8 else "train"]
+    manifest = read_manifest(uri)
+    if pipelines == 2:  # one file of the training set, read as validation
+        manifest = {**manifest, "files": manifest["files"][:1], "num_records": manifest["files"][0]["records"]}
+    assert len(manifest["files"]) < pipelines
+    masking = Masking.from_manifest(manifest)
+    one_host = list(masked_dataset(uri, manifest, 16, masking, training=False))
+    per_host = [
+        list(masked_dataset(uri, manifest, 16, masking, context, training=False)) for context in contexts(pipelines)
+    ]
+    batches = [b for host in per_host for b in host]
+    np.testing.assert_array_equal(unmasked_rows(batches), unmasked_rows(one_host))
+    assert sum(len(b["input_ids"]) for b in batches) == manifest["num_records"]
+    per_replica = 16 // (2 * pipelines)
+    full = [
+        len(list(masked_dataset(uri, manifest, 16, masking, context, training=False, drop_remainder=True)))
+        for context in contexts(pipelines)
+    ]
+    assert full == [manifest["num_records"] // pipelines // per_replica // 2 * 2] * pipelines and full[0] > 0
+
+
 @pytest.mark.parametrize("pipelines", [2, 4])
 def test_evaluation_scores_every_sample_once_with_the_same_masks_whatever_the_hosts(
     embedded_shards_in_files, pipelines

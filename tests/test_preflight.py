@@ -214,7 +214,7 @@ def test_the_tpu_job_s_limit_is_derived_from_the_estimate_or_checked_against_it(
 def test_preflight_for_a_slice_wants_a_shard_file_per_host_at_least_and_no_spot(
     tmp_path, embedded_shards, embedded_shards_in_files
 ):
-    """A v5e-16 is 4 hosts, each reading a share of the shard files: one file cannot be shared."""
+    """A v5e-16 is 4 hosts, each reading a share of the training shard files: one file cannot be shared."""
     slice_run = {"tpu_type": "v5e-16", "per_replica_batch_size": 2}
     with pytest.raises(InvalidParameter) as error:
         preflight(arguments(embedded_shards, tmp_path / "one-file", **slice_run))
@@ -225,5 +225,8 @@ def test_preflight_for_a_slice_wants_a_shard_file_per_host_at_least_and_no_spot(
     )
     report = preflight(arguments(embedded_shards_in_files, tmp_path / "files", **slice_run))
     assert report["replicas"] == 16 and report["global_batch_size"] == 32
+    # validation shards in one file are read by record, each host every 4th: no refusal after the data steps ran
+    one_validation_file = {**embedded_shards_in_files, "validation": embedded_shards["validation"]}
+    assert preflight(arguments(one_validation_file, tmp_path / "one-validation-file", **slice_run))["replicas"] == 16
     with pytest.raises(InvalidParameter, match=re.escape("--tpu-provisioning='SPOT': Vertex AI has no Spot for TPU")):
         arguments(embedded_shards_in_files, tmp_path / "spot", tpu_provisioning="SPOT", **slice_run)

@@ -256,7 +256,8 @@ def plan_training(
         if shards is None:
             continue
         verify_files(getattr(arguments, parameter), shards, parameter)
-        check_shares(getattr(arguments, parameter), shards, parameter, input_pipelines)
+        if parameter == "train_shards":  # validation shards of fewer files than hosts are read by record
+            check_shares(getattr(arguments, parameter), shards, parameter, input_pipelines)
         if shards["tokenizer_fingerprint"] != tokenizer_fingerprint:
             raise InvalidParameter(
                 parameter,
