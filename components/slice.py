@@ -41,7 +41,7 @@ from components.lib.slice_hosts import (
     metadata_attribute,
     wait_for_servers,
 )
-from components.lib.tpu_catalogue import TPU_TYPES, tpu_type
+from components.lib.tpu_catalogue import SLICE_HOSTS_MINUTES, TPU_TYPES, tpu_type
 
 log = logging.getLogger("tpu_mlm.slice")
 POLL_SECONDS = 2.0
@@ -55,7 +55,11 @@ class SliceArguments:
     server_port: int = field(default=SERVER_PORT, metadata={"help": "Each host's worker server port."})
     status_port: int = field(default=STATUS_PORT, metadata={"help": "Host 0's status port, which the others follow."})
     hosts_timeout_minutes: float = field(
-        default=10.0, metadata={"help": "How long host 0 waits for every host's server before the job fails."}
+        default=SLICE_HOSTS_MINUTES,
+        metadata={
+            "help": "How long host 0 waits for every host's server before the job fails: a slice's hosts start "
+            "together or not at all."
+        },
     )
     host_zero_lost_minutes: float = field(
         default=5.0, metadata={"help": "How long another host goes on without reaching host 0 before it fails."}

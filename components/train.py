@@ -48,7 +48,7 @@ from components.lib.preemption import STOPPED_EXIT, CallPace, StopRequest
 from components.lib.pytorch_weights import save_model_folder
 from components.lib.recipe import highest_mlm_probability, train_function
 from components.lib.results import SUMMARY_FILE
-from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES
+from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_START_MINUTES
 from components.lib.training import TrainingPlan, TrainingSettings, plan_training
 from components.lib.training_log import LogWindow, format_point, write_summaries
 from components.lib.training_state import TrainingState, start_or_resume, weights_finite
@@ -69,7 +69,7 @@ class TrainArguments(TrainingSettings):
         metadata={"help": "Where --price_per_hour comes from, said with the cost (the pipeline's list prices)."},
     )
     start_minutes: float = field(
-        default=20.0,
+        default=TPU_START_MINUTES,
         metadata={
             "help": "The accelerator must be ready (the TPU initialised) within this many minutes: a start that hangs "
             "is a failed attempt, not a wait until the job's timeout that every restart and retry would pay again."

@@ -68,6 +68,14 @@ class LaunchArguments(JobServiceArguments):
         },
     )
 
+    min_minutes_left: float = field(
+        default=0.0,
+        metadata={
+            "help": "Create no replacement job when less than this is left of the run's time limit (the TPU's start "
+            "deadline and a margin: a job that could only start trains nothing); 0: any time left."
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.type != RESOURCE_TYPE:
             raise InvalidParameter("type", self.type, f"must be {RESOURCE_TYPE}")
@@ -77,6 +85,8 @@ class LaunchArguments(JobServiceArguments):
             raise InvalidParameter("payload", self.payload[:80], f"is not JSON ({error})") from None
         if self.max_queued_minutes <= 0:
             raise InvalidParameter("max_queued_minutes", self.max_queued_minutes, "must be above 0")
+        if self.min_minutes_left < 0:
+            raise InvalidParameter("min_minutes_left", self.min_minutes_left, "must be 0 or above")
 
     @property
     def endpoint(self) -> str:
@@ -186,6 +196,12 @@ def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int)
             raise ServiceFailed(
                 f"the run's TPU time limit ({limit.total_seconds() / 3600:g} h) is spent by this task's earlier jobs: "
                 "no new job (raise tpu_job_timeout_hours to train on)"
+            )
+        if left < arguments.min_minutes_left * 60:
+            raise ServiceFailed(
+                f"{left / 60:.0f} min are left of the run's TPU time limit ({limit.total_seconds() / 3600:g} h), less "
+                f"than a new job needs to start and train ({arguments.min_minutes_left:g} min): no new job (raise "
+                "tpu_job_timeout_hours to train on)"
             )
         job.job_spec.scheduling.timeout = timedelta(seconds=left)
         log.info("the earlier jobs ran %d s of the time limit: the new job gets the %d s left", seconds_used, left)

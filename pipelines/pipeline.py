@@ -24,7 +24,7 @@ from kfp import compiler, dsl
 from components.evaluate import EvaluateArguments
 from components.lib.corpus import CorpusArguments
 from components.lib.errors import InvalidParameter
-from components.lib.tpu_catalogue import TPU_RUNTIME_ENV, TPU_TYPES, TpuType, tpu_batch
+from components.lib.tpu_catalogue import REPLACEMENT_MARGIN_MINUTES, TPU_RUNTIME_ENV, TPU_TYPES, TpuType, tpu_batch
 from components.lib.training import TrainingSettings
 from components.preflight import PreflightArguments
 from components.push import PushArguments
@@ -72,7 +72,8 @@ def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str], la
       job restarts, and training resumes from its last checkpoint; it does not retry a job that failed.
     * No ``disk_spec``: a TPU VM brings its own boot disk (Cloud TPU supports balanced persistent disks for
       v2-v5e), while the helper's default ``pd-ssd`` is not among them.
-    * A hard limit: the pipeline passes the one preflight derives from the run's estimate.
+    * A hard limit: the pipeline passes the one preflight derives from the run's estimate; no replacement job is
+      created with less of it left than the TPU's start deadline and a margin.
     * ``env``: the TPU runtime's settings (``TPU_RUNTIME_ENV`` and the compile's changes), not baked in the image.
     * On a slice of several hosts, one container a host, each under the slice launcher (``components.slice``):
       the train step on host 0, a TPU worker server on every host.
@@ -102,6 +103,7 @@ def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str], la
         raise RuntimeError(f"GCPC's custom job launcher changed its arguments: {launcher.args[::2]}")
     launcher.image = launcher_image
     launcher.command = ["python", "-m", "pipelines.launch_custom_job"]
+    launcher.args += ["--min_minutes_left", str(tpu.start_deadline_minutes + REPLACEMENT_MARGIN_MINUTES)]
     return job
 
 

@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,23 @@ def wait_for(condition, seconds: float = 120) -> None:
         time.sleep(0.1)
 
 
+def running_until_read(vertex: VertexStandIn, tmp_path) -> tuple[str, Callable[[str], None]]:
+    """A job's Python code that runs until it is released, and the release: a thread that lets the job ``name`` end
+    once it has been read through the API (by the launcher under test, which saw it running), whatever the machine's
+    speed."""
+    release = tmp_path / "release"
+    code = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)"
+
+    def release_after_reads(name: str) -> None:
+        def wait() -> None:
+            wait_for(lambda: vertex.reads[name] >= 1)
+            release.touch()
+
+        threading.Thread(target=wait, daemon=True).start()
+
+    return code, release_after_reads
+
+
 def seconds_ran(job: dict) -> int:
     from datetime import datetime
 
@@ -128,11 +147,14 @@ def compiled_train_job(tmp_path, shards: dict, parameters: dict) -> list[str]:
     return filled_step_command(compiled_step_command(spec, "train-step"), tmp_path, parameters, artifacts)
 
 
-@pytest.mark.parametrize("ending", ["cancelled", "failed for good", "refused its input", "time spent"])
+@pytest.mark.parametrize(
+    "ending", ["cancelled", "failed for good", "refused its input", "time spent", "too little left"]
+)
 def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp_path, ending, request):
     record = tmp_path / "gcp_resources"
     with VertexStandIn() as vertex:
-        labels = {"tpu-mlm-seconds-used": "7200"} if ending == "time spent" else {}
+        spent = {"time spent": "7200", "too little left": "6000"}  # of the 7,200 s limit: 20 min left, 30 wanted
+        labels = {"tpu-mlm-seconds-used": spent[ending]} if ending in spent else {}
         command = "import time; time.sleep(600)" if ending == "cancelled" else "raise SystemExit(3)"
         if ending == "refused its input":  # the train step's own command, exiting as the compiled YAML runs it
             shards = request.getfixturevalue("embedded_shards")  # a v3-8's settings on a machine with no TPU
@@ -143,11 +165,15 @@ def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp
         wait_for(lambda: vertex.get(old)["state"] != "JOB_STATE_RUNNING")
         if ending == "failed for good":
             vertex.jobs[old]["error"] = {"code": 7, "message": "Permission denied on the image"}
-        result = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('trained')"), record))
+        start_and_margin = ["--min_minutes_left", "30"]
+        arguments = launcher(vertex, job("print('trained')"), record)
+        result = run_module("pipelines.launch_custom_job", *arguments, *start_and_margin)
         assert list(vertex.jobs) == [old]  # no new TPU job
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
-    if ending == "time spent":
+    if ending == "too little left":
+        assert last.startswith("error: 20 min are left of the run's TPU time limit (2 h), less than a new job needs")
+    elif ending == "time spent":
         assert last == (
             "error: the run's TPU time limit (2 h) is spent by this task's earlier jobs: no new job (raise "
             "tpu_job_timeout_hours to train on)"
@@ -168,7 +194,9 @@ def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp
 def test_a_retry_follows_the_recorded_job_while_it_runs_and_reports_its_failure(tmp_path):
     record = tmp_path / "gcp_resources"
     with VertexStandIn() as vertex:
-        running = earlier_job(vertex, "import time; time.sleep(3)", record)
+        code, release_after_reads = running_until_read(vertex, tmp_path)
+        running = earlier_job(vertex, code, record)
+        release_after_reads(running)
         followed = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('new')"), record))
         assert followed.returncode == 0, followed.stderr[-3000:]
         assert list(vertex.jobs) == [running] and vertex.jobs[running]["state"] == "JOB_STATE_SUCCEEDED"
@@ -209,14 +237,16 @@ def test_a_retry_without_its_record_follows_the_run_s_live_job_instead_of_starti
     """Whether Vertex AI hands a retried task its predecessor's gcp_resources is not documented: where it does not,
     a job of this task in this run that has not ended (its launcher lost) is found by the run's label."""
     monkeypatch.setenv("VERTEX_AI_PIPELINES_RUN_LABELS", json.dumps({RUN: "run-7"}))
-    pool = {"containerSpec": {"command": ["python", "-c", "import time; time.sleep(3)"]}}
     with VertexStandIn(filters=filters) as vertex:  # a service that refuses the filter: a new job, as before
+        code, release_after_reads = running_until_read(vertex, tmp_path)
+        pool = {"containerSpec": {"command": ["python", "-c", code]}}
         names = [
             vertex.create(
                 PARENT, {"displayName": "train", "jobSpec": {"workerPoolSpecs": [pool]}, "labels": {RUN: run}}
             )["name"]
             for run in ("run-8", "run-7")  # another run's job, then this run's
         ]
+        release_after_reads(names[1])
         record = tmp_path / "gcp_resources"  # none: a fresh output for the retried task
         result = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('second')"), record))
         jobs = list(vertex.jobs)

@@ -169,6 +169,10 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
         assert launcher == ["python", "-m", "components.slice", "--tpu_type", tpu_type, "--"]
     assert "from pipelines.steps import run_train" in command[-1]
     assert job_inputs["restart_job_on_worker_restart"]["defaultValue"] is True
+    # no replacement job with less of the time limit left than a start on this TPU (its hosts', on a slice) and more
+    launcher = spec["deploymentSpec"]["executors"]["exec-train-step"]["container"]
+    minutes = {1: 20.0 + 15.0, 4: 5.0 + 20.0 + 15.0, 8: 5.0 + 20.0 + 15.0}[TPU_TYPES[tpu_type].hosts]
+    assert launcher["args"][-2:] == ["--min_minutes_left", str(minutes)]
     assert "exec env _KFP_RUNTIME=true python3 -m kfp.dsl.executor_main" in command[2]
     from google.cloud.aiplatform_v1.types import CustomJobSpec
     from google.protobuf.json_format import ParseDict
@@ -233,7 +237,7 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     launcher = executors["exec-train-step"]["container"]
     assert launcher["image"] == CPU_IMAGE and launcher["command"] == ["python", "-m", "pipelines.launch_custom_job"]
     flags = dict(zip(launcher["args"][::2], launcher["args"][1::2], strict=True))
-    assert list(flags) == ["--type", "--payload", "--project", "--location", "--gcp_resources"]
+    assert list(flags) == ["--type", "--payload", "--project", "--location", "--gcp_resources", "--min_minutes_left"]
     assert flags["--type"] == "CustomJob"
     assert flags["--gcp_resources"] == "{{$.outputs.parameters['gcp_resources'].output_file}}"
     cpu_steps = [e for name, e in executors.items() if name != "exec-train-step"]

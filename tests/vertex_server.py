@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import threading
+from collections import Counter
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -40,6 +41,7 @@ class VertexStandIn:
         self.processes: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, str] = {}
         self.cancel_requests: list[str] = []
+        self.reads: Counter[str] = Counter()  # GETs of each job through the API (a launcher's, not the test's)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -161,6 +163,7 @@ class VertexStandIn:
                     return self._reply(200, {"customJobs": stand_in.list(name.removesuffix("/customJobs"), query)})
                 if name not in stand_in.jobs:
                     return self._reply(404, {"error": {"code": 404, "message": f"{name} not found"}})
+                stand_in.reads[name] += 1
                 self._reply(200, stand_in.get(name))
 
         return Handler

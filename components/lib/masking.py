@@ -139,7 +139,7 @@ def masked_dataset(
     files = list(zip(shard_files(uri, manifest), firsts, records, strict=True))
     pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
     # evaluation over fewer files than hosts: each host reads every file and keeps every pipelines-th record
-    by_record = not training and 1 < pipelines and len(files) < pipelines
+    by_record = not training and pipelines > 1 and len(files) < pipelines
     share = files if by_record else input_share(files, pipelines, pipeline, seed)
     paths, firsts, _ = (list(column) for column in zip(*share, strict=True))
     cycle_length = min(parallel_reads, len(paths))

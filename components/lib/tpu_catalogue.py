@@ -41,6 +41,16 @@ def tpu_runtime_env(changes: list[str], parameter: str = "tpu_env") -> dict[str,
     return env
 
 
+# How long a TPU job may take to be ready to train before its start counts as failed (not a wait until the job's time
+# limit that every restart and retry would pay again): the TPU's initialisation by the train step; on a slice first
+# host 0's wait for every host's worker server, short, as a slice's hosts start together or not at all.
+TPU_START_MINUTES = 20.0
+SLICE_HOSTS_MINUTES = 5.0
+# A replacement TPU job is created only with at least its start deadline and this much left of the run's time limit:
+# a job that could only start would pay the queue, the start and the compile to train nothing.
+REPLACEMENT_MARGIN_MINUTES = 15.0
+
+
 @dataclass(frozen=True)
 class TpuType:
     """A TPU the train step can run on as a Vertex AI custom job. A replica of ``tf.distribute`` is a
@@ -61,6 +71,11 @@ class TpuType:
     def list_price(self, provisioning: str) -> float:
         """The Cloud TPU list price an hour (PRICES) for Vertex AI's scheduling strategy: SPOT or on demand."""
         return self.spot_list_price_per_hour if provisioning == "SPOT" else self.list_price_per_hour
+
+    @property
+    def start_deadline_minutes(self) -> float:
+        """The most a job on this TPU takes to be ready to train before it fails: its hosts, then its TPU."""
+        return TPU_START_MINUTES + (SLICE_HOSTS_MINUTES if self.hosts > 1 else 0.0)
 
     def launched(self, command: list[str], report_dir: str = "") -> list[str]:
         """The container command that runs ``command`` on this TPU: under the slice launcher on a slice of several
