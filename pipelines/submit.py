@@ -3,7 +3,9 @@
 Parameters are checked against the compiled template before anything is sent: unknown names, wrong types,
 a non-``gs://`` pipeline root, malformed Hub ids and secret names fail at once. ``--dry_run`` prints the
 job that would be created and touches no network. Credentials are the environment's (Application Default
-Credentials: ``gcloud auth application-default login``, or the service account of the machine).
+Credentials: ``gcloud auth application-default login``, or the service account of the machine). ``--first_run``
+submits a short run of the same pipeline on the same TPU (a sample of the corpus, 100 steps, no push), to run
+between the TPU smoke test and the long run.
 
     python -m pipelines.submit --template pipeline.yaml --project my-project --region us-central1 \\
         --pipeline_root gs://my-bucket/pipeline-root --service_account trainer@my-project.iam.gserviceaccount.com \\
@@ -30,6 +32,21 @@ from pipelines.pipeline import check_values
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 
+# What --first_run changes: a sample of the corpus (texts per part) in shard files small enough for a slice's hosts,
+# and a few steps with a checkpoint, validation and log points on the way
+FIRST_RUN = {
+    "limit": 50_000,
+    "records_per_shard": 1_000,
+    "max_steps": 100,
+    "checkpoint_every_steps": 50,
+    "log_every_steps": 10,
+}
+# what --first_run proves when it succeeds, which the TPU smoke test (a job of its own) does not run
+FIRST_RUN_PROVES = (
+    "the compiled pipeline's TPU path: KFP's executor in the TPU image, the /gcs mount it writes outputs to, the "
+    "run's service account in the TPU job, the launcher, checkpoints, the evaluation and the report"
+)
+
 
 @dataclass
 class SubmitArguments:
@@ -54,6 +71,28 @@ class SubmitArguments:
     corpus_bytes: int = field(
         default=0, metadata={"help": "The corpus's size, for the dry run's estimate of an hf: corpus (dataset card)."}
     )
+    first_run: bool = field(
+        default=False,
+        metadata={
+            "help": "A short run of the same compiled pipeline on the same TPU first: a sample of the corpus, "
+            f"{FIRST_RUN['max_steps']} training steps, the run's own checkpoint folder and no Hub push (unless "
+            "--first_run_push); it proves the pipeline's TPU path in minutes before the long run pays for hours."
+        },
+    )
+    first_run_push: bool = field(
+        default=False, metadata={"help": "With --first_run: push to hub_repo_id too (to test the token's access)."}
+    )
+
+
+def first_run_values(values: dict[str, Any], push: bool) -> dict[str, Any]:
+    """The parameter values of a first run: ``FIRST_RUN`` over the long run's, in the run's own checkpoint folder
+    (the long run's must not resume a 100-step schedule), and without the push unless ``push``."""
+    changed = {**values, **FIRST_RUN}
+    dropped = ["checkpoint_dir"] + ([] if push else ["hub_repo_id"])
+    for name in dropped:
+        if changed.pop(name, None):
+            log.info("first run: without the long run's %s", name)
+    return changed
 
 
 def check_project(project: str) -> None:
@@ -155,16 +194,24 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     if not isinstance(values, dict):
         raise InvalidParameter("parameters", arguments.parameters, "must be a JSON object of name: value")
     template = yaml.safe_load(Path(arguments.template).read_text())
+    if arguments.first_run_push and not arguments.first_run:
+        raise InvalidParameter("first_run_push", True, "is for --first_run")
+    if arguments.first_run:
+        values = first_run_values(values, arguments.first_run_push)
     check_parameters(template, values)
+    labels = parse_labels(arguments.labels)
+    display_name = arguments.display_name
+    if arguments.first_run:
+        labels, display_name = {**labels, "tpu-mlm-run": "first-run"}, f"{display_name}-first-run"
     # only when asked: aiplatform's enable_caching overrides every task's compiled setting, training's included
     caching = {} if arguments.enable_caching is None else {"enable_caching": arguments.enable_caching}
     return aiplatform.PipelineJob(
-        display_name=arguments.display_name,
+        display_name=display_name,
         template_path=arguments.template,
         pipeline_root=arguments.pipeline_root,
         parameter_values=values,
         **caching,
-        labels=parse_labels(arguments.labels),
+        labels=labels,
         project=arguments.project,
         location=arguments.region,
         credentials=credentials,
@@ -182,7 +229,7 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
         name: parameter.get("defaultValue")
         for name, parameter in spec["root"]["inputDefinitions"]["parameters"].items()
     }
-    values = {**defaults, **json.loads(arguments.parameters)}
+    values = {**defaults, **job.to_dict()["runtimeConfig"].get("parameterValues", {})}
     tpu = template_tpu_type(spec)
     try:
         result = estimate_run(
@@ -231,22 +278,30 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
         tasks = sorted(request["pipelineSpec"]["root"]["dag"]["tasks"])
         request["pipelineSpec"] = f"{arguments.template} ({len(tasks)} tasks: {', '.join(tasks)})"
         request["serviceAccount"] = arguments.service_account
-        return {"dry_run": True, "would_submit": request, "estimate": check_estimate(arguments, job)}
-    job = build_job(arguments, credentials)
-    check_estimate(arguments, job)
-    job.submit(service_account=arguments.service_account or None)
-    return {"job": job.resource_name, "console": job._dashboard_uri()}
+        summary = {"dry_run": True, "would_submit": request, "estimate": check_estimate(arguments, job)}
+    else:
+        job = build_job(arguments, credentials)
+        check_estimate(arguments, job)
+        job.submit(service_account=arguments.service_account or None)
+        summary = {"job": job.resource_name, "console": job._dashboard_uri()}
+    if arguments.first_run:
+        summary["first_run"] = (
+            f"{FIRST_RUN['max_steps']} steps on a sample; when it succeeds it proves {FIRST_RUN_PROVES}"
+        )
+    return summary
 
 
 def summary_for_people(summary: dict[str, Any]) -> str:
+    first_run = f"\nfirst run: {summary['first_run']}" if "first_run" in summary else ""
     if summary.get("dry_run"):
         request = summary["would_submit"]
         return (
             f"dry run: would submit {request['displayName']} with "
             f"{len(request['runtimeConfig'].get('parameterValues', {}))} "
             f"parameter values, root {request['runtimeConfig']['gcsOutputDirectory']} (--json prints the request)"
+            + first_run
         )
-    return f"submitted {summary['job']}\nconsole: {summary['console']}"
+    return f"submitted {summary['job']}\nconsole: {summary['console']}{first_run}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

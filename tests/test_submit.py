@@ -120,6 +120,38 @@ def test_dry_run_prints_the_job_and_sends_nothing(template, monkeypatch):
     assert json.loads(scripted.stdout)["would_submit"]["displayName"] == "tpu-mlm-pretraining"
 
 
+def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_the_push(template, capsys):
+    long_run = {
+        "corpus": "hf:wikitext:wikitext-103-raw-v1",
+        "checkpoint_dir": "gs://bucket/checkpoints/roberta",
+        "hub_repo_id": "me/roberta",
+        "hf_token_secret": "projects/my-project/secrets/hf-token",
+        "learning_rate": 2e-4,
+    }
+    given = {"dry_run": True, "corpus_bytes": 546_500_949, "parameters": json.dumps(long_run)}
+    result = submit(arguments(template, first_run=True, **given))
+    request = result["would_submit"]
+    values = request["runtimeConfig"]["parameterValues"]
+    assert values == {
+        "corpus": "hf:wikitext:wikitext-103-raw-v1",
+        "hf_token_secret": "projects/my-project/secrets/hf-token",
+        "learning_rate": 2e-4,  # the long run's recipe, on its TPU
+        "limit": 50_000,
+        "records_per_shard": 1_000,
+        "max_steps": 100,
+        "checkpoint_every_steps": 50,
+        "log_every_steps": 10,
+    }  # no checkpoint_dir (the long run's would resume a 100-step schedule), no push
+    assert request["displayName"] == "tpu-mlm-pretraining-first-run"
+    assert request["labels"] == {"team": "nlp", "run": "first", "tpu-mlm-run": "first-run"}
+    assert result["estimate"]["steps"] == 100
+    assert result["first_run"].startswith("100 steps on a sample; when it succeeds it proves the compiled pipeline's")
+    pushed = submit(arguments(template, first_run=True, first_run_push=True, **given))
+    assert pushed["would_submit"]["runtimeConfig"]["parameterValues"]["hub_repo_id"] == "me/roberta"
+    with pytest.raises(InvalidParameter, match="--first-run-push=True: is for --first_run"):
+        submit(arguments(template, first_run_push=True, **given))
+
+
 def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
     result = submit(arguments(template, dry_run=True))  # an hf: corpus: its size is not known here
     assert result["estimate"].startswith("no estimate: --corpus-bytes=0: the size of hf:wikitext")
