@@ -97,7 +97,9 @@ def test_summary_history_tensorboard_and_mfu(trained):
         for event in tf.compat.v1.train.summary_iterator(str(file))
         for value in event.summary.value
     }
-    assert {"train/loss", "train/learning_rate", "train/samples_per_second", "train/mfu", "eval/loss"} <= tags
+    assert {"train/loss", "train/gradient_norm", "train/learning_rate", "train/samples_per_second", "train/mfu"} <= tags
+    assert "eval/loss" in tags
+    assert all(point["gradient_norm"] > 0 for point in summary["history"])  # the global norm, beside the loss
     assert json.loads(Path(model_dir, SUMMARY_FILE).read_text())["total_steps"] == 150
 
 
