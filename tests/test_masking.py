@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.lib.masking import IGNORE_INDEX, Masking, input_share, masked_dataset, shard_files
+from components.lib.masking import IGNORE_INDEX, Masking, input_share, mask_tokens, masked_dataset, shard_files
 from components.lib.shard_set import read_manifest
 
 
@@ -99,6 +99,23 @@ def test_batches_reach_the_device_as_int32(wikitext_shards):
         "attention_mask": tf.int32,
         "labels": tf.int32,
     }
+
+
+def test_random_replacements_are_never_special_tokens():
+    """Of a vocabulary of ten pieces, five special: a draw from the whole vocabulary would make half the random
+    replacements special (a <pad> mid-row shifts RoBERTa's positions); every one is an ordinary piece, and every
+    ordinary piece is drawn."""
+    masking = Masking(mask_token_id=4, vocab_size=10, special_token_ids=(0, 1, 2, 3, 4), probability=0.5)
+    ids = tf.constant(np.random.default_rng(0).integers(5, 10, size=(64, 128)), tf.int64)
+    replaced = []
+    for index in range(20):
+        batch = mask_tokens(
+            {"input_ids": ids, "attention_mask": tf.ones_like(ids)}, tf.constant([7, index], tf.int64), masking
+        )
+        labels, masked = batch["labels"].numpy(), batch["input_ids"].numpy()
+        replaced.append(masked[(labels >= 0) & (masked != 4)])  # replaced at random, or kept as it was
+    replaced = np.concatenate(replaced)
+    assert len(replaced) > 10_000 and set(np.unique(replaced)) == {5, 6, 7, 8, 9}
 
 
 def contexts(pipelines: int, replicas_each: int = 2) -> list[tf.distribute.InputContext]:

@@ -30,7 +30,9 @@ EVALUATION_MLM_PROBABILITY = 0.15
 @dataclass(frozen=True)
 class Masking:
     """BERT/RoBERTa masking: ``probability`` of the maskable tokens are chosen; of those, 80% become
-    ``<mask>``, 10% a random token and 10% stay as they are. Special and padding tokens are never chosen.
+    ``<mask>``, 10% a random ordinary token (never a special one, as fairseq draws them: a ``<pad>`` mid-row would
+    shift the position ids TF RoBERTa counts over non-pad tokens) and 10% stay as they are. Special and padding
+    tokens are never chosen.
     With ``final_probability``, the share moves linearly from ``probability`` at batch 0 to it at batch
     ``decay_batches``; ``first_batch`` is where a resumed stream starts, so the decay goes on where it was."""
 
@@ -73,7 +75,9 @@ def mask_tokens(batch: dict[str, Any], seed: Any, masking: Masking, batch_index:
     maskable = ~special & (attention_mask == 1)
     chosen = maskable & (tf.random.stateless_uniform(shape, choose_seed) < masking.rate(batch_index))
     action = tf.random.stateless_uniform(shape, action_seed)
-    random_ids = tf.random.stateless_uniform(shape, random_seed, 0, masking.vocab_size, dtype=tf.int64)
+    ordinary = sorted(set(range(masking.vocab_size)) - set(masking.special_token_ids))
+    drawn = tf.random.stateless_uniform(shape, random_seed, 0, len(ordinary), dtype=tf.int64)
+    random_ids = tf.gather(tf.constant(ordinary, tf.int64), drawn)
     masked = tf.where(chosen & (action < 0.8), tf.constant(masking.mask_token_id, tf.int64), input_ids)
     masked = tf.where(chosen & (action >= 0.8) & (action < 0.9), random_ids, masked)
     labels = tf.where(chosen, input_ids, tf.constant(IGNORE_INDEX, tf.int64))
