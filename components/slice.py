@@ -30,6 +30,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.slice_hosts import (
     ENDPOINTS_VARIABLE,
+    MESH_CONTROLLER_VARIABLE,
     METADATA_REPORTED,
     SERVER_PORT,
     STATUS_PORT,
@@ -57,8 +58,8 @@ class SliceArguments:
     hosts_timeout_minutes: float = field(
         default=SLICE_HOSTS_MINUTES,
         metadata={
-            "help": "How long host 0 waits for every host's server before the job fails: a slice's hosts start "
-            "together or not at all."
+            "help": "How long host 0 waits for every host's server before the job fails (each host pulls the image "
+            "and starts on its own)."
         },
     )
     host_zero_lost_minutes: float = field(
@@ -70,13 +71,6 @@ class SliceArguments:
     report_dir: str = field(
         default="",
         metadata={"help": "Folder (gs:// on Vertex AI) where each host writes what it found, hosts/host-N.json."},
-    )
-    stream_executor_runtime: bool = field(
-        default=False,
-        metadata={
-            "help": "Give each worker server the mesh controller's variables that TensorFlow's own TPU worker sets for "
-            "the StreamExecutor TPU runtime; the PJRT runtimes of this project's images do not read them."
-        },
     )
 
     def __post_init__(self) -> None:
@@ -104,7 +98,8 @@ def launch(arguments: SliceArguments, command: list[str]) -> int:
     log.info("host %d of %s, from %s", hosts.index, list(hosts.addresses), hosts.source)
     port = hosts.server(hosts.index, arguments.server_port)[1]
     worker = ["--task", str(hosts.index), "--port", str(port), "--report_dir", arguments.report_dir]
-    server_environment = hosts.server_environment(arguments.stream_executor_runtime)
+    # the StreamExecutor runtime's mesh controller, only where the job's environment asks (compile or smoke --tpu_env)
+    server_environment = hosts.server_environment(os.environ.get(MESH_CONTROLLER_VARIABLE, "") == "true")
     server = subprocess.Popen(
         [sys.executable, "-m", "components.tpu_worker", *worker], env={**runtime_env, **server_environment}
     )

@@ -171,7 +171,7 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     assert job_inputs["restart_job_on_worker_restart"]["defaultValue"] is True
     # no replacement job with less of the time limit left than a start on this TPU (its hosts', on a slice) and more
     launcher = spec["deploymentSpec"]["executors"]["exec-train-step"]["container"]
-    minutes = {1: 20.0 + 15.0, 4: 5.0 + 20.0 + 15.0, 8: 5.0 + 20.0 + 15.0}[TPU_TYPES[tpu_type].hosts]
+    minutes = {1: 20.0 + 15.0, 4: 10.0 + 20.0 + 15.0, 8: 10.0 + 20.0 + 15.0}[TPU_TYPES[tpu_type].hosts]
     assert launcher["args"][-2:] == ["--min_minutes_left", str(minutes)]
     assert "exec env _KFP_RUNTIME=true python3 -m kfp.dsl.executor_main" in command[2]
     from google.cloud.aiplatform_v1.types import CustomJobSpec

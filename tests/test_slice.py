@@ -79,17 +79,22 @@ def test_the_hosts_come_from_the_workers_variables_else_from_the_instance_metada
         discover({}, metadata_attribute, 4)
 
 
-def test_vertex_ai_s_cluster_spec_names_the_hosts_when_it_lists_the_slice_s():
+def test_vertex_ai_s_cluster_spec_names_the_hosts_when_nothing_else_does_and_it_lists_the_slice_s():
     """Vertex AI documents CLUSTER_SPEC for distributed jobs; whether a TPU slice's pool lists its hosts there is not
     documented: read when its task's pool has the slice's number of hosts, passed over (to the metadata) when not."""
     pool = [f"cmle-training-workerpool0-ab12-{host}:2222" for host in range(4)]
     spec = {"cluster": {"workerpool0": pool}, "environment": "cloud", "task": {"type": "workerpool0", "index": 3}}
-    hosts = discover({"CLUSTER_SPEC": json.dumps(spec)}, lambda name: None, 4)
+    hosts = discover({"CLUSTER_SPEC": json.dumps(spec)}, lambda name: None, 4)  # no metadata server answers
     assert hosts.index == 3 and hosts.source == "CLUSTER_SPEC (Vertex AI)"
     assert hosts.endpoints() == ",".join(f"grpc://cmle-training-workerpool0-ab12-{host}:8470" for host in range(4))
-    # the workers' variables come first; a spec of one replica (the pool's replica_count) is not the slice's hosts
+    # the workers' variables come first, then the TPU VM's metadata (where libtpu learns a host's place); a spec
+    # of one replica (the pool's replica_count) is not the slice's hosts
     workers = {"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "w0,w1,w2,w3", "CLUSTER_SPEC": json.dumps(spec)}
     assert discover(workers, lambda name: None, 4).addresses == ("w0", "w1", "w2", "w3")
+    endpoints = ",".join(f"unknown:unknown:10.130.0.{i}" for i in range(4))
+    metadata = {"agent-worker-number": "1", "worker-network-endpoints": endpoints}
+    from_metadata = discover({"CLUSTER_SPEC": json.dumps(spec)}, metadata.get, 4)
+    assert from_metadata.index == 1 and "instance metadata" in from_metadata.source
     one = {**spec, "cluster": {"workerpool0": pool[:1]}, "task": {"type": "workerpool0", "index": 0}}
     for cluster_spec in (json.dumps(one), "not json"):
         with pytest.raises(SliceFailed, match="found no TPU slice hosts"):

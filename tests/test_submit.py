@@ -127,6 +127,8 @@ def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_th
         "hub_repo_id": "me/roberta",
         "hf_token_secret": "projects/my-project/secrets/hf-token",
         "learning_rate": 2e-4,
+        "num_parts": 8,
+        "tpu_job_timeout_hours": 48,
     }
     given = {"dry_run": True, "corpus_bytes": 546_500_949, "parameters": json.dumps(long_run)}
     result = submit(arguments(template, first_run=True, **given))
@@ -137,11 +139,15 @@ def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_th
         "hf_token_secret": "projects/my-project/secrets/hf-token",
         "learning_rate": 2e-4,  # the long run's recipe, on its TPU
         "limit": 50_000,
+        "num_parts": 1,
+        "holdout_fraction": 0.2,
         "records_per_shard": 1_000,
         "max_steps": 100,
         "checkpoint_every_steps": 50,
         "log_every_steps": 10,
+        "tpu_job_timeout_hours": 0.0,  # derived from the first run's estimate, not the long run's limit
     }  # no checkpoint_dir (the long run's would resume a 100-step schedule), no push
+    assert all(type(values[name]) is float for name in ("holdout_fraction", "tpu_job_timeout_hours"))  # KFP's type
     assert request["displayName"] == "tpu-mlm-pretraining-first-run"
     assert request["labels"] == {"team": "nlp", "run": "first", "tpu-mlm-run": "first-run"}
     assert result["estimate"]["steps"] == 100

@@ -3,10 +3,10 @@ TensorFlow worker server that owns a host's chips, and the status host 0 gives t
 
 On a slice of several hosts, TensorFlow runs one program, on host 0, which reaches every host's chips through the
 gRPC worker server each host runs (``TPUClusterResolver("grpc://h0:8470,grpc://h1:8470,...")``). The hosts are found,
-in this order, from ``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES`` (GKE sets them for TPU slices), from Vertex AI's
-documented ``CLUSTER_SPEC`` (its task's pool and index; whether Vertex AI lists a TPU slice's hosts there is not
-documented, so a pool of another size than the slice's is passed over), else from the Compute Engine metadata the
-TPU VM's own worker reads (``agent-worker-number``, ``worker-network-endpoints``).
+in this order, from ``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES`` (GKE sets them for TPU slices), from the Compute
+Engine metadata the TPU VM's own worker reads (``agent-worker-number``, ``worker-network-endpoints``), else from
+Vertex AI's documented ``CLUSTER_SPEC`` (its task's pool and index; whether Vertex AI lists a TPU slice's hosts there
+is not documented, so a pool of another size than the slice's is passed over).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ STATUS_PORT = 8491
 MESH_CONTROLLER_PORT = 8476
 # Set by the slice launcher for host 0's program: the endpoints that take the place of --tpu local there.
 ENDPOINTS_VARIABLE = "TPU_SLICE_ENDPOINTS"
+# "true" in the job's environment (compile or smoke --tpu_env): each worker server also gets the variables
+# TensorFlow's own TPU worker sets for the StreamExecutor runtime's mesh controller
+MESH_CONTROLLER_VARIABLE = "TPU_MLM_MESH_CONTROLLER"
 METADATA_TIMEOUT_SECONDS = 5.0
 METADATA_TRIES = 3
 
@@ -59,7 +62,8 @@ class SliceHosts:
         name (``TPU_WORKER_ID``, ``TPU_WORKER_HOSTNAMES``, as GKE sets them for libtpu), its task as TensorFlow's own
         TPU worker (``tensorflow/python/tools/grpc_tpu_worker.py``) sets it, and the chips locked to it. With
         ``mesh_controller``: also host 0's mesh controller and this host's address, which grpc_tpu_worker.py sets
-        for the StreamExecutor TPU runtime; the PJRT runtimes of this project's images do not read them."""
+        for the StreamExecutor TPU runtime; whether the PJRT runtimes of this project's images read them is not
+        verified (no public source says either way): off unless asked."""
         environment = {
             "CLOUD_TPU_TASK_ID": str(self.index),
             "TPU_WORKER_ID": str(self.index),
@@ -85,23 +89,27 @@ class SliceFailed(ServiceFailed):
 
 def discover(environ: Mapping[str, str], metadata: Callable[[str], str | None], hosts: int) -> SliceHosts:
     """This host and its slice's ``hosts`` hosts, from the environment, else the instance metadata."""
-    cluster = cluster_spec_hosts(environ.get("CLUSTER_SPEC", ""), hosts)
     if environ.get("TPU_WORKER_ID") and environ.get("TPU_WORKER_HOSTNAMES"):
         index, addresses = environ["TPU_WORKER_ID"], environ["TPU_WORKER_HOSTNAMES"].split(",")
         source = "TPU_WORKER_ID and TPU_WORKER_HOSTNAMES"
-    elif cluster is not None:
-        index, addresses = cluster
-        source = "CLUSTER_SPEC (Vertex AI)"
     else:
+        # the TPU VM's metadata before CLUSTER_SPEC: it is where libtpu itself learns a host's place in the slice,
+        # while CLUSTER_SPEC's order is Vertex AI's replicas', not known to be the same
         index, endpoints = metadata("agent-worker-number"), metadata("worker-network-endpoints")
-        if index is None or not endpoints:
+        cluster = cluster_spec_hosts(environ.get("CLUSTER_SPEC", ""), hosts)
+        if index is not None and endpoints:
+            # "unknown:unknown:10.130.0.7,unknown:unknown:10.130.0.8": the address is each entry's third field
+            addresses = [entry.split(":")[2] for entry in endpoints.split(",")]
+            source = "the instance metadata (agent-worker-number, worker-network-endpoints)"
+        elif cluster is not None:
+            index, addresses = cluster
+            source = "CLUSTER_SPEC (Vertex AI)"
+        else:
             raise SliceFailed(
-                "found no TPU slice hosts: TPU_WORKER_ID and TPU_WORKER_HOSTNAMES are not set, and the instance "
-                "metadata has no agent-worker-number or worker-network-endpoints (is this a TPU VM of a slice?)"
+                "found no TPU slice hosts: TPU_WORKER_ID and TPU_WORKER_HOSTNAMES are not set, the instance metadata "
+                "has no agent-worker-number or worker-network-endpoints, and CLUSTER_SPEC does not list the slice's "
+                "hosts (is this a TPU VM of a slice?)"
             )
-        # "unknown:unknown:10.130.0.7,unknown:unknown:10.130.0.8": the address is each entry's third field
-        addresses = [entry.split(":")[2] for entry in endpoints.split(",")]
-        source = "the instance metadata (agent-worker-number, worker-network-endpoints)"
     addresses = [address.strip() for address in addresses]
     if not index.strip().isdigit() or int(index) >= len(addresses) or len(addresses) != hosts or not all(addresses):
         raise SliceFailed(f"{source} say host {index!r} of {addresses}; this slice has {hosts} hosts")
