@@ -120,9 +120,9 @@ def masked_dataset(
     """Batches of masked samples from the shard folder ``uri``, ``batch_size`` samples across the replicas.
 
     ``input_context`` (a ``tf.distribute.InputContext``; none: one pipeline, one replica) says which input
-    pipeline this is, one a host: it reads its share of the files (``input_share``; in evaluation, a set of fewer
-    files than hosts by record instead: every host reads every file and keeps every n-th record) and batches at the
-    per-replica size, its replicas taking consecutive batches. Training: file order shuffled, samples shuffled, repeated
+    pipeline this is, one a host: in training it reads its share of the files (``input_share``), in evaluation its
+    share of the records (every host reads every file and keeps every n-th record), and batches at the per-replica
+    size, its replicas taking consecutive batches. Training: file order shuffled, samples shuffled, repeated
     forever, full batches only, the same batches in every run for the same seed (parallel reads keep their
     order: a seed means a reproducible run), each pipeline masking with seeds of its own. Evaluation: one
     deterministic pass, the last batch short unless ``drop_remainder`` (TPUs need full batches; then every
@@ -142,8 +142,9 @@ def masked_dataset(
     firsts = [0, *itertools.accumulate(records)][:-1]
     files = list(zip(shard_files(uri, manifest), firsts, records, strict=True))
     pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
-    # evaluation over fewer files than hosts: each host reads every file and keeps every pipelines-th record
-    by_record = not training and pipelines > 1 and len(files) < pipelines
+    # evaluation on several hosts: each reads every file and keeps every pipelines-th record, so that every host has
+    # as many samples, give or take one, whatever the files' sizes (a host short of one batch would stop the run)
+    by_record = not training and pipelines > 1
     share = files if by_record else input_share(files, pipelines, pipeline, seed)
     paths, firsts, _ = (list(column) for column in zip(*share, strict=True))
     cycle_length = min(parallel_reads, len(paths))
@@ -151,12 +152,7 @@ def masked_dataset(
         if drop_remainder and pipelines > 1:
             # every host the same number of full batches: a host that ran out would be given empty batches, of
             # another shape than the others' (a TPU compiles the step again for it)
-            if by_record:
-                fewest = sum(records) // pipelines
-            else:
-                shares = [input_share(files, pipelines, host, seed) for host in range(pipelines)]
-                fewest = min(sum(file[2] for file in share) for share in shares)
-            steps = fewest // per_replica // replicas_here
+            steps = sum(records) // pipelines // per_replica // replicas_here  # the fewest any host has
             max_batches = steps if max_batches is None else min(max_batches, steps)
         dataset = tf.data.Dataset.from_tensor_slices((paths, tf.constant(firsts, tf.int64)))
         dataset = dataset.interleave(
