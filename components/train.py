@@ -290,9 +290,10 @@ def _rewind_or_stop(arguments: TrainArguments, state: TrainingState, step: int, 
         stopped = "stopped"
     raise Diverged(
         f"the training diverged: {seen}; {stopped}, with no checkpoint or model written from these weights (the "
-        f"last good checkpoint: {latest or 'none'}). Try a lower peak learning rate (--learning_rate, now "
-        f"{arguments.learning_rate:g}), clipping (--clip_norm 1.0; now {arguments.clip_norm:g}), or "
-        "--on_divergence rewind to go back to the last checkpoint and skip the batches after it"
+        f"last good checkpoint: {latest or 'none'}). Try --on_divergence rewind (back to the last checkpoint, "
+        "skipping the batches after it), or, in a new checkpoint_dir (a checkpoint folder keeps its recipe), a lower "
+        f"peak learning rate (--learning_rate, now {arguments.learning_rate:g}) or clipping (--clip_norm 1.0; now "
+        f"{arguments.clip_norm:g})"
     )
 
 

@@ -176,7 +176,8 @@ REPLICA_EXITED = re.compile(r"exited with a non-zero status of (\d+)")
 def replaceable(job: Any) -> bool:
     """Whether another job may get further than this failed one: the train step's container exited with an error
     (a preemption's SIGTERM, a crash; its own attempts.json refuses a repeated failure), but not with bad input
-    (status 2) or a diverged loss (status 4), which the same settings meet again; or the job failed for a reason
+    (status 2), a refusal of Google Cloud's (3: a permission) or a diverged loss (4), which the same settings meet
+    again; or the job failed for a reason
     that is not the user's (GCPC's list of such error codes). A job cancelled (someone stopped it), expired or
     paused is not replaced."""
     if job.state.name != "JOB_STATE_FAILED":

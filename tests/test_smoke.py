@@ -16,6 +16,7 @@ from conftest import PROJECT_ROOT, run_module
 from transformers import HfArgumentParser
 
 from components.lib import storage
+from components.lib.jobs import REFUSED_EXIT
 from pipelines import submit_smoke
 from pipelines.smoke import SmokeArguments
 
@@ -264,7 +265,7 @@ def test_smoke_refused_by_google_cloud_says_so_in_one_line(gcs, tmp_path):
             "0.2",
         )
         assert not vertex.jobs
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert refused.returncode == REFUSED_EXIT and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines()[-1] == (
         "error: Google Cloud refused the request (403 Forbidden): Permission 'aiplatform.customJobs.create' denied on "
         "resource 'projects/my-project-123/locations/us-central1'"
@@ -278,7 +279,7 @@ def test_smoke_refused_by_google_cloud_says_so_in_one_line(gcs, tmp_path):
         "NO_GCE_CHECK": "true",
     }
     unauthenticated = run_module("pipelines.submit_smoke", *SMOKE_JOB, "--scratch", gcs, env=no_credentials)
-    assert unauthenticated.returncode == 1, unauthenticated.stderr[-3000:]
+    assert unauthenticated.returncode == REFUSED_EXIT, unauthenticated.stderr[-3000:]
     assert unauthenticated.stderr.strip().splitlines()[-1] == (
         "error: no Google Cloud credentials on this machine: run gcloud auth application-default login (or set "
         "GOOGLE_APPLICATION_CREDENTIALS)"

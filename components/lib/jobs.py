@@ -1,7 +1,8 @@
 """Running a job from its command line: parse its arguments dataclass, set up logging, run it, and end with its
 summary in a few lines for people (``--json``: the whole summary as JSON, for scripts; the whole record is in the
-files the job writes). Bad input exits with status 2 and one line naming the parameter; a training that diverged
-with status 4; a failure of an outside service with 1; each in one line, without a traceback. A pipeline component
+files the job writes). Bad input exits with status 2 and one line naming the parameter; a refusal by Google Cloud
+that would repeat (a permission, no credentials) with 3; a training that diverged with 4; another failure of an
+outside service with 1; each in one line, without a traceback. A pipeline component
 exits the same way (``job_exit_status``): KFP's executor maps no exception to a status, and Vertex AI shows the
 last lines of a task's log."""
 
@@ -21,9 +22,13 @@ from components.lib.errors import Diverged, InvalidParameter, ServiceFailed
 
 Arguments = TypeVar("Arguments")
 BAD_INPUT_EXIT = 2  # the exit status of a job refused for its input: the same input fails the same way again
+# refused by Google Cloud for good (a storage or API permission, no credentials, a missing resource): the same
+# account meets the same refusal again
+REFUSED_EXIT = 3
 DIVERGED_EXIT = 4  # a training stopped on a non-finite loss: the same data, seed and settings diverge again
 # what a new job with the same settings would meet again: the TPU task's launcher does not replace such a job
-NOT_RETRIED_EXITS = (BAD_INPUT_EXIT, DIVERGED_EXIT)
+NOT_RETRIED_EXITS = (BAD_INPUT_EXIT, REFUSED_EXIT, DIVERGED_EXIT)
+FINAL_API_CODES = (400, 401, 403, 404)  # what a retry of the same request meets again
 log = logging.getLogger("tpu_mlm")
 
 
@@ -98,10 +103,14 @@ def one_line_failure(error: BaseException) -> tuple[int, str] | None:
         return BAD_INPUT_EXIT, str(error)
     if isinstance(error, Diverged):
         return DIVERGED_EXIT, str(error)
+    if isinstance(error, storage.PermissionDenied):
+        return REFUSED_EXIT, str(error)
     if isinstance(error, ServiceFailed):
         return 1, str(error)
     refused = google_cloud_refusal(error)
-    return (1, refused) if refused else None
+    if not refused:
+        return None
+    return (REFUSED_EXIT if getattr(error, "code", 401) in FINAL_API_CODES else 1), refused
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ class TrainingState:
     def save(self, step: int) -> None:
         """Checkpoints the model and optimizer at ``step``, whatever asked (the period, a SIGTERM): never from weights
         that are not finite, which would replace a good checkpoint that a resume or a rewind needs."""
-        if not weights_finite(self.model):
+        if not weights_finite(self.model, self.optimizer):
             raise Diverged(
                 f"the model's weights are not finite at step {step}: no checkpoint written; the last good one is "
                 f"{self.manager.latest_checkpoint or 'none'}"
@@ -89,12 +89,15 @@ class TrainingState:
         return summary
 
 
-def weights_finite(model: Any) -> bool:
-    """Whether every weight of ``model`` is finite (one value read back from the device)."""
+def weights_finite(model: Any, optimizer: Any = None) -> bool:
+    """Whether every float weight of ``model`` (and of ``optimizer``: its moments) is finite: a few eager ops a
+    variable on its own device and one value read back (each distinct shape compiles once on a TPU, at the first
+    checkpoint; a graph function reading TPU variables outside the strategy's step is not tried without a TPU)."""
     import tensorflow as tf
 
-    weights = [weight for weight in model.weights if weight.dtype.is_floating]
-    return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(weight)) for weight in weights]))
+    variables = [*model.weights, *(optimizer.variables() if optimizer is not None else [])]
+    floats = [variable for variable in variables if variable.dtype.is_floating]
+    return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(variable)) for variable in floats]))
 
 
 def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint_dir: str) -> TrainingState:
