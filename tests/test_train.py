@@ -2,6 +2,7 @@ import html
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -692,7 +693,7 @@ def test_a_corrupted_shard_of_the_right_size_is_named_by_training_and_evaluation
 
 @pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuses_another_model(
-    tmp_path, wikitext_shards, hub
+    tmp_path, wikitext_shards, hub, capsys
 ):
     from kfp.dsl import Artifact, Dataset, Model
 
@@ -793,8 +794,9 @@ def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuse
                 checkpoint_dir=checkpoints,
             )
         )
-    with pytest.raises(InvalidParameter, match=message):
+    with pytest.raises(SystemExit) as refused:  # the component ends as its command would: status 2, one line
         train_step(**{**step_arguments, "model_config": str(other)}, model=Model(uri=str(tmp_path / "third")))
+    assert refused.value.code == 2 and re.search(message, capsys.readouterr().err.strip().splitlines()[-1])
     # the same model under another recipe (a default that changed between the runs): refused, with the flags
     # that resume it as it was trained
     message = "holds checkpoints trained with other recipe knobs; resume them with --recipe roberta-2019-mask-decay "
