@@ -5,7 +5,7 @@
 # make components  write pipelines/components.py (the component functions) and pipelines/routes.py (where each
 #                  pipeline parameter goes) from the dataclasses
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
-# make test      ruff, then the whole test suite (slow tests included) in two processes: what CI runs
+# make test      ruff, then the whole test suite (slow tests included): what CI runs
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipelines), while working
 # make bench     the sharding, training, parts-reading and recipe benchmarks on WikiText-2 (../shared/data;
 #                the recipes' side by side takes about 45 minutes: benchmarks/recipes.py --quick, about 15)
@@ -74,16 +74,11 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Two processes, a test file each at a time: much of a test's time is one core's (importing TensorFlow, a subprocess
-# starting, an image building), so two keep both cores busy. TEST_WORKERS=0 runs in this process.
-TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-
 test: lint
-	$(PYTEST)
+	$(BIN)/python -m pytest
 
 test-fast: lint
-	$(PYTEST) -m "not slow"
+	$(BIN)/python -m pytest -m "not slow"
 
 bench: install
 	$(BIN)/python benchmarks/shard_throughput.py

@@ -10,7 +10,7 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /opt/tpu-mlm
 # Dependencies first (the slow layer), from the project's fully resolved pins.
 COPY constraints.txt ./
-RUN grep -vE '^(tensorflow-tpu|libtpu|pytest|pytest-timeout|pytest-xdist|execnet|ruff|gcp-storage-emulator|iniconfig|pluggy)==' constraints.txt > /tmp/runtime.txt \
+RUN grep -vE '^(tensorflow-tpu|libtpu|pytest|pytest-timeout|ruff|gcp-storage-emulator|iniconfig|pluggy)==' constraints.txt > /tmp/runtime.txt \
     && pip install --no-deps -r /tmp/runtime.txt
 COPY pyproject.toml README.md ./
 COPY components components

@@ -28,7 +28,7 @@ WORKDIR /opt/tpu-mlm
 COPY constraints.txt containers/tpu-*.constraints.txt ./
 RUN pins=constraints.txt && if [ "$RUNTIME" != tf2.20 ]; then pins="tpu-$RUNTIME.constraints.txt"; fi \
     && test -f "$pins" || { echo "RUNTIME=$RUNTIME: no containers/$pins"; exit 1; } \
-    && grep -vE '^(tensorflow|pytest|pytest-timeout|pytest-xdist|execnet|ruff|gcp-storage-emulator|iniconfig|pluggy)==' "$pins" > /tmp/runtime.txt \
+    && grep -vE '^(tensorflow|pytest|pytest-timeout|ruff|gcp-storage-emulator|iniconfig|pluggy)==' "$pins" > /tmp/runtime.txt \
     && pip install --no-deps -r /tmp/runtime.txt \
     && site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
     && mv "$site/libtpu/libtpu.so" /lib/libtpu.so \

@@ -5,7 +5,6 @@ makes it anew. The main environment never holds torch."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -19,23 +18,19 @@ VENV = PROJECT_ROOT / ".venv-pytorch"
 REQUIREMENTS = Path(__file__).with_name("pytorch-requirements.txt")
 SIDE = Path(__file__).with_name("pytorch_side.py")
 STAMP = VENV / ".requirements"  # written last: an environment whose install was cut short has none
-LOCK = PROJECT_ROOT / ".venv-pytorch.lock"
 
 
 def pytorch_python() -> Path:
-    """The environment's interpreter, made first where it is missing, half made or made from other pins; one test
-    process makes it while the others that need it wait (the suite runs in several)."""
+    """The environment's interpreter, made first where it is missing, half made or made from other pins."""
     python = VENV / "bin" / "python"
     wanted = REQUIREMENTS.read_text()
-    with open(LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if python.exists() and STAMP.exists() and STAMP.read_text() == wanted:
-            return python
-        shutil.rmtree(VENV, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
-        STAMP.write_text(wanted)
+    if python.exists() and STAMP.exists() and STAMP.read_text() == wanted:
+        return python
+    shutil.rmtree(VENV, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
+    STAMP.write_text(wanted)
     return python
 
 
