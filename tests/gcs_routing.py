@@ -111,6 +111,14 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         while not self.close_connection:
             self.handle_one_request()
 
+    def handle_expect_100(self) -> bool:
+        """libcurl asks before a chunked body (TensorFlow's uploads) and waits a second for the answer: it must leave
+        the tunnel's buffered writer at once, or every upload costs that second."""
+        self.send_response_only(100)
+        self.end_headers()
+        self.wfile.flush()
+        return True
+
     def _denied_permission(self) -> str:
         """The permission Cloud Storage would deny the README's account (object roles on the test bucket only,
         ``roles/storage.objectUser``): the bucket's own resource (metadata, the bucket list) needs
