@@ -107,8 +107,8 @@ def test_a_retry_replaces_a_failed_job_with_what_is_left_of_the_time_limit(tmp_p
     monkeypatch.setenv("VERTEX_AI_PIPELINES_RUN_LABELS", json.dumps(run_labels))
     with VertexStandIn() as vertex:
         if earlier == "failed":  # a second retry: the job before it had already run 5,000 s of the 7,200
-            old = earlier_job(vertex, "raise SystemExit(3)", record, {"tpu-mlm-seconds-used": "5000"})
-            # the train step exited with an error (status 3, not bad input): another job may get further
+            old = earlier_job(vertex, "raise SystemExit(1)", record, {"tpu-mlm-seconds-used": "5000"})
+            # the train step crashed (status 1: not bad input, a refusal or a divergence): another job may get further
             wait_for(lambda: vertex.get(old)["state"] == "JOB_STATE_FAILED")
         result = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('trained')"), record))
         names = list(vertex.jobs)
@@ -155,7 +155,7 @@ def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp
     with VertexStandIn() as vertex:
         spent = {"time spent": "7200", "too little left": "6000"}  # of the 7,200 s limit: 20 min left, 30 wanted
         labels = {"tpu-mlm-seconds-used": spent[ending]} if ending in spent else {}
-        command = "import time; time.sleep(600)" if ending == "cancelled" else "raise SystemExit(3)"
+        command = "import time; time.sleep(600)" if ending == "cancelled" else "raise SystemExit(1)"
         if ending == "refused its input":  # the train step's own command, exiting as the compiled YAML runs it
             shards = request.getfixturevalue("embedded_shards")  # a v3-8's settings on a machine with no TPU
             command = compiled_train_job(tmp_path, shards, {"accelerator": "tpu", "replicas": 8})
@@ -203,11 +203,11 @@ def test_a_retry_follows_the_recorded_job_while_it_runs_and_reports_its_failure(
         assert f"following this task's earlier job, {running} (JOB_STATE_RUNNING)" in followed.stderr
 
         record.unlink()
-        failing = run_module("pipelines.launch_custom_job", *launcher(vertex, job("raise SystemExit(3)"), record))
+        failing = run_module("pipelines.launch_custom_job", *launcher(vertex, job("raise SystemExit(1)"), record))
         (_, failed) = vertex.jobs
     assert failing.returncode == 1 and "Traceback" not in failing.stderr
     assert failing.stderr.strip().splitlines()[-1] == (
-        f"error: {failed} ended JOB_STATE_FAILED: The replica workerpool0-0 exited with a non-zero status of 3."
+        f"error: {failed} ended JOB_STATE_FAILED: The replica workerpool0-0 exited with a non-zero status of 1."
     )
 
 
