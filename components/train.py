@@ -51,7 +51,7 @@ from components.lib.results import SUMMARY_FILE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_START_MINUTES
 from components.lib.training import TrainingPlan, TrainingSettings, plan_training
 from components.lib.training_log import LogWindow, format_point, write_summaries
-from components.lib.training_state import TrainingState, start_or_resume, weights_finite
+from components.lib.training_state import TrainingState, start_or_resume
 
 log = logging.getLogger("tpu_mlm.train")
 
@@ -308,10 +308,8 @@ def _next_multiple(step: int, every: int) -> int:
 
 
 def _save_model(model: Any, tokenizer: Any, output: str, summary: dict[str, Any]) -> None:
-    """Publishes the ``save_pretrained`` folder with the tokenizer; the summary goes last, marking it done. Never a
-    model whose weights are not finite (a last step can overflow them after its loss was computed)."""
-    if not weights_finite(model):
-        raise Diverged(f"the trained model's weights are not finite: not saved to {output}")
+    """Publishes the ``save_pretrained`` folder with the tokenizer; the summary goes last, marking it done. The
+    weights are those of the last checkpoint, which ``TrainingState.save`` wrote only after finding them finite."""
     with tempfile.TemporaryDirectory() as staging:
         save_model_folder(model, tokenizer, Path(staging))
         Path(staging, SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")

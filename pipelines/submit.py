@@ -201,13 +201,11 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     template = yaml.safe_load(Path(arguments.template).read_text())
     if arguments.first_run_push and not arguments.first_run:
         raise InvalidParameter("first_run_push", True, "is for --first_run")
+    labels, display_name = parse_labels(arguments.labels), arguments.display_name
     if arguments.first_run:
         values = first_run_values(values, arguments.first_run_push)
-    check_parameters(template, values)
-    labels = parse_labels(arguments.labels)
-    display_name = arguments.display_name
-    if arguments.first_run:
         labels, display_name = {**labels, "tpu-mlm-run": "first-run"}, f"{display_name}-first-run"
+    check_parameters(template, values)
     # only when asked: aiplatform's enable_caching overrides every task's compiled setting, training's included
     caching = {} if arguments.enable_caching is None else {"enable_caching": arguments.enable_caching}
     return aiplatform.PipelineJob(

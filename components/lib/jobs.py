@@ -113,20 +113,29 @@ def one_line_failure(error: BaseException) -> tuple[int, str] | None:
     return (REFUSED_EXIT if getattr(error, "code", 401) in FINAL_API_CODES else 1), refused
 
 
+def reported_status(error: BaseException) -> int | None:
+    """Prints the one line of an error a job reports without a traceback and returns its exit status; None (and
+    nothing printed) for any other error."""
+    failure = one_line_failure(error)
+    if failure is None:
+        return None
+    status, line = failure
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    return status
+
+
 @contextlib.contextmanager
 def job_exit_status(values: Iterable[Any]) -> Iterator[None]:
-    """Ends the process as ``run_job`` does for the errors it reports in one line (``one_line_failure``): for a
+    """Ends the process as ``run_job`` does for the errors it reports in one line (``reported_status``): for a
     pipeline component, whose code KFP's executor runs with no mapping of exceptions to exit statuses. ``values``:
     the step's arguments, whose buckets a storage permission error names."""
     try:
         with storage.permission_errors_in_one_line(values):
             yield
     except Exception as error:
-        failure = one_line_failure(error)
-        if failure is None:
+        status = reported_status(error)
+        if status is None:
             raise
-        status, line = failure
-        print(f"error: {line}", file=sys.stderr, flush=True)
         raise SystemExit(status) from None
 
 
@@ -149,11 +158,9 @@ def run_job(
         with storage.permission_errors_in_one_line(vars(arguments).values()):
             summary = job(arguments)
     except Exception as error:
-        failure = one_line_failure(error)
-        if failure is None:
+        status = reported_status(error)
+        if status is None:
             raise
-        status, line = failure
-        print(f"error: {line}", file=sys.stderr)
         return status
     if print_summary and as_json:
         print(json.dumps(summary, indent=2, default=str))
