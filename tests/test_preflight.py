@@ -11,10 +11,8 @@ from conftest import PROJECT_ROOT, WIKITEXT_VOCAB_SIZE
 from transformers import TFAutoModelForMaskedLM
 
 from components.lib.errors import InvalidParameter
-from components.lib.memory_model import training_memory
 from components.lib.modeling import count_parameters, model_config
 from components.lib.shard_set import read_manifest
-from components.lib.tpu_catalogue import TPU_TYPES
 from components.preflight import PreflightArguments, preflight
 from components.train import TrainArguments
 
@@ -122,26 +120,6 @@ def test_parameters_are_counted_without_building_the_model():
     model = TFAutoModelForMaskedLM.from_config(tiny)
     model(model.dummy_inputs)
     assert count_parameters(tiny) == sum(int(tf.size(v)) for v in model.trainable_variables)
-
-
-def test_memory_estimate_of_roberta_base_on_a_v3_core():
-    config, v3 = roberta_config("roberta-base"), TPU_TYPES["v3-8"]
-
-    def estimate(batch: int, bf16: bool):
-        return training_memory(config, ROBERTA_BASE_25K_PARAMETERS, batch, 128, bf16, 45, v3.memory_gib_per_replica)
-
-    fp32, bf16 = estimate(256, bf16=False), estimate(256, bf16=True)
-    assert fp32.parameters == bf16.parameters == 16 * ROBERTA_BASE_25K_PARAMETERS  # fp32 weights, grads, m and v
-    # 34 bytes per token, hidden unit and layer in bf16 (Korthikanti et al. eq. 2), the head's fp32 logits and
-    # their gradient at 45 masked positions; eq. 1 adds the attention scores, 5 x heads x length per token
-    assert bf16.per_sample_low == 12 * 34 * 128 * 768 + 45 * 25_000 * 8 + 128 * 768 * 2
-    assert bf16.per_sample_high - bf16.per_sample_low == 12 * 5 * 12 * 128 * 128
-    assert fp32.per_sample_high - fp32.per_sample_low == 2 * (bf16.per_sample_high - bf16.per_sample_low)
-    assert fp32.verdict == "does not fit"  # what the pipeline's old default of bf16=false asked of a v3 core
-    assert bf16.verdict == "tight"  # the reference recipe's setting: refused by preflight unless allowed
-    largest = fp32.largest_batch
-    assert largest % 8 == 0 and estimate(largest, bf16=False).verdict == "fits"
-    assert estimate(largest + 8, bf16=False).verdict != "fits"
 
 
 @pytest.mark.parametrize(

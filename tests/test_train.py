@@ -1,6 +1,5 @@
 import html
 import json
-import logging
 import os
 import re
 import signal
@@ -18,10 +17,8 @@ from transformers import AutoTokenizer, TFAutoModelForMaskedLM, pipeline
 
 from components.evaluate import EvaluateArguments, evaluate
 from components.lib import storage
-from components.lib.devices import select_strategy
 from components.lib.errors import InvalidParameter
 from components.lib.modeling import PRESETS, model_config
-from components.lib.preemption import CallPace
 from components.lib.pytorch_weights import TF_LOADING
 from components.lib.results import SUMMARY_FILE
 from components.lib.shard_set import read_manifest
@@ -164,19 +161,6 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
         assert point["learning_rate"] == pytest.approx(uninterrupted_history[point["step"]])
 
 
-@pytest.mark.slow  # two trainings in subprocesses
-def test_calls_into_the_graph_stay_within_seconds_from_the_second_on(monkeypatch):
-    clock = iter([0.0, 60.0, 100.0, 105.0])  # a first call of 50 steps that compiled for a minute, then 2 steps in 5 s
-    monkeypatch.setattr("components.lib.preemption.time.perf_counter", lambda: next(clock))
-    pace = CallPace()
-    assert pace.steps_per_call() > 50  # the first call: steps_per_execution and the log boundaries decide
-    pace.start(), pace.done(50)
-    assert pace.first_call_seconds == 60.0
-    assert pace.steps_per_call() == 8  # 10 s at the first call's 1.2 s a step, its compile included: fewer, never more
-    pace.start(), pace.done(2)
-    assert pace.steps_per_call() == 4  # then the last call's 2.5 s a step
-
-
 @pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_a_sigterm_checkpoints_where_training_is_and_the_rerun_ends_at_the_planned_step(
     tmp_path, wikitext_shards, uninterrupted_history
@@ -278,47 +262,6 @@ def test_a_start_that_hangs_is_a_failed_attempt_and_the_third_is_refused(tmp_pat
     assert "the last 2 attempts of this training, with these settings and runtime, failed from step 0: the " in (
         refused.stderr
     )
-
-
-def test_strategy_selection(caplog):
-    caplog.set_level(logging.INFO)
-    strategy, kind = select_strategy("auto")
-    assert kind == "cpu" and strategy.num_replicas_in_sync == 1
-    assert "accelerator auto: no TPU and no GPU found; training on the CPU" in caplog.text
-    assert select_strategy("cpu")[1] == "cpu"
-    with pytest.raises(InvalidParameter, match=r"--accelerator='tpu': no TPU found at --tpu='local'"):
-        select_strategy("tpu")
-    with pytest.raises(InvalidParameter, match=r"--accelerator='gpu': no GPU is visible"):
-        select_strategy("gpu")
-    # off a TPU VM (no TPU device files), neither auto nor cpu loads the TPU runtime, which would wait minutes
-    assert "this machine has no TPU device" in caplog.text and os.environ["TPU_LOAD_LIBRARY"] == "0"
-
-
-def test_tpu_chips_are_counted_by_google_s_pci_vendor_and_a_tpu_device_id(tmp_path):
-    from components.lib.devices import NO_TPU_DEVICE, tpu_devices
-
-    def pci_device(slot: str, vendor: str, device: str) -> Path:
-        folder = tmp_path / "sys/bus/pci/devices" / slot
-        folder.mkdir(parents=True)
-        (folder / "vendor").write_text(vendor + "\n")
-        (folder / "device").write_text(device + "\n")
-        return folder
-
-    assert tpu_devices(str(tmp_path)) == []
-    pci_device("0000:00:03.0", "0x8086", "0x0027")  # another vendor's device with a TPU's id: not a TPU
-    pci_device("0000:00:05.0", "0x1ae0", "0x0042")  # gVNIC, the network card of most GCE VMs: Google's, not a TPU
-    (tmp_path / "dev/vfio").mkdir(parents=True)
-    (tmp_path / "dev/vfio/0").write_text("")  # a VFIO group (of any device) is not a TPU where the bus is visible
-    assert tpu_devices(str(tmp_path)) == []
-    chips = [pci_device(f"0000:00:0{slot}.0", "0x1ae0", "0x0063") for slot in (6, 7, 8, 9)]  # a v5e-4 VM
-    assert tpu_devices(str(tmp_path)) == [str(chip) for chip in chips]  # four chips, each counted once
-
-    hidden = tmp_path / "container"  # a container that does not show the PCI bus: the device files libtpu opens
-    (hidden / "dev").mkdir(parents=True)
-    (hidden / "dev/accel0").write_text("")
-    (hidden / "dev/accel1").write_text("")
-    assert tpu_devices(str(hidden)) == [str(hidden / "dev/accel0"), str(hidden / "dev/accel1")]
-    assert "/dev/accel*" in NO_TPU_DEVICE and "/dev/vfio/N" in NO_TPU_DEVICE and "0x1ae0" in NO_TPU_DEVICE
 
 
 def test_xla_is_never_nested_inside_the_tpu_step():

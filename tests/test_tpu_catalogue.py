@@ -1,0 +1,59 @@
+"""``tpu_catalogue``: the recipe's batch on each TPU type, its prices, start deadline and command, the TPU job's env."""
+
+import pytest
+
+from components.lib.errors import InvalidParameter
+from components.lib.tpu_catalogue import (
+    RECIPE_GLOBAL_BATCH,
+    SLICE_HOSTS_MINUTES,
+    TPU_MICRO_BATCH,
+    TPU_RUNTIME_ENV,
+    TPU_START_MINUTES,
+    TPU_TYPES,
+    tpu_batch,
+    tpu_runtime_env,
+    tpu_type,
+)
+
+
+@pytest.mark.parametrize("tpu", TPU_TYPES.values(), ids=TPU_TYPES.keys())
+def test_every_tpu_type_trains_at_the_recipe_s_global_batch_in_micro_batches_that_fit(tpu):
+    batch = tpu_batch(tpu)
+    micro_batch, accumulation = batch["per_replica_batch_size"], batch["gradient_accumulation_steps"]
+    assert micro_batch * tpu.replicas * accumulation == RECIPE_GLOBAL_BATCH
+    assert micro_batch <= TPU_MICRO_BATCH
+    assert accumulation == 1 or micro_batch == TPU_MICRO_BATCH  # accumulating only micro-batches as large as fit
+
+
+def test_a_tpu_type_is_looked_up_by_name_and_an_unknown_one_refused_with_the_known():
+    assert tpu_type("v5e-4") is TPU_TYPES["v5e-4"]
+    with pytest.raises(InvalidParameter, match=r"--tpu-type='v4-8': must be one of \['v3-8', 'v5e-1'"):
+        tpu_type("v4-8")
+
+
+def test_spot_is_priced_at_the_spot_list_price_and_any_other_provisioning_on_demand():
+    v3 = TPU_TYPES["v3-8"]
+    assert v3.list_price("SPOT") == v3.spot_list_price_per_hour < v3.list_price("STANDARD") == v3.list_price_per_hour
+
+
+def test_a_slice_runs_its_command_under_the_launcher_and_has_longer_to_start():
+    command = ["python", "-m", "components.train", "--max_steps", "10"]
+    one_host, slice_of_hosts = TPU_TYPES["v5e-8"], TPU_TYPES["v5e-16"]
+    assert one_host.launched(command, "gs://bucket/reports") == command
+    assert one_host.start_deadline_minutes == TPU_START_MINUTES
+    launcher = ["python", "-m", "components.slice", "--tpu_type", "v5e-16"]
+    assert slice_of_hosts.launched(command) == [*launcher, "--", *command]
+    assert slice_of_hosts.launched(command, "gs://r") == [*launcher, "--report_dir", "gs://r", "--", *command]
+    assert slice_of_hosts.start_deadline_minutes == TPU_START_MINUTES + SLICE_HOSTS_MINUTES  # the hosts come first
+
+
+def test_the_tpu_job_s_environment_is_the_defaults_with_changes_and_drops():
+    changed, dropped = sorted(TPU_RUNTIME_ENV)[:2]
+    env = tpu_runtime_env([f"{changed}=new", "TF_CPP_MIN_LOG_LEVEL=0", f"{dropped}="])
+    expected = {**TPU_RUNTIME_ENV, changed: "new", "TF_CPP_MIN_LOG_LEVEL": "0"}
+    del expected[dropped]
+    assert env == expected
+    assert tpu_runtime_env([]) == TPU_RUNTIME_ENV and tpu_runtime_env([]) is not TPU_RUNTIME_ENV
+    for bad in ("NO_EQUALS", "1ST=x", "=x", "A-B=x"):
+        with pytest.raises(InvalidParameter, match=rf"--smoke-env='{bad}': must be KEY=VALUE \(KEY= drops a default\)"):
+            tpu_runtime_env([bad], parameter="smoke_env")
