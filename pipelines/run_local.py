@@ -1,8 +1,9 @@
 """Run the whole pipeline on this machine under ``kfp.local``, then show what it made.
 
 The default is a first run in minutes on 2 cores: the embedded corpus, a 1,000-piece tokenizer, samples of 32
-tokens and the ``mini`` model (``LOCAL_DEFAULTS``), every step a subprocess in this environment (``SubprocessRunner``, no Docker). With
-``--docker`` each step runs in the project's CPU image through ``DockerRunner`` instead. Every pipeline
+tokens and the ``mini`` model (``LOCAL_DEFAULTS``), every step a subprocess in this environment
+(``SubprocessRunner``, no Docker). With ``--docker`` each step runs in the project's CPU image through
+``DockerRunner`` instead. Every pipeline
 parameter is a flag here (``--help`` lists them), with defaults for a small CPU run.
 
 It prints one line per step as the step finishes (its name, status, seconds and one figure), and each step's
@@ -49,8 +50,9 @@ HUB_ENVIRONMENT = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
 DATA_ARTIFACTS = ("tokenizer", "validation shards", "train shards", "model", "evaluation")
 # A small CPU run's settings, where they differ from the pipeline's defaults (which are a TPU run's): a first run
 # of a few minutes here that shows the recipe learning, its validation perplexity about half the unigram
-# baseline's (0.48 to 0.69 of it measured: README, Quick start). Short samples and a small vocabulary give context that a small
-# model learns to use within minutes; at 128 tokens and 5,000 pieces it only learns the pieces' frequencies.
+# baseline's (0.48 to 0.69 of it measured: README, Quick start). Short samples and a small vocabulary give
+# context that a small model learns to use within minutes; at 128 tokens and 5,000 pieces it only learns the
+# pieces' frequencies.
 LOCAL_DEFAULTS = {
     "vocab_size": 1_000,
     "max_length": 32,
