@@ -40,16 +40,8 @@ def merge_manifests(output: str) -> dict[str, Any]:
     files = [file for part in sorted(parts, key=lambda p: p["part"]) for file in part["files"]]
     verify_files(output, {"files": files}, "output", listed_in="its part manifest")
     manifest = {key: first[key] for key in settings_keys}
-    manifest.update(
-        files=files,
-        num_records=sum(part["num_records"] for part in parts),
-        texts=sum(part["texts"] for part in parts),
-        bytes_read=sum(part.get("bytes_read", 0) for part in parts),
-        text_bytes=sum(part.get("text_bytes", 0) for part in parts),
-        non_utf8_bytes=sum(part.get("non_utf8_bytes", 0) for part in parts),
-        tokens_written=sum(part["tokens_written"] for part in parts),
-        tokens_dropped=sum(part["tokens_dropped"] for part in parts),
-    )
+    manifest["files"] = files
+    manifest.update({key: sum(part.get(key, 0) for part in parts) for key in SUMMED_KEYS})
     if all("token_counts" in part for part in parts):  # parts written before the counts were kept have none
         manifest["token_counts"] = [
             sum(counts) for counts in zip(*(part["token_counts"] for part in parts), strict=True)
@@ -77,10 +69,8 @@ def gather_parts(part_folders: list[str], output: str) -> dict[str, Any]:
     return merge_manifests(output)
 
 
-# what differs between the parts of one set; every other key of a part manifest is a setting they share
-PART_KEYS = (
-    "part",
-    "files",
+# the counts of a part, which the set's manifest sums (parts written before the byte counts were kept have none)
+SUMMED_KEYS = (
     "num_records",
     "texts",
     "bytes_read",
@@ -88,8 +78,9 @@ PART_KEYS = (
     "non_utf8_bytes",
     "tokens_written",
     "tokens_dropped",
-    "token_counts",
 )
+# what differs between the parts of one set; every other key of a part manifest is a setting they share
+PART_KEYS = ("part", "files", *SUMMED_KEYS, "token_counts")
 
 
 def read_manifest(uri: str, parameter: str = "shards") -> dict[str, Any]:
