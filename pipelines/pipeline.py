@@ -32,6 +32,7 @@ from components.shards import ShardArguments
 from components.tokenizer import TokenizerArguments
 from pipelines.routes import ROUTES
 from pipelines.steps import PARAMETER_TYPES, STEPS, make_steps, split_source, type_name
+from pipelines.vertex_jobs import tpu_worker_pool
 
 PIPELINE_NAME = "tpu-mlm-pretraining"
 DEFAULT_CPU_IMAGE = "tpu-mlm-cpu:latest"
@@ -70,8 +71,8 @@ def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str], la
 
     * ``restart_job_on_worker_restart``: when Vertex AI restarts the worker (VM maintenance, a crash), the whole
       job restarts, and training resumes from its last checkpoint; it does not retry a job that failed.
-    * No ``disk_spec``: a TPU VM brings its own boot disk (Cloud TPU supports balanced persistent disks for
-      v2-v5e), while the helper's default ``pd-ssd`` is not among them.
+    * The worker pool is ``tpu_worker_pool``'s, the smoke test's too: the helper cannot say a v5e's machine, and
+      its default boot disk (``pd-ssd``) is not among a TPU VM's (Cloud TPU supports balanced persistent disks).
     * A hard limit: the pipeline passes the one preflight derives from the run's estimate; no replacement job is
       created with less of it left than the TPU's start deadline and a margin.
     * ``env``: the TPU runtime's settings (``TPU_RUNTIME_ENV`` and the compile's changes), not baked in the image.
@@ -85,19 +86,14 @@ def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str], la
     job = create_custom_training_job_from_component(
         train_component,
         display_name="train",
-        machine_type=tpu.machine_type,
-        accelerator_type=tpu.accelerator_type,
-        accelerator_count=tpu.accelerator_count or 1,
-        boot_disk_type="",
         restart_job_on_worker_restart=True,
         service_account=SERVICE_ACCOUNT_PLACEHOLDER,
         timeout=STANDALONE_TIMEOUT,  # the pipeline passes preflight's, derived from the run's estimate
-        env=[{"name": name, "value": value} for name, value in sorted(env.items())],
     )
-    worker_pool = job.component_spec.inputs["worker_pool_specs"].default[0]
-    # TPU v5e takes machine type + topology, no accelerator fields, which the helper cannot say
-    worker_pool["machine_spec"] = tpu.machine_spec
-    worker_pool["container_spec"]["command"] = tpu.launched(exec_command(worker_pool["container_spec"]["command"]))
+    worker_pools = job.component_spec.inputs["worker_pool_specs"].default
+    container = worker_pools[0]["container_spec"]  # the train component's, with the helper's placeholders
+    command = exec_command(container["command"])
+    worker_pools[0] = tpu_worker_pool(tpu, container["image_uri"], command, container["args"], env)
     launcher = job.component_spec.implementation.container
     if launcher.args[:2] != ["--type", "CustomJob"] or "--gcp_resources" not in launcher.args:
         raise RuntimeError(f"GCPC's custom job launcher changed its arguments: {launcher.args[::2]}")

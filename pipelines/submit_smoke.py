@@ -28,7 +28,14 @@ from components.preflight import TPU_PROVISIONING, check_tpu_provisioning
 from pipelines.compile import check_image_uri
 from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe, host_reports
 from pipelines.submit import check_project, check_service_account
-from pipelines.vertex_jobs import JobServiceArguments, JobWait, create_job, job_client, location_path
+from pipelines.vertex_jobs import (
+    JobServiceArguments,
+    JobWait,
+    create_job,
+    job_client,
+    location_path,
+    tpu_worker_pool,
+)
 
 MAX_TIMEOUT_MINUTES = 120
 MAX_QUEUED_MINUTES = 24 * 60
@@ -134,15 +141,14 @@ def smoke_job(arguments: SmokeJobArguments, folder: str) -> Any:
     from google.protobuf import duration_pb2
 
     tpu = tpu_type(arguments.tpu_type)
-    env = tpu_runtime_env(arguments.tpu_env)
-    container = vertex.ContainerSpec(
-        image_uri=arguments.tpu_image,
-        command=tpu.launched(["python", "-m", "pipelines.smoke"], report_dir=folder),
-        args=in_job_arguments(arguments, folder),
-        env=[vertex.EnvVar(name=name, value=value) for name, value in sorted(env.items())],
+    pool = tpu_worker_pool(
+        tpu,
+        arguments.tpu_image,
+        ["python", "-m", "pipelines.smoke"],
+        in_job_arguments(arguments, folder),
+        tpu_runtime_env(arguments.tpu_env),
+        report_dir=folder,
     )
-    pool = vertex.WorkerPoolSpec(machine_spec=vertex.MachineSpec(**tpu.machine_spec), replica_count=1)
-    pool.container_spec = container
     scheduling = vertex.Scheduling(
         timeout=duration_pb2.Duration(seconds=arguments.timeout_minutes * 60),
         strategy=arguments.tpu_provisioning,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib.errors import ServiceFailed
+from components.lib.tpu_catalogue import TpuType
 
 log = logging.getLogger("tpu_mlm.vertex")
 
@@ -60,6 +61,26 @@ def create_job(client: Any, project: str, location: str, job: Any) -> Any:
     return client.create_custom_job(
         parent=location_path(project, location), custom_job=job, timeout=CALL_TIMEOUT_SECONDS
     )
+
+
+def tpu_worker_pool(
+    tpu: TpuType, image: str, command: list[str], args: list[str], env: dict[str, str], report_dir: str = ""
+) -> dict[str, Any]:
+    """The one worker pool of a custom job on the TPU ``tpu``, as the job service takes it: the TPU's machine (a v5e
+    by machine type and topology, no accelerator fields), one replica (a slice's hosts come with its machine, a
+    container each), and the container that runs ``command`` with ``args`` (under the slice launcher on a slice of
+    several hosts, each host's findings under ``report_dir`` when given) with the TPU runtime's settings ``env``.
+    No ``disk_spec``: a TPU VM brings its own boot disk."""
+    return {
+        "machine_spec": tpu.machine_spec,
+        "replica_count": 1,
+        "container_spec": {
+            "image_uri": image,
+            "command": tpu.launched(command, report_dir),
+            "args": args,
+            "env": [{"name": name, "value": value} for name, value in sorted(env.items())],
+        },
+    }
 
 
 @dataclass(kw_only=True)
