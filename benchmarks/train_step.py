@@ -51,7 +51,7 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
 
     from components.lib.devices import select_strategy
     from components.lib.masked_lm import max_predictions
-    from components.lib.masking import Masking, masked_dataset
+    from components.lib.masking import Masking, training_dataset
     from components.lib.modeling import model_config
     from components.lib.recipe import train_function
     from components.lib.run_shape import run_shape
@@ -73,7 +73,7 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
         model(model.dummy_inputs, training=False)
         optimizer, _ = create_optimizer(1e-3, num_train_steps=100_000, num_warmup_steps=100)
     masking = Masking.from_manifest(manifest)
-    dataset = masked_dataset(arguments.shards, manifest, shape.global_batch_size, masking, training=True)
+    dataset = training_dataset(arguments.shards, manifest, shape.global_batch_size, masking)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     steps = train_function(model, optimizer, strategy, False, max_predictions(manifest["max_length"], 0.15))
     chunk = tf.constant(arguments.steps_per_execution, tf.int32)

@@ -1,6 +1,6 @@
 """Input-pipeline and training throughput, each against a plain baseline, in one run on this machine.
 
-* Input pipeline, samples/s with masking and no model: ``components.lib.masking.masked_dataset`` (interleaved
+* Input pipeline, samples/s with masking and no model: ``components.lib.masking.training_dataset`` (interleaved
   reads, a whole batch parsed at once, parallel masking, prefetch) against a plain pipeline (one record
   parsed at a time, shuffle, batch, the same masking, nothing tuned).
 * Training, samples/s: the train component's step (``steps_per_execution`` steps per call into the
@@ -29,7 +29,7 @@ from transformers import HfArgumentParser
 
 import components  # noqa: F401  (environment for TensorFlow)
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
-from components.lib.masking import Masking, mask_tokens, masked_dataset, shard_files
+from components.lib.masking import Masking, evaluation_dataset, mask_tokens, shard_files, training_dataset
 from components.lib.modeling import model_config
 from components.lib.recipe import train_function
 from components.lib.run_shape import run_shape
@@ -133,14 +133,14 @@ def main() -> None:
         "arguments": asdict(arguments),
     }
 
-    tuned = masked_dataset(shards, manifest, arguments.input_batch_size, masking, training=True)
+    tuned = training_dataset(shards, manifest, arguments.input_batch_size, masking)
     plain = plain_dataset(files, manifest, arguments.input_batch_size, masking)
     result["input_plain_samples_per_s"] = samples_per_second(plain, arguments.input_batches, arguments.input_batch_size)
     result["input_tuned_samples_per_s"] = samples_per_second(tuned, arguments.input_batches, arguments.input_batch_size)
     result["input_ratio"] = result["input_tuned_samples_per_s"] / result["input_plain_samples_per_s"]
 
     config = model_config(arguments.config, manifest)
-    dataset = masked_dataset(shards, manifest, arguments.batch_size, masking, training=True)
+    dataset = training_dataset(shards, manifest, arguments.batch_size, masking)
 
     def new_model_and_optimizer():
         tf.keras.utils.set_random_seed(0)
@@ -171,7 +171,7 @@ def main() -> None:
     result["train_component_samples_per_s"] = timed * arguments.batch_size / (time.perf_counter() - started)
     result["train_ratio"] = result["train_component_samples_per_s"] / result["train_default_fit_samples_per_s"]
 
-    evaluation = masked_dataset(shards, manifest, arguments.eval_batch_size, masking, training=False)
+    evaluation = evaluation_dataset(shards, manifest, arguments.eval_batch_size, masking)
     strategy = tf.distribute.get_strategy()
     scorer = MaskedLMScorer(model, strategy, max_predictions(manifest["max_length"], 0.15))
     result["eval_full_logits_samples_per_s"] = evaluation_samples_per_second(full_logits_pass(model), evaluation)

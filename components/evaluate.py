@@ -26,7 +26,7 @@ from components.lib.devices import ACCELERATORS, check_accelerator, select_strat
 from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.masked_lm import MaskedLMScorer, check_probability, max_predictions, unigram_perplexity
-from components.lib.masking import EVALUATION_MLM_PROBABILITY, Masking, masked_dataset, naming_corrupt_shards
+from components.lib.masking import EVALUATION_MLM_PROBABILITY, Masking, evaluation_dataset, naming_corrupt_shards
 from components.lib.pytorch_weights import check_model_folder, load_tf_masked_lm
 from components.lib.results import METRICS_FILE, REPORT_FILE, display_token, metrics_table
 from components.lib.shard_set import read_manifest, verify_files
@@ -155,12 +155,11 @@ def evaluate(arguments: EvaluateArguments) -> dict[str, Any]:
             )
         masking = Masking.from_manifest(manifest, arguments.eval_mlm_probability)
         stream = functools.partial(
-            masked_dataset,
+            evaluation_dataset,
             arguments.shards,
             manifest,
             arguments.batch_size,
             masking,
-            training=False,
             seed=arguments.seed,
         )
         score = MaskedLMScorer(model, strategy, max_predictions(manifest["max_length"], arguments.eval_mlm_probability))

@@ -2,14 +2,22 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.lib.masking import IGNORE_INDEX, Masking, input_share, mask_tokens, masked_dataset, shard_files
+from components.lib.masking import (
+    IGNORE_INDEX,
+    Masking,
+    evaluation_dataset,
+    input_share,
+    mask_tokens,
+    shard_files,
+    training_dataset,
+)
 from components.lib.shard_set import read_manifest
 
 
 def collect(shards: str, seed: int, probability: float = 0.15):
     manifest = read_manifest(shards)
     masking = Masking.from_manifest(manifest, probability)
-    dataset = masked_dataset(shards, manifest, 64, masking, training=False, seed=seed)
+    dataset = evaluation_dataset(shards, manifest, 64, masking, seed=seed)
     original = np.concatenate(
         [
             b.numpy()
@@ -55,9 +63,7 @@ def test_masking_is_reproducible_for_a_seed_and_differs_across_seeds(wikitext_sh
 def test_training_stream_repeats_shuffles_and_keeps_full_batches(wikitext_shards):
     manifest = read_manifest(wikitext_shards["validation"])
     masking = Masking.from_manifest(manifest)
-    dataset = masked_dataset(
-        wikitext_shards["validation"], manifest, 48, masking, training=True, seed=1, shuffle_buffer=500
-    )
+    dataset = training_dataset(wikitext_shards["validation"], manifest, 48, masking, seed=1, shuffle_buffer=500)
     batches = [b["input_ids"].numpy() for b in dataset.take(2 * manifest["num_records"] // 48 + 3)]
     assert all(b.shape == (48, 128) for b in batches)
     first_epoch = np.concatenate(batches)[: manifest["num_records"]]
@@ -72,9 +78,7 @@ def test_the_training_stream_is_the_same_in_every_run_for_a_seed(wikitext_shards
     assert len(manifest["files"]) >= 3
 
     def stream(seed: int, autotune: bool = False) -> list[np.ndarray]:
-        dataset = masked_dataset(
-            wikitext_shards["train"], manifest, 32, Masking.from_manifest(manifest), training=True, seed=seed
-        )
+        dataset = training_dataset(wikitext_shards["train"], manifest, 32, Masking.from_manifest(manifest), seed=seed)
         assert dataset.options().autotune.enabled is False
         if autotune:
             options = tf.data.Options()
@@ -91,9 +95,7 @@ def test_the_training_stream_is_the_same_in_every_run_for_a_seed(wikitext_shards
 def test_batches_reach_the_device_as_int32(wikitext_shards):
     """A TPU has no 64-bit integer arithmetic: what the model gets is int32, from the shards' int64 features."""
     manifest = read_manifest(wikitext_shards["validation"])
-    dataset = masked_dataset(
-        wikitext_shards["validation"], manifest, 8, Masking.from_manifest(manifest), training=False
-    )
+    dataset = evaluation_dataset(wikitext_shards["validation"], manifest, 8, Masking.from_manifest(manifest))
     assert {name: spec.dtype for name, spec in dataset.element_spec.items()} == {
         "input_ids": tf.int32,
         "attention_mask": tf.int32,
@@ -157,16 +159,14 @@ def test_validation_shards_of_fewer_files_than_hosts_are_shared_by_record(embedd
         manifest = {**manifest, "files": manifest["files"][:1], "num_records": manifest["files"][0]["records"]}
     assert len(manifest["files"]) < pipelines
     masking = Masking.from_manifest(manifest)
-    one_host = list(masked_dataset(uri, manifest, 16, masking, training=False))
-    per_host = [
-        list(masked_dataset(uri, manifest, 16, masking, context, training=False)) for context in contexts(pipelines)
-    ]
+    one_host = list(evaluation_dataset(uri, manifest, 16, masking))
+    per_host = [list(evaluation_dataset(uri, manifest, 16, masking, context)) for context in contexts(pipelines)]
     batches = [b for host in per_host for b in host]
     np.testing.assert_array_equal(unmasked_rows(batches), unmasked_rows(one_host))
     assert sum(len(b["input_ids"]) for b in batches) == manifest["num_records"]
     per_replica = 16 // (2 * pipelines)
     full = [
-        len(list(masked_dataset(uri, manifest, 16, masking, context, training=False, drop_remainder=True)))
+        len(list(evaluation_dataset(uri, manifest, 16, masking, context, drop_remainder=True)))
         for context in contexts(pipelines)
     ]
     assert full == [manifest["num_records"] // pipelines // per_replica // 2 * 2] * pipelines and full[0] > 0
@@ -182,17 +182,15 @@ def test_evaluation_scores_every_sample_once_with_the_same_masks_whatever_the_ho
     uri = embedded_shards_in_files["validation"]
     manifest = read_manifest(uri)
     masking = Masking.from_manifest(manifest)
-    one_host = [b for b in masked_dataset(uri, manifest, 8, masking, training=False)]
-    per_host = [
-        list(masked_dataset(uri, manifest, 8, masking, context, training=False)) for context in contexts(pipelines)
-    ]
+    one_host = [b for b in evaluation_dataset(uri, manifest, 8, masking)]
+    per_host = [list(evaluation_dataset(uri, manifest, 8, masking, context)) for context in contexts(pipelines)]
     batches = [b for host in per_host for b in host]
     assert all(b["input_ids"].shape[0] <= 8 // (2 * pipelines) for b in batches)  # per-replica batches
     np.testing.assert_array_equal(unmasked_rows(batches), unmasked_rows(one_host))
     assert sum(len(b["input_ids"]) for b in batches) == manifest["num_records"]
     # full batches only (a TPU's): every host as many, its share of the records (every n-th), whatever the files
     full = [
-        len(list(masked_dataset(uri, manifest, 8, masking, context, training=False, drop_remainder=True)))
+        len(list(evaluation_dataset(uri, manifest, 8, masking, context, drop_remainder=True)))
         for context in contexts(pipelines)
     ]
     fewest = manifest["num_records"] // pipelines // (8 // (2 * pipelines))
@@ -220,7 +218,7 @@ def test_each_host_streams_its_share_the_same_for_a_seed_with_masks_of_its_own(e
         return [
             [
                 {name: tensor.numpy() for name, tensor in batch.items()}
-                for batch in masked_dataset(uri, manifest, 64, masking, context, training=True, seed=seed).take(6)
+                for batch in training_dataset(uri, manifest, 64, masking, context, seed=seed).take(6)
             ]
             for context in contexts(pipelines)
         ]

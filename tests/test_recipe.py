@@ -10,7 +10,7 @@ from transformers import TFAutoModelForMaskedLM, create_optimizer
 
 from components.lib.errors import InvalidParameter
 from components.lib.masked_lm import max_predictions
-from components.lib.masking import EVALUATION_MLM_PROBABILITY, Masking, masked_dataset
+from components.lib.masking import EVALUATION_MLM_PROBABILITY, Masking, evaluation_dataset, training_dataset
 from components.lib.modeling import model_config
 from components.lib.recipe import RECIPES, Recipe, learning_rate_schedule, resolve_recipe, train_function
 from components.lib.shard_set import read_manifest
@@ -127,7 +127,7 @@ def test_the_masking_rate_decays_linearly_and_a_resumed_stream_goes_on_where_it_
 def test_a_decaying_stream_masks_about_its_rate_in_each_batch(embedded_shards):
     manifest = read_manifest(embedded_shards["train"])
     masking = Masking.from_manifest(manifest, 0.4, final_probability=0.1, decay_batches=9)
-    stream = masked_dataset(embedded_shards["train"], manifest, 64, masking, training=True, seed=3)
+    stream = training_dataset(embedded_shards["train"], manifest, 64, masking, seed=3)
     shares = []
     for batch in stream.take(10):
         chosen = batch["labels"] >= 0
@@ -146,7 +146,7 @@ def test_clipping_acts_once_on_the_gradient_summed_over_micro_batches(wikitext_s
     manifest = read_manifest(wikitext_shards["validation"])
     config = model_config("tiny", manifest)
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0  # the same forward pass every time
-    stream = masked_dataset(wikitext_shards["validation"], manifest, 8, Masking.from_manifest(manifest), training=False)
+    stream = evaluation_dataset(wikitext_shards["validation"], manifest, 8, Masking.from_manifest(manifest))
     first, second = list(stream.take(2))
     strategy = tf.distribute.get_strategy()
     initial = TFAutoModelForMaskedLM.from_config(config)
@@ -182,7 +182,7 @@ def test_evaluation_masks_each_sample_the_same_whatever_the_batch_size(embedded_
     masking = Masking.from_manifest(manifest)
     labels = {}
     for batch_size in (7, 32):
-        stream = masked_dataset(embedded_shards["validation"], manifest, batch_size, masking, training=False)
+        stream = evaluation_dataset(embedded_shards["validation"], manifest, batch_size, masking)
         labels[batch_size] = np.concatenate([batch["labels"].numpy() for batch in stream])
     assert labels[7].shape == (manifest["num_records"], manifest["max_length"])
     np.testing.assert_array_equal(labels[7], labels[32])

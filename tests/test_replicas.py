@@ -15,7 +15,7 @@ from transformers import TFAutoModelForMaskedLM
 
 from components.lib import storage
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
-from components.lib.masking import Masking, masked_dataset
+from components.lib.masking import Masking, evaluation_dataset
 from components.lib.modeling import model_config
 from components.lib.results import HISTORY_FILE, SUMMARY_FILE
 from components.lib.shard_set import read_manifest
@@ -105,7 +105,7 @@ def test_masked_positions_metrics_equal_the_full_logits_metrics_on_the_same_mask
     tf.keras.utils.set_random_seed(3)
     model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
     stream = functools.partial(
-        masked_dataset, embedded_shards["validation"], manifest, 20, Masking.from_manifest(manifest), training=False
+        evaluation_dataset, embedded_shards["validation"], manifest, 20, Masking.from_manifest(manifest)
     )
     score = MaskedLMScorer(model, tf.distribute.get_strategy(), max_predictions(manifest["max_length"], 0.15))
     metrics = score(stream)

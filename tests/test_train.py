@@ -442,15 +442,11 @@ def test_evaluation_is_reproducible_and_writes_a_report(tmp_path, wikitext_shard
 
 def test_the_masked_positions_loss_equals_the_full_logits_loss(wikitext_shards):
     from components.lib.masked_lm import masked_lm_loss, max_predictions
-    from components.lib.masking import Masking, masked_dataset
+    from components.lib.masking import Masking, evaluation_dataset
 
     manifest = read_manifest(wikitext_shards["validation"])
     model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
-    batch = next(
-        iter(
-            masked_dataset(wikitext_shards["validation"], manifest, 32, Masking.from_manifest(manifest), training=False)
-        )
-    )
+    batch = next(iter(evaluation_dataset(wikitext_shards["validation"], manifest, 32, Masking.from_manifest(manifest))))
     reference = float(tf.reduce_mean(model(batch, training=False).loss))
     assert float(masked_lm_loss(model, batch, max_predictions(128, 0.15), training=False)) == pytest.approx(
         reference, rel=1e-5
@@ -464,13 +460,13 @@ def test_accumulated_micro_batches_step_by_the_mean_of_their_gradients(wikitext_
     """Gradient accumulation: one optimizer step over two micro-batches moves the weights by the mean of the two
     steps each micro-batch alone would take (plain SGD, linear in the gradient), from the same weights."""
     from components.lib.masked_lm import max_predictions
-    from components.lib.masking import Masking, masked_dataset
+    from components.lib.masking import Masking, evaluation_dataset
     from components.lib.recipe import train_function
 
     manifest = read_manifest(wikitext_shards["validation"])
     config = model_config("tiny", manifest)
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0  # the same forward pass every time
-    stream = masked_dataset(wikitext_shards["validation"], manifest, 8, Masking.from_manifest(manifest), training=False)
+    stream = evaluation_dataset(wikitext_shards["validation"], manifest, 8, Masking.from_manifest(manifest))
     first, second = list(stream.take(2))
     strategy = tf.distribute.get_strategy()
     initial = TFAutoModelForMaskedLM.from_config(config)

@@ -103,94 +103,137 @@ def input_share(files: list[Any], pipelines: int, pipeline: int, seed: int) -> l
     return random.Random(seed).sample(files, len(files))[pipeline::pipelines]
 
 
-def masked_dataset(
+@dataclass(frozen=True)
+class _Layout:
+    """What an input pipeline reads of a shard set and how it batches: its files, each with the place of its
+    first record in the whole set (which seeds evaluation's masks) and its record count; its place among the
+    pipelines (one a host); its per-replica batch and the replicas it feeds."""
+
+    files: list[tuple[str, int, int]]
+    pipelines: int
+    pipeline: int
+    per_replica: int
+    replicas_here: int
+
+
+def _layout(uri: str, manifest: dict[str, Any], batch_size: int, input_context: Any) -> _Layout:
+    import tensorflow as tf
+
+    context = input_context or tf.distribute.InputContext()
+    records = [file["records"] for file in manifest["files"]]
+    firsts = [0, *itertools.accumulate(records)][:-1]
+    return _Layout(
+        list(zip(shard_files(uri, manifest), firsts, records, strict=True)),
+        context.num_input_pipelines,
+        context.input_pipeline_id,
+        context.get_per_replica_batch_size(batch_size),
+        context.num_replicas_in_sync // context.num_input_pipelines,
+    )
+
+
+def training_dataset(
     uri: str,
     manifest: dict[str, Any],
     batch_size: int,
     masking: Masking,
     input_context: Any = None,
     *,
-    training: bool,
     seed: int = 0,
     shuffle_buffer: int = 10_000,
     parallel_reads: int = 16,
-    drop_remainder: bool | None = None,
-    max_batches: int | None = None,
 ) -> Any:
-    """Batches of masked samples from the shard folder ``uri``, ``batch_size`` samples across the replicas.
+    """Batches of masked training samples from the shard folder ``uri``, ``batch_size`` samples across the
+    replicas, forever.
 
     ``input_context`` (a ``tf.distribute.InputContext``; none: one pipeline, one replica) says which input
-    pipeline this is, one a host: in training it reads its share of the files (``input_share``), in evaluation its
-    share of the records (every host reads every file and keeps every n-th record), and batches at the per-replica
-    size, its replicas taking consecutive batches. Training: file order shuffled, samples shuffled, repeated
-    forever, full batches only, the same batches in every run for the same seed (parallel reads keep their
-    order: a seed means a reproducible run), each pipeline masking with seeds of its own. Evaluation: one
-    deterministic pass, the last batch short unless ``drop_remainder`` (TPUs need full batches; then every
-    pipeline gives as many as the pipeline with the fewest), at most ``max_batches`` global batches, each sample
-    masked from the seed and its place in the set (file and record): a sample's masks are the same in every
-    run, whatever the batch size or the number of pipelines (which samples a pass covers depends on them)."""
+    pipeline this is, one a host: it reads its share of the files (``input_share``) and batches at the
+    per-replica size, its replicas taking consecutive batches. File order shuffled, samples shuffled, repeated,
+    full batches only, the same batches in every run for the same seed (parallel reads keep their order: a seed
+    means a reproducible run), each pipeline masking with seeds of its own, at the rate of the micro-step each
+    batch is trained at."""
     import tensorflow as tf
 
-    context = input_context or tf.distribute.InputContext()
-    replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
-    per_replica = context.get_per_replica_batch_size(batch_size)
+    layout = _layout(uri, manifest, batch_size, input_context)
+    paths = [path for path, _, _ in input_share(layout.files, layout.pipelines, layout.pipeline, seed)]
     autotune = tf.data.AUTOTUNE
-    spec = feature_spec(manifest["max_length"])
     seed_tensor = tf.constant(seed, tf.int64)
-    # each file with the place of its first record in the whole set, which seeds evaluation's masks
-    records = [file["records"] for file in manifest["files"]]
-    firsts = [0, *itertools.accumulate(records)][:-1]
-    files = list(zip(shard_files(uri, manifest), firsts, records, strict=True))
-    pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
-    # evaluation on several hosts: each reads every file and keeps every pipelines-th record, so that every host has
-    # as many samples, give or take one, whatever the files' sizes (a host short of one batch would stop the run)
-    by_record = not training and pipelines > 1
-    share = files if by_record else input_share(files, pipelines, pipeline, seed)
-    paths, firsts, _ = (list(column) for column in zip(*share, strict=True))
-    cycle_length = min(parallel_reads, len(paths))
-    if not training:
-        if drop_remainder and pipelines > 1:
-            # every host the same number of full batches: a host that ran out would be given empty batches, of
-            # another shape than the others' (a TPU compiles the step again for it)
-            steps = sum(records) // pipelines // per_replica // replicas_here  # the fewest any host has
-            max_batches = steps if max_batches is None else min(max_batches, steps)
-        dataset = tf.data.Dataset.from_tensor_slices((paths, tf.constant(firsts, tf.int64)))
-        dataset = dataset.interleave(
-            lambda path, first: tf.data.TFRecordDataset(path, buffer_size=1 << 20).enumerate(first),
-            cycle_length=cycle_length,
-            num_parallel_calls=autotune,
-            deterministic=True,
-        )
-        if by_record:
-            dataset = dataset.shard(pipelines, pipeline)
-        dataset = dataset.batch(per_replica, drop_remainder=bool(drop_remainder))
-        if max_batches is not None:
-            dataset = dataset.take(max_batches * replicas_here)
-        dataset = dataset.map(
-            lambda places, records: _mask_each(tf.io.parse_example(records, spec), seed_tensor, places, masking),
-            num_parallel_calls=autotune,
-            deterministic=True,
-        )
-        return _without_autotuning(dataset.prefetch(autotune))
+    spec = feature_spec(manifest["max_length"])
     dataset = tf.data.Dataset.from_tensor_slices(paths)
     dataset = dataset.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True).repeat()
     dataset = dataset.interleave(
         lambda path: tf.data.TFRecordDataset(path, buffer_size=1 << 20),
-        cycle_length=cycle_length,
+        cycle_length=min(parallel_reads, len(paths)),
         num_parallel_calls=autotune,
         deterministic=True,
     )
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
-    dataset = dataset.batch(per_replica, drop_remainder=True if drop_remainder is None else drop_remainder)
+    dataset = dataset.batch(layout.per_replica, drop_remainder=True)
     dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=autotune)
 
     def mask(index: Any, batch: dict[str, Any]) -> dict[str, Any]:
         # the pipeline's index-th batch: a seed no other pipeline's batch has, and the micro-step it is
         # trained at, which the masking rate's decay follows (the replicas here take consecutive batches)
-        batch_seed = tf.stack([seed_tensor, index * pipelines + pipeline])
-        return mask_tokens(batch, batch_seed, masking, index // replicas_here)
+        batch_seed = tf.stack([seed_tensor, index * layout.pipelines + layout.pipeline])
+        return mask_tokens(batch, batch_seed, masking, index // layout.replicas_here)
 
     dataset = dataset.enumerate().map(mask, num_parallel_calls=autotune, deterministic=True)
+    return _without_autotuning(dataset.prefetch(autotune))
+
+
+def evaluation_dataset(
+    uri: str,
+    manifest: dict[str, Any],
+    batch_size: int,
+    masking: Masking,
+    input_context: Any = None,
+    *,
+    seed: int = 0,
+    parallel_reads: int = 16,
+    drop_remainder: bool = False,
+    max_batches: int | None = None,
+) -> Any:
+    """One deterministic pass of masked samples over the shard folder ``uri``, ``batch_size`` samples across
+    the replicas.
+
+    ``input_context`` as for ``training_dataset``; on several pipelines each reads its share of the records
+    (every host reads every file and keeps every n-th record). The last batch is short unless
+    ``drop_remainder`` (TPUs need full batches; then every pipeline gives as many as the pipeline with the
+    fewest); at most ``max_batches`` global batches; each sample masked from the seed and its place in the set
+    (file and record): a sample's masks are the same in every run, whatever the batch size or the number of
+    pipelines (which samples a pass covers depends on them)."""
+    import tensorflow as tf
+
+    layout = _layout(uri, manifest, batch_size, input_context)
+    autotune = tf.data.AUTOTUNE
+    seed_tensor = tf.constant(seed, tf.int64)
+    spec = feature_spec(manifest["max_length"])
+    paths, firsts, records = (list(column) for column in zip(*layout.files, strict=True))
+    if drop_remainder and layout.pipelines > 1:
+        # every host the same number of full batches: a host that ran out would be given empty batches, of
+        # another shape than the others' (a TPU compiles the step again for it)
+        steps = (
+            sum(records) // layout.pipelines // layout.per_replica // layout.replicas_here
+        )  # the fewest any host has
+        max_batches = steps if max_batches is None else min(max_batches, steps)
+    dataset = tf.data.Dataset.from_tensor_slices((paths, tf.constant(firsts, tf.int64)))
+    dataset = dataset.interleave(
+        lambda path, first: tf.data.TFRecordDataset(path, buffer_size=1 << 20).enumerate(first),
+        cycle_length=min(parallel_reads, len(paths)),
+        num_parallel_calls=autotune,
+        deterministic=True,
+    )
+    if layout.pipelines > 1:
+        # each host reads every file and keeps every pipelines-th record, so that every host has as many samples,
+        # give or take one, whatever the files' sizes (a host short of one batch would stop the run)
+        dataset = dataset.shard(layout.pipelines, layout.pipeline)
+    dataset = dataset.batch(layout.per_replica, drop_remainder=drop_remainder)
+    if max_batches is not None:
+        dataset = dataset.take(max_batches * layout.replicas_here)
+    dataset = dataset.map(
+        lambda places, records: _mask_each(tf.io.parse_example(records, spec), seed_tensor, places, masking),
+        num_parallel_calls=autotune,
+        deterministic=True,
+    )
     return _without_autotuning(dataset.prefetch(autotune))
 
 
@@ -285,12 +328,11 @@ def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -
         first_batch=start_step * plan.accumulation,
     )
     stream = functools.partial(
-        masked_dataset,
+        training_dataset,
         settings.train_shards,
         plan.manifest,
         plan.micro_batch_size,
         masking,
-        training=True,
         seed=settings.seed + start_step,
         shuffle_buffer=settings.shuffle_buffer,
     )
@@ -298,12 +340,11 @@ def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -
     if plan.eval_manifest is None:
         return iterator, None, masking
     validation = functools.partial(
-        masked_dataset,
+        evaluation_dataset,
         settings.eval_shards,
         plan.eval_manifest,
         plan.micro_batch_size,
         Masking.from_manifest(plan.eval_manifest),  # EVALUATION_MLM_PROBABILITY, seed 0: the same masks each time
-        training=False,
         drop_remainder=True,  # TPUs need full batches
     )
     return iterator, validation, masking
