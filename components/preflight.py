@@ -24,7 +24,7 @@ from components.lib.estimates import describe_estimate, estimate_table, shards_s
 from components.lib.hub import check_secret_name, hub_token
 from components.lib.jobs import run_job
 from components.lib.memory_model import GIB, MemoryEstimate
-from components.lib.tpu_catalogue import TPU_TYPES, TpuType, tpu_type
+from components.lib.tpu_catalogue import ON_DEMAND, TPU_PROVISIONING, TPU_TYPES, check_tpu_provisioning, tpu_type
 from components.lib.training import TrainingSettings, plan_training
 
 log = logging.getLogger("tpu_mlm.preflight")
@@ -35,22 +35,6 @@ WRITE_ROLES = ("write", "admin", "fineGrained")
 # never under 2 hours (a short run's start alone can take tens of minutes), never over Vertex AI's own default of
 # 7 days, which is what an unbounded job would get.
 TIMEOUT_FLOOR_HOURS, TIMEOUT_CAP_HOURS = 2.0, 168.0
-
-
-# Vertex AI's scheduling strategies for a TPU, as it spells them; its FLEX_START (Dynamic Workload Scheduler) takes
-# GPU jobs only ("Schedule training jobs based on resource availability")
-TPU_PROVISIONING = ("STANDARD", "SPOT")
-
-
-def check_tpu_provisioning(provisioning: str, tpu: TpuType | None = None) -> None:
-    if provisioning not in TPU_PROVISIONING:
-        raise InvalidParameter("tpu_provisioning", provisioning, f"must be one of {list(TPU_PROVISIONING)}")
-    if provisioning == "SPOT" and tpu is not None and tpu.hosts > 1:
-        raise InvalidParameter(
-            "tpu_provisioning",
-            provisioning,
-            f"Vertex AI has no Spot for TPU slices of several hosts ({tpu.name}): STANDARD",
-        )
 
 
 @dataclass(kw_only=True)
@@ -71,7 +55,7 @@ class PreflightArguments(TrainingSettings):
         },
     )
     tpu_provisioning: str = field(
-        default="STANDARD",
+        default=ON_DEMAND,
         metadata={
             "help": "How Vertex AI gets the TPU (the custom job's scheduling strategy): STANDARD (on demand), SPOT "
             "(about a quarter of the price; preempted with 30 s notice, the train step then checkpoints and its "

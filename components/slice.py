@@ -42,7 +42,7 @@ from components.lib.slice_hosts import (
     metadata_attribute,
     wait_for_servers,
 )
-from components.lib.tpu_catalogue import SLICE_HOSTS_MINUTES, TPU_TYPES, tpu_type
+from components.lib.tpu_catalogue import SLICE_HOSTS_MINUTES, TPU_TYPES, TpuType, tpu_type
 
 log = logging.getLogger("tpu_mlm.slice")
 POLL_SECONDS = 2.0
@@ -79,6 +79,16 @@ class SliceArguments:
         for name in ("hosts_timeout_minutes", "host_zero_lost_minutes"):
             if getattr(self, name) <= 0:
                 raise InvalidParameter(name, getattr(self, name), "must be above 0")
+
+
+def launched(tpu: TpuType, command: list[str], report_dir: str = "") -> list[str]:
+    """The container command that runs ``command`` on ``tpu``: under this launcher on a slice of several hosts (the
+    command on host 0, a TPU worker server on every host; each host's findings under ``report_dir`` when given),
+    as it is on one host."""
+    if tpu.hosts == 1:
+        return command
+    reports = ["--report_dir", report_dir] if report_dir else []
+    return ["python", "-m", "components.slice", "--tpu_type", tpu.name, *reports, "--", *command]
 
 
 def launch(arguments: SliceArguments, command: list[str]) -> int:

@@ -28,7 +28,7 @@ from components.evaluate import EvaluateArguments, evaluate
 from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.results import REPORT_FILE
-from components.lib.tpu_catalogue import PRICES, TPU_TYPES, TpuType
+from components.lib.tpu_catalogue import ON_DEMAND, TPU_TYPES
 from components.preflight import PreflightArguments, preflight
 from components.push import PushArguments, push
 from components.report import ReportArguments, write_report
@@ -98,8 +98,10 @@ def run_train(
     **settings: Any,
 ) -> None:
     model.uri = storage.relocate(model.uri, output_root)
-    if not settings["price_per_hour"] and tpu_type:
-        settings.update(list_price(TPU_TYPES[tpu_type], tpu_provisioning))
+    if not settings["price_per_hour"] and tpu_type:  # the TPU's list price for its provisioning
+        tpu = TPU_TYPES[tpu_type]
+        settings["price_per_hour"] = tpu.list_price(tpu_provisioning)
+        settings["price_source"] = f"{tpu.list_price_source(tpu_provisioning)}, set tpu_price_per_hour"
     if not settings["checkpoint_dir"] and run_id:
         for name, value in (("pipeline_root", pipeline_root), ("run_id", run_id)):
             if "{{" in value:  # a placeholder the backend did not fill: the run's checkpoints would go astray
@@ -118,15 +120,6 @@ def run_train(
     )
     keys = ("total_steps", "samples", "tokens", "first_loss", "last_loss", "accelerator")
     model.metadata.update({key: summary[key] for key in keys})
-
-
-def list_price(tpu: TpuType, provisioning: str) -> dict[str, Any]:
-    """The train step's price where the run gives none: the TPU's Cloud TPU list price for its provisioning."""
-    kind = "Spot" if provisioning == "SPOT" else "on-demand"
-    return {
-        "price_per_hour": tpu.list_price(provisioning),
-        "price_source": f"the {tpu.name}'s {kind} list price; {PRICES}, set tpu_price_per_hour",
-    }
 
 
 def run_evaluate(
@@ -193,7 +186,7 @@ OUTPUT_ROOT = {"output_root": ("str", "")}
 # what the pipeline passes the train step from KFP's placeholders: the root and the run's id (a retry's too)
 RUN_PLACEHOLDERS = {"pipeline_root": ("str", ""), "run_id": ("str", "")}
 # what the vertex target passes the train step to price its cost lines when the run gives no price
-TPU_PRICING = {"tpu_type": ("str", ""), "tpu_provisioning": ("str", "STANDARD")}
+TPU_PRICING = {"tpu_type": ("str", ""), "tpu_provisioning": ("str", ON_DEMAND)}
 STEPS = {
     step.name: step
     for step in (

@@ -23,8 +23,16 @@ from typing import Any
 from components.lib import storage
 from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.jobs import log, run_job
-from components.lib.tpu_catalogue import PRICES, TPU_TYPES, tpu_runtime_env, tpu_type
-from components.preflight import TPU_PROVISIONING, check_tpu_provisioning
+from components.lib.tpu_catalogue import (
+    ON_DEMAND,
+    PRICES,
+    SPOT,
+    TPU_PROVISIONING,
+    TPU_TYPES,
+    check_tpu_provisioning,
+    tpu_runtime_env,
+    tpu_type,
+)
 from pipelines.compile import check_image_uri
 from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe, host_reports
 from pipelines.submit import check_project, check_service_account
@@ -54,7 +62,7 @@ class SmokeJobArguments(JobServiceArguments, SmokeRun):
     region: str = field(default="us-central1", metadata={"help": "Vertex AI region (one with the TPU type)."})
     service_account: str = field(default="", metadata={"help": "Service account the job runs as."})
     tpu_provisioning: str = field(
-        default="STANDARD",
+        default=ON_DEMAND,
         metadata={"help": "On demand (STANDARD) or SPOT, as the run will be.", "choices": TPU_PROVISIONING},
     )
     tpu_env: list[str] = field(
@@ -171,7 +179,7 @@ def cost_limit(arguments: SmokeJobArguments) -> str:
     """The most the job can cost: its timeout on the TPU at the TPU's list price for the provisioning."""
     tpu = tpu_type(arguments.tpu_type)
     price = tpu.list_price(arguments.tpu_provisioning)
-    spot = " Spot" if arguments.tpu_provisioning == "SPOT" else ""
+    spot = " Spot" if arguments.tpu_provisioning == SPOT else ""
     return (
         f"at most ${price * arguments.timeout_minutes / 60:,.2f}: {arguments.timeout_minutes} min of a {tpu.name} at "
         f"${price:.2f} an hour{spot} ({PRICES})"
@@ -181,7 +189,7 @@ def cost_limit(arguments: SmokeJobArguments) -> str:
 def why_queued(arguments: SmokeJobArguments) -> str:
     """What keeps a TPU job from starting, to check when it stayed queued."""
     tpu = tpu_type(arguments.tpu_type)
-    spot = "Spot capacity (try --tpu_provisioning STANDARD), " if arguments.tpu_provisioning == "SPOT" else ""
+    spot = f"Spot capacity (try --tpu_provisioning {ON_DEMAND}), " if arguments.tpu_provisioning == SPOT else ""
     return (
         f"check the project's Vertex AI training quota for the {tpu.name} in {arguments.region} (console: IAM & Admin "
         f"> Quotas), that {arguments.region} offers it for Vertex AI training, {spot}or try another region"

@@ -17,6 +17,7 @@ from typing import Any
 
 from components.lib.errors import ServiceFailed
 from components.lib.tpu_catalogue import TpuType
+from components.slice import launched
 
 log = logging.getLogger("tpu_mlm.vertex")
 
@@ -76,7 +77,7 @@ def tpu_worker_pool(
         "replica_count": 1,
         "container_spec": {
             "image_uri": image,
-            "command": tpu.launched(command, report_dir),
+            "command": launched(tpu, command, report_dir),
             "args": args,
             "env": [{"name": name, "value": value} for name, value in sorted(env.items())],
         },

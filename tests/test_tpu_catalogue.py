@@ -3,8 +3,8 @@
 import pytest
 
 from components.lib.errors import InvalidParameter
+from components.lib.recipe import RECIPE_GLOBAL_BATCH
 from components.lib.tpu_catalogue import (
-    RECIPE_GLOBAL_BATCH,
     SLICE_HOSTS_MINUTES,
     TPU_MICRO_BATCH,
     TPU_RUNTIME_ENV,
@@ -14,6 +14,7 @@ from components.lib.tpu_catalogue import (
     tpu_runtime_env,
     tpu_type,
 )
+from components.slice import launched
 
 
 @pytest.mark.parametrize("tpu", TPU_TYPES.values(), ids=TPU_TYPES.keys())
@@ -39,11 +40,11 @@ def test_spot_is_priced_at_the_spot_list_price_and_any_other_provisioning_on_dem
 def test_a_slice_runs_its_command_under_the_launcher_and_has_longer_to_start():
     command = ["python", "-m", "components.train", "--max_steps", "10"]
     one_host, slice_of_hosts = TPU_TYPES["v5e-8"], TPU_TYPES["v5e-16"]
-    assert one_host.launched(command, "gs://bucket/reports") == command
+    assert launched(one_host, command, "gs://bucket/reports") == command
     assert one_host.start_deadline_minutes == TPU_START_MINUTES
     launcher = ["python", "-m", "components.slice", "--tpu_type", "v5e-16"]
-    assert slice_of_hosts.launched(command) == [*launcher, "--", *command]
-    assert slice_of_hosts.launched(command, "gs://r") == [*launcher, "--report_dir", "gs://r", "--", *command]
+    assert launched(slice_of_hosts, command) == [*launcher, "--", *command]
+    assert launched(slice_of_hosts, command, "gs://r") == [*launcher, "--report_dir", "gs://r", "--", *command]
     assert slice_of_hosts.start_deadline_minutes == TPU_START_MINUTES + SLICE_HOSTS_MINUTES  # the hosts come first
 
 

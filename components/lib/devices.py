@@ -14,7 +14,7 @@ from typing import Any
 
 from components.lib.errors import InvalidParameter
 from components.lib.slice_hosts import ENDPOINTS_VARIABLE
-from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_RUNTIMES, TPU_TYPES
+from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_RUNTIMES, accelerator_type_peak
 
 log = logging.getLogger("tpu_mlm.accelerators")
 
@@ -40,11 +40,6 @@ NO_TPU_DEVICE = (
 
 # Peak dense bf16 (fp16 where the chip has no bf16) TFLOP/s of one GPU, from NVIDIA's data sheets.
 GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "L4": 121.0, "V100": 125.0, "T4": 65.0}
-# TPU_ACCELERATOR_TYPE (set on TPU VMs) prefix -> peak of one replica; used only when no peak was passed in.
-_TPU_ENV_PEAKS = {
-    prefix: TPU_TYPES[name].peak_tflops_per_replica
-    for prefix, name in (("v3", "v3-8"), ("v5litepod", "v5e-1"), ("v5e", "v5e-1"))
-}
 
 
 def check_accelerator(accelerator: str, replicas: int) -> None:
@@ -236,10 +231,7 @@ def peak_tflops_per_replica(kind: str, override: float | None = None) -> float |
     if override:
         return override
     if kind == "tpu":
-        accelerator_type = os.environ.get("TPU_ACCELERATOR_TYPE", "").lower()
-        for prefix, peak in _TPU_ENV_PEAKS.items():
-            if accelerator_type.startswith(prefix):
-                return peak
+        return accelerator_type_peak(os.environ.get("TPU_ACCELERATOR_TYPE", ""))
     if kind == "gpu":
         import tensorflow as tf
 

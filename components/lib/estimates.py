@@ -13,14 +13,19 @@ from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.memory_model import GIB
 from components.lib.modeling import model_config
-from components.lib.recipe import DEFAULT_RECIPE, RECIPE_VALUE, highest_mlm_probability, resolve_recipe
+from components.lib.recipe import (
+    DEFAULT_RECIPE,
+    RECIPE_GLOBAL_BATCH,
+    RECIPE_VALUE,
+    highest_mlm_probability,
+    resolve_recipe,
+)
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import DEFAULT_MFU, RunShape, run_shape
 from components.lib.shard_set import read_manifest
 from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, load_tokenizer
 from components.lib.tpu_catalogue import (
     PRICES,
-    RECIPE_GLOBAL_BATCH,
     TPU_MICRO_BATCH,
     TPU_TYPES,
     TpuType,

@@ -19,6 +19,9 @@ from components.lib.errors import InvalidParameter
 from components.lib.masked_lm import check_probability, masked_lm_loss
 
 RECIPE_VALUE = -1  # a knob left at this (or "" for lr_schedule) takes the recipe's value
+# The reference recipe's global batch (256 per replica on a v3-8), kept on every TPU type by accumulating
+# micro-batches (tpu_catalogue.tpu_batch)
+RECIPE_GLOBAL_BATCH = 2048
 SCHEDULES = ("linear", "wsd")
 
 

@@ -1,5 +1,6 @@
 """The TPUs the train step runs on as Vertex AI custom jobs: their machines, replicas, peaks, memory and list
-prices, the recipe's batch on each, the TPU images' runtimes and the TPU job's runtime environment.
+prices, how Vertex AI provisions them, the recipe's batch on each, the TPU images' runtimes and the TPU job's
+runtime environment.
 
 Hardware figures are Google's published ones (pages named beside the table); prices are list prices (``PRICES``).
 """
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.lib.errors import InvalidParameter
+from components.lib.recipe import RECIPE_GLOBAL_BATCH
 
 # How the TPU image points TensorFlow at libtpu (see containers/tpu.Dockerfile).
 TPU_RUNTIME_VARIABLES = ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "NEXT_PLUGGABLE_DEVICE_USE_C_API", "TPU_LIBRARY_PATH")
@@ -71,21 +73,17 @@ class TpuType:
 
     def list_price(self, provisioning: str) -> float:
         """The Cloud TPU list price an hour (PRICES) for Vertex AI's scheduling strategy: SPOT or on demand."""
-        return self.spot_list_price_per_hour if provisioning == "SPOT" else self.list_price_per_hour
+        return self.spot_list_price_per_hour if provisioning == SPOT else self.list_price_per_hour
+
+    def list_price_source(self, provisioning: str) -> str:
+        """Where ``list_price`` comes from, for the cost lines."""
+        kind = "Spot" if provisioning == SPOT else "on-demand"
+        return f"the {self.name}'s {kind} list price; {PRICES}"
 
     @property
     def start_deadline_minutes(self) -> float:
         """The most a job on this TPU takes to be ready to train before it fails: its hosts, then its TPU."""
         return TPU_START_MINUTES + (SLICE_HOSTS_MINUTES if self.hosts > 1 else 0.0)
-
-    def launched(self, command: list[str], report_dir: str = "") -> list[str]:
-        """The container command that runs ``command`` on this TPU: under the slice launcher on a slice of several
-        hosts (``components/slice.py``: the command on host 0, a TPU worker server on every host; each host's
-        findings under ``report_dir`` when given), as it is on one host."""
-        if self.hosts == 1:
-            return command
-        reports = ["--report_dir", report_dir] if report_dir else []
-        return ["python", "-m", "components.slice", "--tpu_type", self.name, *reports, "--", *command]
 
     @property
     def machine_spec(self) -> dict[str, Any]:
@@ -122,10 +120,9 @@ PRICES = (
     "Cloud TPU list prices, us-central1, USD an hour (Cloud Billing catalog as mirrored by "
     "skypilot-org/skypilot-catalog, 2026); Vertex AI's own rates differ"
 )
-# The reference recipe's global batch (256 per replica on a v3-8), kept on every TPU type by accumulating
-# micro-batches of TPU_MICRO_BATCH per replica: roberta-base in bf16 at 128 tokens and 256 per replica is
-# "tight" on a 16 GiB replica by training_memory; 128 fits a v3-8's and a v5e's with room.
-RECIPE_GLOBAL_BATCH = 2048
+# The recipe's global batch is kept on every TPU type by accumulating micro-batches of TPU_MICRO_BATCH per replica:
+# roberta-base in bf16 at 128 tokens and 256 per replica is "tight" on a 16 GiB replica by training_memory; 128 fits
+# a v3-8's and a v5e's with room.
 TPU_MICRO_BATCH = 128
 
 
@@ -143,6 +140,37 @@ def tpu_type(name: str) -> TpuType:
     if name not in TPU_TYPES:
         raise InvalidParameter("tpu_type", name, f"must be one of {list(TPU_TYPES)}")
     return TPU_TYPES[name]
+
+
+# Vertex AI's scheduling strategies for a TPU (a custom job's ``strategy``), as it spells them; its FLEX_START
+# (Dynamic Workload Scheduler) takes GPU jobs only ("Schedule training jobs based on resource availability")
+ON_DEMAND, SPOT = "STANDARD", "SPOT"
+TPU_PROVISIONING = (ON_DEMAND, SPOT)
+
+
+def check_tpu_provisioning(provisioning: str, tpu: TpuType | None = None) -> None:
+    if provisioning not in TPU_PROVISIONING:
+        raise InvalidParameter("tpu_provisioning", provisioning, f"must be one of {list(TPU_PROVISIONING)}")
+    if provisioning == SPOT and tpu is not None and tpu.hosts > 1:
+        raise InvalidParameter(
+            "tpu_provisioning",
+            provisioning,
+            f"Vertex AI has no Spot for TPU slices of several hosts ({tpu.name}): {ON_DEMAND}",
+        )
+
+
+# TPU_ACCELERATOR_TYPE, which a TPU VM sets, names the TPU's generation first, as the catalogue does (v3-8), or by
+# Cloud TPU's name for it (v5litepod-8 is a v5e)
+CLOUD_TPU_GENERATIONS = {"v5litepod": "v5e"}
+
+
+def accelerator_type_peak(accelerator_type: str) -> float | None:
+    """One replica's peak on a TPU VM whose ``TPU_ACCELERATOR_TYPE`` is ``accelerator_type``; None for a TPU of a
+    generation the catalogue does not list."""
+    generation = accelerator_type.lower().split("-")[0]
+    generation = CLOUD_TPU_GENERATIONS.get(generation, generation)
+    peaks = {tpu.name.split("-")[0]: tpu.peak_tflops_per_replica for tpu in TPU_TYPES.values()}
+    return peaks.get(generation)
 
 
 # The TPU images' runtimes, each named after the tensorflow-tpu minor version it installs (containers/tpu.Dockerfile
