@@ -135,7 +135,7 @@ def _train(
     # it prefetches to each device (many replicas, TPUs), and the model is published before that wait
     streams = training_streams(arguments, plan, strategy, state.start_step)
     try:
-        _training_loop(arguments, plan, strategy, kind, state, streams, pusher, stop)
+        _training_loop(TrainingRun(arguments, plan, strategy, kind, state, pusher, stop), streams)
     finally:
         push_failures = pusher.close() if pusher else []
     summary = state.summary(arguments, plan, kind, time.perf_counter() - started)
@@ -144,19 +144,26 @@ def _train(
     return summary
 
 
-def _training_loop(
-    arguments: TrainArguments,
-    plan: TrainingPlan,
-    strategy: Any,
-    kind: str,
-    state: TrainingState,
-    streams: tuple[Any, Any, Any],
-    pusher: BackgroundPush | None,
-    stop: StopRequest,
-) -> None:
+@dataclass
+class TrainingRun:
+    """What the loop and its checkpoints share: the settings and plan, where the run trains, the model's state,
+    and where its progress goes (TensorBoard, the Hub push) or comes from (a SIGTERM's request)."""
+
+    arguments: TrainArguments
+    plan: TrainingPlan
+    strategy: Any
+    kind: str  # tpu, gpu or cpu
+    state: TrainingState
+    pusher: BackgroundPush | None
+    stop: StopRequest
+    writer: Any = None  # TensorBoard's, made by the loop
+
+
+def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
     """Runs the steps left in chunks that end at log and checkpoint boundaries."""
     import tensorflow as tf
 
+    arguments, plan, strategy, state, stop = run.arguments, run.plan, run.strategy, run.state, run.stop
     iterator, validation_stream, masking = streams
     max_length = plan.manifest["max_length"]
     scorer = MaskedLMScorer(state.model, strategy, max_predictions(max_length, EVALUATION_MLM_PROBABILITY))
@@ -165,7 +172,7 @@ def _training_loop(
         state.model,
         state.optimizer,
         strategy,
-        _use_xla(arguments.xla, kind),
+        _use_xla(arguments.xla, run.kind),
         max_predictions(max_length, highest_mlm_probability(arguments)),
         plan.accumulation,
         arguments.clip_norm,
@@ -177,12 +184,12 @@ def _training_loop(
     window = LogWindow(
         plan,
         plan.shape.model_flops_per_step,
-        peak_tflops_per_replica(kind, arguments.peak_tflops or None),
+        peak_tflops_per_replica(run.kind, arguments.peak_tflops or None),
         strategy.num_replicas_in_sync,
         arguments.price_per_hour,
     )
     storage.makedirs(arguments.tensorboard_dir)  # in a bucket: its marker, where the writer's own walk stops
-    writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
+    run.writer = writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
     step = state.start_step
     skipped = 0  # steps' batches the stream went past in rewinds
     pace = CallPace()
@@ -202,7 +209,7 @@ def _training_loop(
                 pace.done(steps)
             step += steps
             if not (math.isfinite(loss) and math.isfinite(gradient_norm)):
-                rewound_to = _rewind_or_stop(arguments, state, step, loss, gradient_norm)
+                rewound_to = _rewind_or_stop(run, step, loss, gradient_norm)
                 skipped, step = skipped + step - rewound_to, rewound_to
                 window.restart()
                 continue
@@ -223,35 +230,28 @@ def _training_loop(
                 raise SystemExit(STOPPED_EXIT)  # a failure, so that Vertex AI or the pipeline runs it again
             if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
                 with naming_corrupt_shards(*shard_sources):
-                    _at_checkpoint(arguments, plan, state, step, writer, validation, pusher)
+                    _at_checkpoint(run, step, validation)
     finally:
         stop.in_loop = False
     state.first_call_seconds = pace.first_call_seconds
     writer.flush()
 
 
-def _at_checkpoint(
-    arguments: TrainArguments,
-    plan: TrainingPlan,
-    state: TrainingState,
-    step: int,
-    writer: Any,
-    validation: tuple[Callable[..., Any], MaskedLMScorer] | None,
-    pusher: BackgroundPush | None,
-) -> None:
+def _at_checkpoint(run: TrainingRun, step: int, validation: tuple[Callable[..., Any], MaskedLMScorer] | None) -> None:
     """Saves the checkpoint and the history so far, hands a copy of the model to the background Hub push,
     and validates."""
     import tensorflow as tf
 
+    state = run.state
     state.save(step)
-    if pusher is not None:
+    if run.pusher is not None:
         staging = Path(tempfile.mkdtemp(prefix="hub-checkpoint-"))
-        save_model_folder(state.model, plan.tokenizer, staging)  # here: the push runs while training goes on
-        pusher.submit(staging, f"Training checkpoint at step {step} of {plan.total_steps}")
+        save_model_folder(state.model, run.plan.tokenizer, staging)  # here: the push runs while training goes on
+        run.pusher.submit(staging, f"Training checkpoint at step {step} of {run.plan.total_steps}")
     if validation is not None:
         stream, score = validation
-        metrics = score(stream, arguments.eval_batches)
-        with writer.as_default(step=step):
+        metrics = score(stream, run.arguments.eval_batches)
+        with run.writer.as_default(step=step):
             tf.summary.scalar("eval/loss", metrics["loss"])
             tf.summary.scalar("eval/masked_accuracy", metrics["masked_accuracy"])
         log.info(
@@ -263,10 +263,11 @@ def _at_checkpoint(
         state.save_history()  # with the validation: a rerun that finds every step done reports it too
 
 
-def _rewind_or_stop(arguments: TrainArguments, state: TrainingState, step: int, loss: float, norm: float) -> int:
+def _rewind_or_stop(run: TrainingRun, step: int, loss: float, norm: float) -> int:
     """After a call whose loss or gradient norm is not finite: the step of the last checkpoint, restored, where the
     run rewinds (``--on_divergence rewind``, at most ``--max_rewinds`` times); else ``Diverged``, with nothing saved
     from these weights and what to try."""
+    arguments, state = run.arguments, run.state
     learning_rate = float(state.schedule(step))
     latest = state.manager.latest_checkpoint
     seen = f"the loss is {loss} and the gradient norm {norm} at step {step} (learning rate {learning_rate:.2e})"
