@@ -20,10 +20,10 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
-from components.lib.estimates import describe_estimate, estimate_table, shards_size
+from components.lib.estimates import check_memory_fit, describe_estimate, estimate_table, memory_fit, shards_size
 from components.lib.hub import check_secret_name, hub_token
 from components.lib.jobs import run_job
-from components.lib.memory_model import GIB, MemoryEstimate
+from components.lib.memory_model import MemoryEstimate
 from components.lib.tpu_catalogue import ON_DEMAND, TPU_PROVISIONING, TPU_TYPES, check_tpu_provisioning, tpu_type
 from components.lib.training import TrainingSettings, plan_training
 
@@ -118,12 +118,9 @@ def check_writable(parameter: str, folder: str) -> None:
 
 def check_memory(arguments: PreflightArguments, estimate: MemoryEstimate) -> dict[str, Any]:
     """The memory estimate of one replica; a run that cannot fit the TPU's memory is refused with a batch
-    that fits, and so is a tight one unless ``allow_tight_memory``: an out-of-memory at XLA compile comes only
-    after the TPU was provisioned and everything before it was paid."""
-    tpu_name = tpu_type(arguments.tpu_type).name if arguments.tpu_type else ""
-    refusal = estimate.refusal(tpu_name, arguments.bf16, arguments.allow_tight_memory)
-    if refusal:
-        raise InvalidParameter("per_replica_batch_size", arguments.per_replica_batch_size, refusal)
+    that fits, and so is a tight one unless ``allow_tight_memory``."""
+    fit = memory_fit(estimate, arguments.tpu_type, arguments.bf16, arguments.allow_tight_memory)
+    check_memory_fit(fit, arguments.per_replica_batch_size)
     if estimate.verdict == "tight":
         log.warning(
             "memory may be short: %s; if the TPU runs out of memory, use a per-replica batch of %d",
@@ -132,12 +129,7 @@ def check_memory(arguments: PreflightArguments, estimate: MemoryEstimate) -> dic
         )
     else:
         log.info("memory estimate: %s", estimate.describe())
-    return {
-        "low_gib": round(estimate.low / GIB, 2),
-        "high_gib": round(estimate.high / GIB, 2),
-        "verdict": estimate.verdict,
-        "largest_per_replica_batch": estimate.largest_batch,
-    }
+    return {key: fit[key] for key in ("low_gib", "high_gib", "verdict", "largest_per_replica_batch")}
 
 
 def tpu_job_timeout(hours: float, estimated_hours: float) -> int:

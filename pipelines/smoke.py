@@ -394,7 +394,7 @@ def memory_estimate(arguments: SmokeArguments, shards: str) -> dict[str, float]:
         bf16=arguments.bf16,
         mlm_probability=MLM_PROBABILITY,
     ).memory
-    return {"estimate_low_gib": round(memory.low / GIB, 2), "estimate_high_gib": round(memory.high / GIB, 2)}
+    return {"estimate_low_gib": memory.low_gib, "estimate_high_gib": memory.high_gib}
 
 
 def describe(values: dict[str, Any]) -> list[str]:

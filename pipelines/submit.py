@@ -225,7 +225,7 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
     """The estimate of the run's training from its parameters (the template's defaults, then the values given),
     printed as a table; a run that cannot train (a batch larger than the data, memory preflight would refuse)
     is refused here, before anything is sent. Where the corpus's size is not known here, the reason instead."""
-    from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
+    from components.lib.estimates import EstimateArguments, check_memory_fit, estimate_run, estimate_table
 
     spec = job.to_dict()["pipelineSpec"]
     defaults = {
@@ -264,10 +264,7 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
     except Exception as error:  # the corpus's bucket, unreachable from here: the estimate is advice
         print(f"warning: no estimate of the training: {type(error).__name__}: {error}", file=sys.stderr)
         return f"no estimate: {error}"
-    if result["memory"]["refusal"]:
-        raise InvalidParameter(
-            "per_replica_batch_size", int(values["per_replica_batch_size"]), result["memory"]["refusal"]
-        )
+    check_memory_fit(result["memory"], int(values["per_replica_batch_size"]))
     print(f"Estimate of the training on a {tpu} (before the data exists):\n{estimate_table(result)}", file=sys.stderr)
     return result
 

@@ -107,7 +107,7 @@ class SmokeJobArguments(JobServiceArguments, SmokeRun):
 def check_memory_fits(arguments: SmokeRun) -> None:
     """A run the memory estimate says cannot fit is refused before the TPU is taken (a tight one is what the
     smoke test is there to try)."""
-    from components.lib.estimates import EstimateArguments, estimate_run
+    from components.lib.estimates import EstimateArguments, check_memory_fit, estimate_run
 
     estimate = estimate_run(
         EstimateArguments(
@@ -122,10 +122,7 @@ def check_memory_fits(arguments: SmokeRun) -> None:
             allow_tight_memory=True,
         )
     )
-    if estimate["memory"]["refusal"]:
-        raise InvalidParameter(
-            "per_replica_batch_size", arguments.per_replica_batch_size, estimate["memory"]["refusal"]
-        )
+    check_memory_fit(estimate["memory"], arguments.per_replica_batch_size)
 
 
 def in_job_arguments(arguments: SmokeJobArguments, folder: str) -> list[str]:

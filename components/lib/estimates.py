@@ -11,7 +11,7 @@ from typing import Any
 from components.lib import storage
 from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
-from components.lib.memory_model import GIB
+from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.modeling import model_config
 from components.lib.recipe import (
     DEFAULT_RECIPE,
@@ -213,7 +213,6 @@ def describe_estimate(
     from_run: str = "",
 ) -> dict[str, Any]:
     """Everything the table shows of a run's shape on ``tpu``, as numbers."""
-    memory = shape.memory
     result: dict[str, Any] = {
         "data": data,
         "tpu_type": tpu.name,
@@ -230,14 +229,7 @@ def describe_estimate(
         "peak_flops_per_second": shape.peak_flops_per_second,
         "mfu": shape.mfu,
         "hours": shape.hours,
-        "memory": {
-            "low_gib": round(memory.low / GIB, 2),
-            "high_gib": round(memory.high / GIB, 2),
-            "available_gib": tpu.memory_gib_per_replica,
-            "verdict": memory.verdict,
-            "largest_per_replica_batch": memory.largest_batch,
-            "refusal": memory.refusal(tpu.name, bf16, allow_tight_memory),
-        },
+        "memory": memory_fit(shape.memory, tpu.name, bf16, allow_tight_memory),
         **prices(shape, tpu, given=price_given),
         "cpu_steps": cpu_steps(data),
     }
@@ -246,6 +238,26 @@ def describe_estimate(
         rate = result["from_run"]["model_flops_per_second_per_replica"] * shape.replicas
         result["from_run"].update(hours=shape.hours_at(rate), cost=shape.cost_at(shape.price_per_hour, rate))
     return result
+
+
+def memory_fit(memory: MemoryEstimate, tpu_name: str, bf16: bool, allow_tight_memory: bool) -> dict[str, Any]:
+    """One replica's memory estimate against the TPU's memory, as the estimate, preflight and submit report it, and
+    why preflight would refuse the run (``refusal``; None: it would not)."""
+    return {
+        "low_gib": memory.low_gib,
+        "high_gib": memory.high_gib,
+        "available_gib": None if memory.available is None else memory.available / GIB,
+        "verdict": memory.verdict,
+        "largest_per_replica_batch": memory.largest_batch,
+        "refusal": memory.refusal(tpu_name, bf16, allow_tight_memory),
+    }
+
+
+def check_memory_fit(fit: dict[str, Any], per_replica_batch_size: int) -> None:
+    """Refuses a run whose memory would not fit (``memory_fit``'s refusal) before the TPU is taken: an out-of-memory
+    at XLA compile comes only after the TPU was provisioned and everything before it was paid."""
+    if fit["refusal"]:
+        raise InvalidParameter("per_replica_batch_size", per_replica_batch_size, fit["refusal"])
 
 
 # The CPU steps, from this project's measurements on its 2-core machine (docs/benchmarks.md), which the steps' 8

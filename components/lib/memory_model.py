@@ -34,6 +34,14 @@ class MemoryEstimate:
         return self.parameters + self.per_sample_high * self.batch
 
     @property
+    def low_gib(self) -> float:
+        return round(self.low / GIB, 2)
+
+    @property
+    def high_gib(self) -> float:
+        return round(self.high / GIB, 2)
+
+    @property
     def verdict(self) -> str:
         """ "does not fit" when even the low estimate exceeds the memory, "tight" when the high one is above
         80% of it, else "fits"."""
