@@ -70,43 +70,63 @@ def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> 
         try_tpu = False
     if not try_tpu:
         skip_tpu_runtime()
-    import tensorflow as tf
-
     if replicas > 1 and accelerator in ("auto", "cpu"):
         _split_cpu(replicas)  # before anything else makes TensorFlow create its devices
-    if try_tpu:
-        try:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu)
-            tf.config.experimental_connect_to_cluster(resolver)
-            tf.tpu.experimental.initialize_tpu_system(resolver)
-            strategy = tf.distribute.TPUStrategy(resolver)
-        except (ValueError, tf.errors.UnavailableError) as error:  # no TPU by that name, or none answering
-            if accelerator == "tpu":
-                raise InvalidParameter(
-                    "accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({_first_line(error)})"
-                ) from error
-        except tf.errors.OpError as error:  # NotFoundError, InvalidArgumentError...: the runtime did not start it
-            failed = tpu_init_failed(error, tpu, tpu_runtime())
-            if accelerator == "tpu":
-                raise failed from error
-            log.warning("accelerator auto: %s; falling back", failed.expected)
-        else:
-            return _checked(strategy, "tpu", replicas)
+    found = _tpu_strategy(accelerator, tpu) if try_tpu else None
+    if found is None and accelerator in ("auto", "gpu"):
+        found = _gpu_strategy(accelerator, replicas)
+    if found is not None:
+        return _checked(*found, replicas)
+    return _cpu_strategy(replicas), "cpu"
+
+
+def _tpu_strategy(accelerator: str, tpu: str) -> tuple[Any, str] | None:
+    """``TPUStrategy`` on the TPU at ``tpu``; None where ``auto`` found none (an explicit ``tpu`` refuses)."""
+    import tensorflow as tf
+
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver), "tpu"
+    except (ValueError, tf.errors.UnavailableError) as error:  # no TPU by that name, or none answering
+        if accelerator == "tpu":
+            raise InvalidParameter(
+                "accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({_first_line(error)})"
+            ) from error
+    except tf.errors.OpError as error:  # NotFoundError, InvalidArgumentError...: the runtime did not start it
+        failed = tpu_init_failed(error, tpu, tpu_runtime())
+        if accelerator == "tpu":
+            raise failed from error
+        log.warning("accelerator auto: %s; falling back", failed.expected)
+    return None
+
+
+def _gpu_strategy(accelerator: str, replicas: int) -> tuple[Any, str] | None:
+    """``MirroredStrategy`` over the GPUs (``replicas`` of them; 0: all); None where ``auto`` found none."""
+    import tensorflow as tf
+
     gpus = tf.config.list_physical_devices("GPU")
-    if accelerator in ("auto", "gpu"):
-        if gpus:
-            if accelerator == "auto":
-                log.info("accelerator auto: no TPU found; training on %d GPU(s)", len(gpus))
-            devices = [f"/gpu:{index}" for index in range(replicas or len(gpus))]
-            return _checked(tf.distribute.MirroredStrategy(devices[: len(gpus)]), "gpu", replicas)
+    if not gpus:
         if accelerator == "gpu":
             raise InvalidParameter("accelerator", accelerator, "no GPU is visible to TensorFlow")
         log.info("accelerator auto: no TPU and no GPU found; training on the CPU")
+        return None
+    if accelerator == "auto":
+        log.info("accelerator auto: no TPU found; training on %d GPU(s)", len(gpus))
+    devices = [f"/gpu:{index}" for index in range(replicas or len(gpus))]
+    return tf.distribute.MirroredStrategy(devices[: len(gpus)]), "gpu"
+
+
+def _cpu_strategy(replicas: int) -> Any:
+    """The CPU, or ``replicas`` > 1 logical devices of it under ``MirroredStrategy`` (split by ``_split_cpu``)."""
+    import tensorflow as tf
+
     if replicas > 1:
         devices = [device.name for device in tf.config.list_logical_devices("CPU")[:replicas]]
         log.info("%d CPU replicas (logical devices) under MirroredStrategy", replicas)
-        return tf.distribute.MirroredStrategy(devices), "cpu"
-    return tf.distribute.OneDeviceStrategy("/cpu:0"), "cpu"
+        return tf.distribute.MirroredStrategy(devices)
+    return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
 def tpu_runtime() -> str:
