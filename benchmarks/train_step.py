@@ -54,19 +54,14 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
     from components.lib.masking import Masking, training_dataset
     from components.lib.modeling import model_config
     from components.lib.recipe import train_function
-    from components.lib.run_shape import run_shape
+    from components.lib.run_shape import settings_shape
     from components.lib.shard_set import read_manifest
 
     replicas = arguments.one_replica_count
     strategy, _ = select_strategy("cpu", replicas=replicas)
     manifest = read_manifest(arguments.shards)
-    shape = run_shape(
-        replicas=replicas,
-        per_replica_batch_size=arguments.per_replica_batch_size,
-        accumulation=1,
-        max_length=manifest["max_length"],
-        samples=None,
-        max_steps=1,
+    shape = settings_shape(
+        vars(arguments), replicas=replicas, max_length=manifest["max_length"], samples=None, max_steps=1
     )
     with strategy.scope():
         model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))

@@ -32,7 +32,7 @@ from components.lib.masked_lm import MaskedLMScorer, max_predictions
 from components.lib.masking import Masking, evaluation_dataset, mask_tokens, shard_files, training_dataset
 from components.lib.modeling import model_config
 from components.lib.recipe import train_function
-from components.lib.run_shape import run_shape
+from components.lib.run_shape import settings_shape
 from components.lib.tpu_catalogue import TPU_TYPES, tpu_batch
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
@@ -183,11 +183,9 @@ def main() -> None:
 
     # What a TPU v3-8 would ask of the input pipeline for roberta-base, sequence 128, global batch 2048.
     v3_8 = TPU_TYPES["v3-8"]
-    batch = tpu_batch(v3_8)
-    base = run_shape(
+    base = settings_shape(
+        tpu_batch(v3_8),
         tpu=v3_8,
-        per_replica_batch_size=batch["per_replica_batch_size"],
-        accumulation=batch["gradient_accumulation_steps"],
         max_length=128,
         samples=None,
         max_steps=1,

@@ -37,9 +37,8 @@ from components.lib.errors import InvalidParameter
 from components.lib.jobs import run_job
 from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.preemption import last_words
-from components.lib.recipe import DEFAULT_RECIPE, RECIPES, highest_mlm_probability
 from components.lib.results import SUMMARY_FILE
-from components.lib.run_shape import run_shape
+from components.lib.run_shape import settings_shape
 from components.lib.slice_hosts import ENDPOINTS_VARIABLE, HOSTS_FOLDER
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_TYPES, tpu_batch, tpu_type
 
@@ -50,7 +49,6 @@ REPORT_FILE = "smoke.json"
 # of it the shards need
 TOKENS_PER_BYTE_LOW = 0.2
 GLOBAL_BATCHES_OF_DATA = 2  # shards of at least this many global batches (the stream repeats them)
-MLM_PROBABILITY = highest_mlm_probability(RECIPES[DEFAULT_RECIPE])  # the train step's default
 
 
 @dataclass(kw_only=True)
@@ -258,13 +256,8 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
         storage.upload_folder(folder, tokenizer_uri)
         lines = embedded_lines()
         text_bytes = sum(len(line.encode("utf-8")) + 1 for line in lines)
-        shape = run_shape(
-            replicas=max(arguments.replicas, 1),
-            per_replica_batch_size=arguments.per_replica_batch_size,
-            accumulation=arguments.gradient_accumulation_steps,
-            max_length=arguments.max_length,
-            samples=None,
-            max_steps=GLOBAL_BATCHES_OF_DATA,
+        shape = settings_shape(
+            vars(arguments), replicas=max(arguments.replicas, 1), samples=None, max_steps=GLOBAL_BATCHES_OF_DATA
         )
         needed_tokens = shape.tokens  # shards of GLOBAL_BATCHES_OF_DATA global batches
         copies = math.ceil(needed_tokens / (TOKENS_PER_BYTE_LOW * text_bytes))
@@ -383,16 +376,12 @@ def memory_estimate(arguments: SmokeArguments, shards: str) -> dict[str, float]:
     from components.lib.modeling import model_config
     from components.lib.shard_set import read_manifest
 
-    memory = run_shape(
+    memory = settings_shape(
+        vars(arguments),  # the train step's default recipe: the smoke test sets none
         replicas=max(arguments.replicas, 1),
-        per_replica_batch_size=arguments.per_replica_batch_size,
-        accumulation=arguments.gradient_accumulation_steps,
-        max_length=arguments.max_length,
         samples=None,
         max_steps=arguments.steps,
         config=model_config(arguments.model_config, read_manifest(shards, "train_shards")),
-        bf16=arguments.bf16,
-        mlm_probability=MLM_PROBABILITY,
     ).memory
     return {"estimate_low_gib": memory.low_gib, "estimate_high_gib": memory.high_gib}
 

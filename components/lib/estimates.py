@@ -13,15 +13,9 @@ from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.modeling import model_config
-from components.lib.recipe import (
-    DEFAULT_RECIPE,
-    RECIPE_GLOBAL_BATCH,
-    RECIPE_VALUE,
-    highest_mlm_probability,
-    resolve_recipe,
-)
+from components.lib.recipe import DEFAULT_RECIPE, RECIPE_GLOBAL_BATCH, RECIPE_VALUE
 from components.lib.results import SUMMARY_FILE
-from components.lib.run_shape import DEFAULT_MFU, RunShape, run_shape
+from components.lib.run_shape import DEFAULT_MFU, RunShape, settings_shape
 from components.lib.shard_set import read_manifest
 from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, load_tokenizer
 from components.lib.tpu_catalogue import (
@@ -177,19 +171,8 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
     tpu = tpu_type(arguments.tpu_type)
     data = data_size(arguments)
     config = model_config(arguments.model_config, {**data, "max_length": data["max_length"]})
-    shape = run_shape(
-        tpu=tpu,
-        per_replica_batch_size=arguments.per_replica_batch_size,
-        accumulation=arguments.gradient_accumulation_steps,
-        max_length=data["max_length"],
-        samples=data["samples"],
-        num_epochs=arguments.num_epochs,
-        max_steps=arguments.max_steps,
-        config=config,
-        bf16=arguments.bf16,
-        mlm_probability=highest_mlm_probability(resolve_recipe(vars(arguments))),
-        mfu=arguments.mfu,
-        price_per_hour=arguments.price_per_hour,
+    shape = settings_shape(
+        vars(arguments), tpu=tpu, max_length=data["max_length"], samples=data["samples"], config=config
     )
     return describe_estimate(
         shape,

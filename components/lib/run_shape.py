@@ -1,10 +1,11 @@
 """A run's shape: its replicas and batch, the steps it takes, the samples and tokens it reads, the model FLOPs
 they cost, one replica's memory, and the hours and cost on a known accelerator. Pure arithmetic (no TensorFlow,
-no I/O), built by ``run_shape`` alone: the train step, preflight, the estimate, submit and the smoke test read
-it, so that no two of them can count a run differently."""
+no I/O), built by ``run_shape`` alone (from a run's settings: ``settings_shape``): the train step, preflight, the
+estimate, submit and the smoke test read it, so that no two of them can count a run differently."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.masked_lm import max_predictions
 from components.lib.memory_model import MemoryEstimate, training_memory
 from components.lib.modeling import count_parameters, training_flops_per_token
+from components.lib.recipe import highest_mlm_probability, resolve_recipe
 from components.lib.tpu_catalogue import TpuType
 
 # An assumption, not a measurement: PaLM (Chowdhery et al. 2022, table 3) reports 46.2% model FLOPs
@@ -88,7 +90,7 @@ class RunShape:
 def run_shape(
     *,
     per_replica_batch_size: int,
-    accumulation: int,
+    accumulation: int = 1,
     max_length: int,
     samples: int | None,
     num_epochs: int = 1,
@@ -150,3 +152,25 @@ def run_shape(
         mfu,
         price_per_hour,
     )
+
+
+# The settings run_shape reads of a run's (the training settings' names): setting -> run_shape's keyword
+SHAPE_SETTINGS = {
+    "per_replica_batch_size": "per_replica_batch_size",
+    "gradient_accumulation_steps": "accumulation",
+    "max_length": "max_length",
+    "num_epochs": "num_epochs",
+    "max_steps": "max_steps",
+    "bf16": "bf16",
+    "mfu": "mfu",
+    "price_per_hour": "price_per_hour",
+}
+
+
+def settings_shape(settings: Mapping[str, Any], **known: Any) -> RunShape:
+    """``run_shape`` of a run's settings (``vars`` of the train step's, the estimate's, the smoke test's: those of
+    ``SHAPE_SETTINGS`` they have, and the highest masking rate of their recipe), with what only the caller knows
+    (the data, the accelerator, the model) and any of run_shape's keywords given as ``known``, which win."""
+    given = {keyword: settings[name] for name, keyword in SHAPE_SETTINGS.items() if name in settings}
+    masking = highest_mlm_probability(resolve_recipe(settings))
+    return run_shape(**{**given, "mlm_probability": masking, **known})

@@ -12,15 +12,8 @@ from components.lib.devices import ACCELERATORS, check_accelerator
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id
 from components.lib.modeling import PRESETS, model_config
-from components.lib.recipe import (
-    DEFAULT_RECIPE,
-    RECIPE_VALUE,
-    RECIPES,
-    Recipe,
-    apply_recipe,
-    highest_mlm_probability,
-)
-from components.lib.run_shape import RunShape, run_shape
+from components.lib.recipe import DEFAULT_RECIPE, RECIPE_VALUE, RECIPES, Recipe, apply_recipe
+from components.lib.run_shape import RunShape, settings_shape
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import load_tokenizer
 from components.lib.tpu_catalogue import TpuType
@@ -272,19 +265,13 @@ def plan_training(
                 f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
             )
     config = model_config(arguments.model_config, manifest)
-    shape = run_shape(
+    shape = settings_shape(
+        vars(arguments),
         replicas=num_replicas,
         tpu=tpu,
-        per_replica_batch_size=arguments.per_replica_batch_size,
-        accumulation=arguments.gradient_accumulation_steps,
         max_length=manifest["max_length"],
         samples=manifest["num_records"],
-        num_epochs=arguments.num_epochs,
-        max_steps=arguments.max_steps,
         config=config,
-        bf16=arguments.bf16,
-        mlm_probability=highest_mlm_probability(arguments),
-        price_per_hour=arguments.price_per_hour,
     )
     if eval_manifest is not None and shape.micro_batch_size > eval_manifest["num_records"]:
         raise InvalidParameter(
