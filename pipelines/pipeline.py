@@ -260,6 +260,18 @@ def step_inputs(parameters: list[PipelineParameter], values: dict[str, Any]) -> 
     return inputs
 
 
+def routed_values(values: dict[str, Any], settings: type) -> dict[str, Any]:
+    """The pipeline parameter ``values`` that ``ROUTES`` sends to a field of the dataclass ``settings``, under the
+    field's name and as its type (a compiled template's numbers are floats)."""
+    types = {setting.name: PARAMETER_TYPES[type_name(setting)] for setting in fields(settings)}
+    return {
+        field_name: types[field_name](values[name])
+        for name, routes in ROUTES.items()
+        if name in values
+        for field_name in set(routes.values()) & set(types)
+    }
+
+
 def check_values(values: dict[str, Any]) -> None:
     """Every step's own checks on pipeline parameter values, before any step runs: each step's dataclass is
     built from what the step would get (the defaults for values not given), with placeholders for the

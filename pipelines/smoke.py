@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,12 @@ class SmokeRun:
                 raise InvalidParameter(parameter, getattr(self, parameter), "must be 0 (the default) or positive")
         if self.steps < 3 or self.steps % 3:
             raise InvalidParameter("steps", self.steps, "must be a positive multiple of 3 (three log windows)")
+
+
+def run_settings(run: SmokeRun, settings: type) -> dict[str, Any]:
+    """The run's settings (``SmokeRun``'s fields) that the dataclass ``settings`` has, by the same names."""
+    names = {setting.name for setting in fields(settings)}
+    return {setting.name: getattr(run, setting.name) for setting in fields(SmokeRun) if setting.name in names}
 
 
 @dataclass(kw_only=True)
@@ -294,10 +300,7 @@ def run_training(arguments: SmokeArguments, tokenizer: str, shards: str, validat
             output=storage.join(arguments.scratch, "model"),
             checkpoint_dir=storage.join(arguments.scratch, "checkpoints"),
             tensorboard_dir=storage.join(arguments.scratch, "logs"),
-            model_config=arguments.model_config,
-            per_replica_batch_size=arguments.per_replica_batch_size,
-            gradient_accumulation_steps=arguments.gradient_accumulation_steps,
-            bf16=arguments.bf16,
+            **run_settings(arguments, TrainArguments),
             max_steps=arguments.steps,
             log_every_steps=window,
             checkpoint_every_steps=arguments.steps,

@@ -27,7 +27,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.jobs import log, run_job
 from components.lib.tpu_catalogue import TPU_TYPES
-from pipelines.pipeline import check_values
+from pipelines.pipeline import check_values, routed_values
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -235,27 +235,10 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
     values = {**defaults, **job.to_dict()["runtimeConfig"].get("parameterValues", {})}
     tpu = template_tpu_type(spec)
     try:
-        result = estimate_run(
-            EstimateArguments(
-                corpus=values["corpus"],
-                corpus_bytes=arguments.corpus_bytes,
-                model_config=values["model_config"],
-                tpu_type=tpu,
-                per_replica_batch_size=int(values["per_replica_batch_size"]),
-                gradient_accumulation_steps=int(values["gradient_accumulation_steps"]),
-                num_epochs=int(values["num_epochs"]),
-                max_steps=int(values["max_steps"]),
-                bf16=bool(values["bf16"]),
-                max_length=int(values["max_length"]),
-                holdout_fraction=0.0 if values["validation_corpus"] else float(values["holdout_fraction"]),
-                vocab_size=int(values["vocab_size"]),
-                recipe=values["recipe"],
-                mlm_probability=float(values["mlm_probability"]),
-                final_mlm_probability=float(values["final_mlm_probability"]),
-                allow_tight_memory=bool(values["allow_tight_memory"]),
-                price_per_hour=float(values["tpu_price_per_hour"]),
-            )
-        )
+        settings = routed_values(values, EstimateArguments)
+        if values["validation_corpus"]:  # the shards hold nothing of the corpus out
+            settings["holdout_fraction"] = 0.0
+        result = estimate_run(EstimateArguments(**settings, corpus_bytes=arguments.corpus_bytes, tpu_type=tpu))
     except InvalidParameter as error:
         if error.parameter != "corpus_bytes":
             raise

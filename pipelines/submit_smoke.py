@@ -34,7 +34,7 @@ from components.lib.tpu_catalogue import (
     tpu_type,
 )
 from pipelines.compile import check_image_uri
-from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe, host_reports
+from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe, host_reports, run_settings
 from pipelines.submit import check_project, check_service_account
 from pipelines.vertex_jobs import (
     JobServiceArguments,
@@ -111,15 +111,7 @@ def check_memory_fits(arguments: SmokeRun) -> None:
 
     estimate = estimate_run(
         EstimateArguments(
-            model_config=arguments.model_config,
-            tpu_type=arguments.tpu_type,
-            per_replica_batch_size=arguments.per_replica_batch_size,
-            gradient_accumulation_steps=arguments.gradient_accumulation_steps,
-            bf16=arguments.bf16,
-            max_length=arguments.max_length,
-            vocab_size=arguments.vocab_size,
-            max_steps=arguments.steps,
-            allow_tight_memory=True,
+            **run_settings(arguments, EstimateArguments), max_steps=arguments.steps, allow_tight_memory=True
         )
     )
     check_memory_fit(estimate["memory"], arguments.per_replica_batch_size)
@@ -127,12 +119,7 @@ def check_memory_fits(arguments: SmokeRun) -> None:
 
 def in_job_arguments(arguments: SmokeJobArguments, folder: str) -> list[str]:
     """The command line of ``pipelines.smoke`` in the job: the run's settings, the TPU, the job's folder."""
-    run = SmokeArguments(
-        scratch=folder,
-        accelerator="tpu",
-        exit_zero=True,
-        **{name.name: getattr(arguments, name.name) for name in fields(SmokeRun)},
-    )
+    run = SmokeArguments(scratch=folder, accelerator="tpu", exit_zero=True, **run_settings(arguments, SmokeArguments))
     line = []
     for name in fields(SmokeArguments):
         value = getattr(run, name.name)
