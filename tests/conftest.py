@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,25 @@ def run_at(action: list[str], *command: str) -> subprocess.CompletedProcess:
         text=True,
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
     )
+
+
+class HardExits:
+    """Stands in for a module's ``hard_exit`` (the real one would end pytest): records each call, and ``ended``
+    says one came."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, str]] = []
+        self.ended = threading.Event()
+
+    def __call__(self, code: int, why: str) -> None:
+        self.calls.append((code, why))
+        self.ended.set()
+
+
+def record_hard_exits(monkeypatch: pytest.MonkeyPatch, module: object) -> HardExits:
+    hard_exits = HardExits()
+    monkeypatch.setattr(module, "hard_exit", hard_exits)
+    return hard_exits
 
 
 def run_module(module: str, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:

@@ -1,10 +1,10 @@
 """``attempts``: each attempt of a training recorded as it starts and ends, and the repeat of a failure refused."""
 
 import json
-import threading
 import time
 
 import pytest
+from conftest import record_hard_exits
 
 from components.lib import attempts as attempts_module
 from components.lib.attempts import FILE, REPEATS, Attempts, latest_checkpoint_step
@@ -124,19 +124,12 @@ def test_the_step_is_the_latest_checkpoint_s_and_zero_without_one(tmp_path):
 
 
 def test_a_start_past_its_deadline_is_recorded_failed_and_ends_the_process(tmp_path, monkeypatch):
-    exits = []
-    ended = threading.Event()
-
-    def hard_exit(code: int, why: str) -> None:  # the real one would end pytest
-        exits.append((code, why))
-        ended.set()
-
-    monkeypatch.setattr(attempts_module, "hard_exit", hard_exit)
+    hard_exits = record_hard_exits(monkeypatch, attempts_module)
     seconds = 0.06
     with attempts(tmp_path).start_deadline(seconds):
-        assert ended.wait(10)  # a start that hangs
+        assert hard_exits.ended.wait(10)  # a start that hangs
     minutes = f"{seconds / 60:g}"
-    assert exits == [(1, f"the accelerator did not start within {minutes} min: this attempt fails")]
+    assert hard_exits.calls == [(1, f"the accelerator did not start within {minutes} min: this attempt fails")]
     (attempt,) = written(tmp_path)
     assert attempt["outcome"] == "failed"
     assert attempt["error"] == f"the accelerator did not start within {minutes} min (--start_minutes)"
@@ -145,4 +138,4 @@ def test_a_start_past_its_deadline_is_recorded_failed_and_ends_the_process(tmp_p
     with attempts(on_time).start_deadline(seconds):
         pass
     time.sleep(3 * seconds)
-    assert len(exits) == 1 and not (on_time / FILE).exists()
+    assert len(hard_exits.calls) == 1 and not (on_time / FILE).exists()

@@ -6,7 +6,7 @@ import sys
 import threading
 
 import pytest
-from conftest import PROJECT_ROOT
+from conftest import PROJECT_ROOT, record_hard_exits
 
 from components.lib import preemption
 from components.lib.preemption import STOPPED_EXIT, CallPace, StopRequest
@@ -46,14 +46,7 @@ def test_in_the_loop_a_sigterm_asks_for_a_checkpoint_and_its_callbacks_run_at_on
 def test_outside_the_loop_a_sigterm_exits_as_stopped_and_the_process_ends_after_the_grace(monkeypatch):
     """The main thread unwinds with ``STOPPED_EXIT``; should it be held in a native call instead, the listening
     thread ends the process once the grace is over."""
-    hard_exits = []
-    ended = threading.Event()
-
-    def hard_exit(code: int, why: str) -> None:  # the real one would end pytest
-        hard_exits.append((code, why))
-        ended.set()
-
-    monkeypatch.setattr(preemption, "hard_exit", hard_exit)
+    hard_exits = record_hard_exits(monkeypatch, preemption)
     stopped = []
     with StopRequest() as stop:
         stop.EXIT_GRACE = 0.1
@@ -61,9 +54,9 @@ def test_outside_the_loop_a_sigterm_exits_as_stopped_and_the_process_ends_after_
         with pytest.raises(SystemExit) as exit_:
             signal.raise_signal(signal.SIGTERM)
         assert exit_.value.code == STOPPED_EXIT
-        assert ended.wait(10)  # before the real hard_exit is put back
+        assert hard_exits.ended.wait(10)  # before the real hard_exit is put back
     assert stopped == [True] and stop.requested
-    ((code, why),) = hard_exits
+    ((code, why),) = hard_exits.calls
     assert code == STOPPED_EXIT and why.startswith("SIGTERM: the step did not stop within 0 s")
 
 
