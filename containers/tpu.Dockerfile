@@ -5,7 +5,18 @@
 # tensorflow-tpu 2.20.0 + libtpu 0.0.14 from the project's constraints.txt; tf2.19, tensorflow-tpu 2.19.1 + libtpu
 # 0.0.10 from containers/tpu-tf2.19.constraints.txt (--build-arg RUNTIME=tf2.19 -t tpu-mlm-tpu-tf2.19:latest).
 FROM python:3.11-slim
+# The lines from here to the shared layer are the CPU image's first lines too (containers/pins.sh): built at the
+# default RUNTIME, both images share that layer.
 ARG RUNTIME=tf2.20
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    TF_USE_LEGACY_KERAS=1
+WORKDIR /opt/tpu-mlm
+COPY constraints.txt ./
+COPY containers/pins.sh containers/tpu-*.constraints.txt containers/
+RUN sh containers/pins.sh common > /tmp/pins.txt && pip install --no-deps -r /tmp/pins.txt
+# End of the shared layer.
 
 # FORCE_TF_AVAILABLE: transformers 4.57 decides that TensorFlow is installed from the installed distribution's
 #   name, and its list of names has no "tensorflow-tpu"; without it is_tf_available() is False and the TF
@@ -13,23 +24,14 @@ ARG RUNTIME=tf2.20
 # NEXT_PLUGGABLE_DEVICE_USE_C_API + TF_PLUGGABLE_DEVICE_LIBRARY_PATH: TensorFlow's PJRT TPU runtime (the
 #   -pjrt TPU software versions; the only runtime v5e has, one of two for v3), loaded from libtpu.so.
 # TPU_LIBRARY_PATH: where TensorFlow's TPU initialisation loads libtpu.so from otherwise.
-ENV PYTHONUNBUFFERED=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1 \
-    TF_USE_LEGACY_KERAS=1 \
-    FORCE_TF_AVAILABLE=1 \
+ENV FORCE_TF_AVAILABLE=1 \
     NEXT_PLUGGABLE_DEVICE_USE_C_API=true \
     TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/lib/libtpu.so \
     TPU_LIBRARY_PATH=/lib/libtpu.so
 
-WORKDIR /opt/tpu-mlm
-# Everything from the runtime's resolved pins without resolution: tensorflow-tpu (its own TensorFlow build, so
-# `tensorflow` itself is left out) and the libtpu build it names (the pins file says which and why).
-COPY constraints.txt containers/tpu-*.constraints.txt ./
-RUN pins=constraints.txt && if [ "$RUNTIME" != tf2.20 ]; then pins="tpu-$RUNTIME.constraints.txt"; fi \
-    && test -f "$pins" || { echo "RUNTIME=$RUNTIME: no containers/$pins"; exit 1; } \
-    && grep -vE '^(tensorflow|pytest|pytest-timeout|ruff|gcp-storage-emulator|iniconfig|pluggy)==' "$pins" > /tmp/runtime.txt \
-    && pip install --no-deps -r /tmp/runtime.txt \
+# tensorflow-tpu (its own TensorFlow build, so `tensorflow` itself is never installed) and the libtpu build it
+# names, from the runtime's pins (the pins file says which and why).
+RUN sh containers/pins.sh tpu > /tmp/pins.txt && pip install --no-deps -r /tmp/pins.txt \
     && site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
     && mv "$site/libtpu/libtpu.so" /lib/libtpu.so \
     && ln -s /lib/libtpu.so "$site/libtpu/libtpu.so"

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 from conftest import HUB_TOKEN, PROJECT_ROOT
 
-from components.lib.devices import select_strategy, tpu_init_failed
-from components.lib.errors import InvalidParameter
 from components.lib.results import SUMMARY_FILE
 from components.lib.tpu_catalogue import TPU_RUNTIMES
 from pipelines import submit_smoke
@@ -20,6 +18,7 @@ CPU_DOCKERFILE = PROJECT_ROOT / "containers" / "cpu.Dockerfile"
 TPU_DOCKERFILE = PROJECT_ROOT / "containers" / "tpu.Dockerfile"
 TEST_IMAGE = "tpu-mlm-cpu:test"
 DEFAULT_RUNTIME = TPU_RUNTIMES[0]
+TEST_TOOLS = {"pytest", "pytest-timeout", "ruff", "gcp-storage-emulator", "iniconfig", "pluggy"}  # in no image
 
 
 def pinned(name: str) -> str:
@@ -42,6 +41,25 @@ def pins(path: Path) -> dict[str, str]:
 def pins_of(lines: list[str]) -> dict[str, str]:
     found = [re.match(r"([A-Za-z0-9_.-]+)==(\S+)", line) for line in lines]
     return {re.sub(r"[-_.]+", "-", pin[1].lower()): pin[2] for pin in found if pin}
+
+
+def pin_group(group: str, runtime: str = DEFAULT_RUNTIME) -> dict[str, str]:
+    """What an image installs of a runtime's pins for one of its dependency layers (containers/pins.sh)."""
+    printed = subprocess.run(
+        ["sh", "containers/pins.sh", group],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "RUNTIME": runtime},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return pins_of(printed.stdout.splitlines())
+
+
+def instructions(dockerfile: Path) -> list[str]:
+    """The Dockerfile's instructions, comments left out and continued lines joined."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
 def minor(version: str) -> str:
@@ -82,10 +100,12 @@ def test_each_tpu_runtime_pins_tensorflow_tpu_libtpu_and_keras_of_one_minor(runt
     assert f"tf{minor(found['tensorflow-tpu'])}" == runtime  # the name the TPU-init error derives from the version
     assert re.fullmatch(r"0\.0\.\d+", found["libtpu"])  # pinned: pip would take the newest otherwise
     assert minor(found["tf-keras"]) == minor(found["tensorboard"]) == minor(found["tensorflow-tpu"])
-    # tensorflow itself is never installed beside tensorflow-tpu: what the image's filter leaves of the pins
-    left_out = re.compile(re.search(r"grep -vE '([^']+)' \"\$pins\"", TPU_DOCKERFILE.read_text())[1])
-    installed = pins_of([line for line in runtime_pins(runtime).read_text().splitlines() if not left_out.match(line)])
-    assert "tensorflow-tpu" in installed and "tensorflow" not in installed and {"kfp", "transformers"} <= set(installed)
+    # the TPU image's layers: every pin but the tests' tools, tensorflow-tpu and never tensorflow beside it
+    common, tpu = pin_group("common", runtime), pin_group("tpu", runtime)
+    installed = {**common, **tpu}
+    assert set(tpu) == {"tensorflow-tpu", "libtpu"} and not set(common) & set(tpu)
+    assert "tensorflow" not in installed and {"kfp", "transformers"} <= set(installed)
+    assert set(installed) == set(found) - {"tensorflow"} - TEST_TOOLS
     if runtime == DEFAULT_RUNTIME:  # the project's own pins: the CPU image's TensorFlow minor
         assert minor(found["tensorflow-tpu"]) == minor(pinned("tensorflow")) and found["kfp"] == pinned("kfp")
 
@@ -93,56 +113,36 @@ def test_each_tpu_runtime_pins_tensorflow_tpu_libtpu_and_keras_of_one_minor(runt
 def test_the_tpu_runtimes_are_named_alike_in_the_code_makefile_and_dockerfile():
     makefile = (PROJECT_ROOT / "Makefile").read_text()
     assert re.search(r"^TPU_RUNTIMES := (.+)$", makefile, re.M)[1].split() == list(TPU_RUNTIMES)
-    text = TPU_DOCKERFILE.read_text()
-    assert f"ARG RUNTIME={DEFAULT_RUNTIME}\n" in text and f'if [ "$RUNTIME" != {DEFAULT_RUNTIME} ]' in text
-    assert (
-        'pins="tpu-$RUNTIME.constraints.txt"' in text
-        and "COPY constraints.txt containers/tpu-*.constraints.txt" in text
+    for dockerfile in (CPU_DOCKERFILE, TPU_DOCKERFILE):
+        assert f"ARG RUNTIME={DEFAULT_RUNTIME}" in instructions(dockerfile)
+    script = (PROJECT_ROOT / "containers" / "pins.sh").read_text()
+    assert f"runtime=${{RUNTIME:-{DEFAULT_RUNTIME}}}" in script and f'if [ "$runtime" != {DEFAULT_RUNTIME} ]' in script
+    for runtime in TPU_RUNTIMES:  # each runtime's pins found where the images copy them
+        assert pin_group("tpu", runtime) == {
+            name: pins(runtime_pins(runtime))[name] for name in ("tensorflow-tpu", "libtpu")
+        }
+    unknown = subprocess.run(
+        ["sh", "containers/pins.sh", "tpu"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "RUNTIME": "tf9.9"},
+        capture_output=True,
     )
+    assert unknown.returncode == 1 and b"RUNTIME=tf9.9: no containers/tpu-tf9.9.constraints.txt" in unknown.stderr
 
 
-def test_a_tpu_its_runtime_cannot_initialise_is_one_line_naming_the_pair_and_the_other_image(monkeypatch):
-    import tensorflow as tf
-
-    no_kernel = tf.errors.InvalidArgumentError(
-        None,
-        None,
-        "No OpKernel was registered to support Op 'ConfigureDistributedTPU' used by {{node ConfigureDistributedTPU}}"
-        ' with these attrs: [embedding_config="", is_global_init=false]\nRegistered devices: [CPU]\n\t [[{{node '
-        "ConfigureDistributedTPU}}]] [Op:__inference__tpu_init_fn_4]",
-    )
-    line = f"error: {tpu_init_failed(no_kernel, 'local', 'tensorflow-tpu 2.19.1 + libtpu 0.0.10')}"
-    assert "\n" not in line and "[[" not in line
-    assert line.startswith(
-        "error: --accelerator='tpu': TensorFlow could not initialise the TPU at --tpu='local' with tensorflow-tpu "
-        "2.19.1 + libtpu 0.0.10 (InvalidArgumentError: No OpKernel was registered to support Op "
-        "'ConfigureDistributedTPU'"
-    )
-    assert line.endswith(
-        "try the other TPU image, tf2.20 (make tpu-image TPU_RUNTIME=tf2.20, push it, then tpu-mlm compile ... "
-        "--tpu_image <its URI>)"
-    )
-    not_found = tf.errors.NotFoundError(None, None, "TPU initialization failed: No TPU devices found.")
-    line = str(tpu_init_failed(not_found, "local", "tensorflow-tpu 2.20.0 + libtpu 0.0.14"))
-    assert "with tensorflow-tpu 2.20.0 + libtpu 0.0.14 (NotFoundError: TPU initialization failed" in line
-    assert "try the other TPU image, tf2.19 (make tpu-image TPU_RUNTIME=tf2.19," in line
-    assert len(str(tpu_init_failed(tf.errors.InternalError(None, None, "x" * 5000), "local", "?"))) < 700
-
-    # select_strategy turns TensorFlow's errors at the TPU's initialisation into that line (a TPU by address: no
-    # device files looked for)
-    def initialise(resolver):
-        raise no_kernel
-
-    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda resolver: None)
-    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", initialise)
-    with pytest.raises(InvalidParameter, match=r"initialise the TPU at --tpu='grpc://10.0.0.2:8470' with .* \(Inv"):
-        select_strategy("tpu", "grpc://10.0.0.2:8470")
+def test_the_cpu_and_tpu_images_share_their_dependency_layer_and_the_cpu_image_gets_cpu_tensorflow():
+    """Docker reuses a layer for the same instructions on the same parent: the CPU and the default TPU image
+    install everything but TensorFlow once on a machine that builds both (CI builds all three)."""
+    cpu, tpu = instructions(CPU_DOCKERFILE), instructions(TPU_DOCKERFILE)
+    shared = cpu[: cpu.index(next(line for line in cpu if "pins.sh common" in line)) + 1]
+    assert tpu[: len(shared)] == shared and shared[0] == "FROM python:3.11-slim"
+    assert {"tensorflow"} == set(pin_group("tensorflow")) and not set(pin_group("common")) & {"tensorflow", "libtpu"}
+    assert any("pins.sh tensorflow" in line for line in cpu) and not any("pins.sh tpu" in line for line in cpu)
 
 
 def test_tpu_image_sets_only_what_tensorflow_reads():
     text = TPU_DOCKERFILE.read_text()
-    assert "grep -vE '^(tensorflow|" in text and "pip install --no-deps -r /tmp/runtime.txt" in text
-    assert "^(tensorflow-tpu|libtpu|" in CPU_DOCKERFILE.read_text()  # and the CPU image gets neither
+    assert any("pins.sh tpu" in line for line in instructions(TPU_DOCKERFILE))
     for variable in (
         "FORCE_TF_AVAILABLE=1",
         "NEXT_PLUGGABLE_DEVICE_USE_C_API=true",

@@ -15,6 +15,7 @@ from components.lib.devices import (
     select_strategy,
     slice_or,
     tpu_devices,
+    tpu_init_failed,
 )
 from components.lib.errors import InvalidParameter
 from components.lib.slice_hosts import ENDPOINTS_VARIABLE
@@ -120,3 +121,41 @@ def test_the_peak_comes_from_the_pipeline_else_from_the_tpu_vm_s_accelerator_typ
     assert peak_tflops_per_replica("tpu") is None
     monkeypatch.delenv("TPU_ACCELERATOR_TYPE")
     assert peak_tflops_per_replica("tpu") is None and peak_tflops_per_replica("cpu") is None
+
+
+def test_a_tpu_its_runtime_cannot_initialise_is_one_line_naming_the_pair_and_the_other_image(monkeypatch):
+    import tensorflow as tf
+
+    no_kernel = tf.errors.InvalidArgumentError(
+        None,
+        None,
+        "No OpKernel was registered to support Op 'ConfigureDistributedTPU' used by {{node ConfigureDistributedTPU}}"
+        ' with these attrs: [embedding_config="", is_global_init=false]\nRegistered devices: [CPU]\n\t [[{{node '
+        "ConfigureDistributedTPU}}]] [Op:__inference__tpu_init_fn_4]",
+    )
+    line = f"error: {tpu_init_failed(no_kernel, 'local', 'tensorflow-tpu 2.19.1 + libtpu 0.0.10')}"
+    assert "\n" not in line and "[[" not in line
+    assert line.startswith(
+        "error: --accelerator='tpu': TensorFlow could not initialise the TPU at --tpu='local' with tensorflow-tpu "
+        "2.19.1 + libtpu 0.0.10 (InvalidArgumentError: No OpKernel was registered to support Op "
+        "'ConfigureDistributedTPU'"
+    )
+    assert line.endswith(
+        "try the other TPU image, tf2.20 (make tpu-image TPU_RUNTIME=tf2.20, push it, then tpu-mlm compile ... "
+        "--tpu_image <its URI>)"
+    )
+    not_found = tf.errors.NotFoundError(None, None, "TPU initialization failed: No TPU devices found.")
+    line = str(tpu_init_failed(not_found, "local", "tensorflow-tpu 2.20.0 + libtpu 0.0.14"))
+    assert "with tensorflow-tpu 2.20.0 + libtpu 0.0.14 (NotFoundError: TPU initialization failed" in line
+    assert "try the other TPU image, tf2.19 (make tpu-image TPU_RUNTIME=tf2.19," in line
+    assert len(str(tpu_init_failed(tf.errors.InternalError(None, None, "x" * 5000), "local", "?"))) < 700
+
+    # select_strategy turns TensorFlow's errors at the TPU's initialisation into that line (a TPU by address: no
+    # device files looked for)
+    def initialise(resolver):
+        raise no_kernel
+
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda resolver: None)
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", initialise)
+    with pytest.raises(InvalidParameter, match=r"initialise the TPU at --tpu='grpc://10.0.0.2:8470' with .* \(Inv"):
+        select_strategy("tpu", "grpc://10.0.0.2:8470")
