@@ -30,6 +30,10 @@ TPU_IMAGE ?= tpu-mlm-tpu:latest
 tpu_image = $(if $(filter $(firstword $(TPU_RUNTIMES)),$(1)),$(TPU_IMAGE),$(shell echo '$(TPU_IMAGE)' \
 	| sed -E 's,^(.*/)?([^/:]+)(:[^/]*)?$$,\1\2-$(1)\3,'))
 TPU_IMAGE_TARGETS := $(addprefix tpu-image-,$(TPU_RUNTIMES))
+# The tests run in TEST_WORKERS processes (pytest-xdist; 0: in pytest's own), the container tests in one of them
+# (they share their images); docs/testing.md has what two buy on two cores.
+TEST_WORKERS ?= 2
+PYTEST_PROCESSES := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: install run prepare components docs compile test test-fast lint bench images cpu-image tpu-image $(TPU_IMAGE_TARGETS) clean
 
@@ -75,10 +79,10 @@ lint: install
 	$(BIN)/ruff format --check .
 
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PROCESSES)
 
 test-fast: lint
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(PYTEST_PROCESSES) -m "not slow"
 
 bench: install
 	$(BIN)/python benchmarks/shard_throughput.py

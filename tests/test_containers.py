@@ -17,8 +17,12 @@ from pipelines.run_local import RunLocalArguments, run_local
 CPU_DOCKERFILE = PROJECT_ROOT / "containers" / "cpu.Dockerfile"
 TPU_DOCKERFILE = PROJECT_ROOT / "containers" / "tpu.Dockerfile"
 TEST_IMAGE = "tpu-mlm-cpu:test"
+# under make test's two processes, these tests run in one: each image is built once, and never twice at a time
+pytestmark = pytest.mark.xdist_group("images")
 DEFAULT_RUNTIME = TPU_RUNTIMES[0]
-TEST_TOOLS = {"pytest", "pytest-timeout", "ruff", "gcp-storage-emulator", "iniconfig", "pluggy"}  # in no image
+TEST_TOOLS = {  # in no image
+    *("pytest", "pytest-timeout", "pytest-xdist", "execnet", "ruff", "gcp-storage-emulator", "iniconfig", "pluggy")
+}
 
 
 def pinned(name: str) -> str:
