@@ -2,7 +2,7 @@
 # make run       the whole pipeline under kfp.local on the embedded corpus (mini model, about 3 minutes)
 # make prepare   only the data steps: tokenizer, train and validation shards into outputs/
 # make docs      write docs/steps.md's table of pipeline parameters from the dataclasses
-# make components  write pipelines/components.py (the component functions) and pipelines/routes.py (where each
+# make components  write pipelines/kfp_components.py (the component functions) and pipelines/routes.py (where each
 #                  pipeline parameter goes) from the dataclasses
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
 # make test      ruff, then the whole test suite (slow tests included): what CI runs
@@ -55,7 +55,7 @@ prepare: install
 		--split validation --holdout_fraction 0.05 --holdout only
 
 components: install
-	$(BIN)/python -m pipelines.steps
+	$(BIN)/python -m pipelines.component_source
 	$(BIN)/python -m pipelines.pipeline
 
 docs: install

@@ -50,12 +50,12 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
     from components.lib.devices import select_strategy
+    from components.lib.input_pipeline import Masking, training_dataset
     from components.lib.masked_lm import max_predictions
-    from components.lib.masking import Masking, training_dataset
     from components.lib.modeling import model_config
-    from components.lib.recipe import train_function
     from components.lib.run_shape import settings_shape
     from components.lib.shard_set import read_manifest
+    from components.lib.train_step import train_function
 
     replicas = arguments.one_replica_count
     strategy, _ = select_strategy("cpu", replicas=replicas)

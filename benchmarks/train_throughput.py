@@ -1,6 +1,6 @@
 """Input-pipeline and training throughput, each against a plain baseline, in one run on this machine.
 
-* Input pipeline, samples/s with masking and no model: ``components.lib.masking.training_dataset`` (interleaved
+* Input pipeline, samples/s with masking and no model: ``components.lib.input_pipeline.training_dataset`` (interleaved
   reads, a whole batch parsed at once, parallel masking, prefetch) against a plain pipeline (one record
   parsed at a time, shuffle, batch, the same masking, nothing tuned).
 * Training, samples/s: the train component's step (``steps_per_execution`` steps per call into the
@@ -28,12 +28,12 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 import components  # noqa: F401  (environment for TensorFlow)
+from components.lib.input_pipeline import Masking, evaluation_dataset, mask_tokens, shard_files, training_dataset
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
-from components.lib.masking import Masking, evaluation_dataset, mask_tokens, shard_files, training_dataset
 from components.lib.modeling import model_config
-from components.lib.recipe import train_function
 from components.lib.run_shape import settings_shape
 from components.lib.tpu_catalogue import TPU_TYPES, tpu_batch
+from components.lib.train_step import train_function
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 

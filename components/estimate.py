@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 
 
 def estimate(arguments: EstimateArguments) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from typing import Any
 from components.lib import storage
 from components.lib.devices import ACCELERATORS, check_accelerator, select_strategy
 from components.lib.errors import InvalidParameter
-from components.lib.jobs import run_job
+from components.lib.input_pipeline import EVALUATION_MLM_PROBABILITY, Masking, evaluation_dataset, naming_corrupt_shards
+from components.lib.job_runner import run_job
 from components.lib.masked_lm import MaskedLMScorer, check_probability, max_predictions, unigram_perplexity
-from components.lib.masking import EVALUATION_MLM_PROBABILITY, Masking, evaluation_dataset, naming_corrupt_shards
 from components.lib.pytorch_weights import check_model_folder, load_tf_masked_lm
 from components.lib.results import METRICS_FILE, REPORT_FILE, display_token, metrics_table
 from components.lib.shard_set import read_manifest, verify_files

@@ -37,7 +37,7 @@ from components.lib.hub import (
     hub_token,
     push_folder,
 )
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.model_card import CARD_FILE, USAGE_HEADING, model_card, usage_section
 from components.lib.pytorch_weights import add_pytorch_weights, check_model_folder
 from components.lib.results import SUMMARY_FILE

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.shard_set import gather_parts, manifest_for_people, merge_manifests
 
 

@@ -22,10 +22,10 @@ from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import check_memory_fit, describe_estimate, estimate_table, memory_fit, shards_size
 from components.lib.hub import check_secret_name, hub_token
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.memory_model import MemoryEstimate
 from components.lib.tpu_catalogue import ON_DEMAND, TPU_PROVISIONING, TPU_TYPES, check_tpu_provisioning, tpu_type
-from components.lib.training import TrainingSettings, plan_training
+from components.lib.training_plan import TrainingSettings, plan_training
 
 log = logging.getLogger("tpu_mlm.preflight")
 

@@ -29,7 +29,7 @@ from components.lib.hub import (
     hub_token,
     push_folder,
 )
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.model_card import CARD_FILE, model_card
 from components.lib.pytorch_weights import add_pytorch_weights, pytorch_weight_files
 from components.lib.results import METRICS_FILE, SUMMARY_FILE

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.results import METRICS_FILE, SUMMARY_FILE, display_token, loss_summary
 
 

@@ -35,7 +35,7 @@ import numpy as np
 from components.lib import storage
 from components.lib.corpus import Corpus, CorpusArguments, holdout_texts
 from components.lib.errors import InvalidParameter
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.progress import Progress
 from components.lib.records import serialize_examples
 from components.lib.shard_set import MANIFEST, dumps, manifest_for_people, merge_manifests, part_manifest_uri

@@ -27,7 +27,7 @@ from typing import Any
 
 from components.lib.devices import skip_tpu_runtime
 from components.lib.errors import InvalidParameter
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.slice_hosts import (
     ENDPOINTS_VARIABLE,
     MESH_CONTROLLER_VARIABLE,

@@ -24,7 +24,7 @@ from typing import Any
 from components.lib import storage
 from components.lib.corpus import Corpus, CorpusArguments
 from components.lib.errors import InvalidParameter
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.progress import Progress
 from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, SPECIAL_TOKENS, TOKENIZER_FILE, fingerprint
 

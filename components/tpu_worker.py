@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.slice_hosts import HOSTS_FOLDER, SERVER_PORT
 
 log = logging.getLogger("tpu_mlm.tpu_worker")

@@ -36,21 +36,22 @@ from components.lib.attempts import Attempts
 from components.lib.devices import peak_tflops_per_replica, prepare_runtime, select_strategy
 from components.lib.errors import Diverged, InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
-from components.lib.jobs import run_job
-from components.lib.masked_lm import MaskedLMScorer, max_predictions
-from components.lib.masking import (
+from components.lib.input_pipeline import (
     EVALUATION_MLM_PROBABILITY,
     input_pipelines,
     naming_corrupt_shards,
     training_streams,
 )
+from components.lib.job_runner import run_job
+from components.lib.masked_lm import MaskedLMScorer, max_predictions
 from components.lib.preemption import STOPPED_EXIT, CallPace, StopRequest
 from components.lib.pytorch_weights import save_model_folder
-from components.lib.recipe import highest_mlm_probability, train_function
+from components.lib.recipe import highest_mlm_probability
 from components.lib.results import SUMMARY_FILE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_START_MINUTES
-from components.lib.training import TrainingPlan, TrainingSettings, plan_training
+from components.lib.train_step import train_function
 from components.lib.training_log import LogWindow, format_point, write_summaries
+from components.lib.training_plan import TrainingPlan, TrainingSettings, plan_training
 from components.lib.training_state import TrainingState, start_or_resume
 
 log = logging.getLogger("tpu_mlm.train")

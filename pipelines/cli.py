@@ -1,6 +1,6 @@
 """The project's command line: ``tpu-mlm JOB [ARGS]`` runs the job's module, as ``python -m MODULE [ARGS]``.
 
-Every job module keeps its arguments in a dataclass and runs through ``components.lib.jobs.run_job``.
+Every job module keeps its arguments in a dataclass and runs through ``components.lib.job_runner.run_job``.
 """
 
 import importlib

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib.errors import InvalidParameter
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.tpu_catalogue import tpu_runtime_env
 from pipelines.pipeline import DEFAULT_CPU_IMAGE, DEFAULT_TRAIN_RETRIES, TARGETS, TPU_TYPES, compile_pipeline
 

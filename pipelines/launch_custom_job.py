@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from components.lib.errors import InvalidParameter, ServiceFailed
-from components.lib.jobs import NOT_RETRIED_EXITS, log, run_job
+from components.lib.job_runner import NOT_RETRIED_EXITS, log, run_job
 from pipelines.vertex_jobs import (
     ENDED_WITHOUT_SUCCESS,
     SUCCEEDED,

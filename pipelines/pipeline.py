@@ -25,13 +25,14 @@ from components.evaluate import EvaluateArguments
 from components.lib.corpus import CorpusArguments
 from components.lib.errors import InvalidParameter
 from components.lib.tpu_catalogue import REPLACEMENT_MARGIN_MINUTES, TPU_RUNTIME_ENV, TPU_TYPES, TpuType, tpu_batch
-from components.lib.training import TrainingSettings
+from components.lib.training_plan import TrainingSettings
 from components.preflight import PreflightArguments
 from components.push import PushArguments
 from components.shards import ShardArguments
 from components.tokenizer import TokenizerArguments
 from pipelines.routes import ROUTES
-from pipelines.steps import PARAMETER_TYPES, STEPS, make_steps, split_source, type_name
+from pipelines.runners import split_source
+from pipelines.steps import PARAMETER_TYPES, STEPS, make_steps, type_name
 from pipelines.vertex_jobs import tpu_worker_pool
 
 PIPELINE_NAME = "tpu-mlm-pretraining"

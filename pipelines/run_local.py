@@ -30,7 +30,7 @@ from typing import Any, TextIO
 from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, hub_token
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.results import METRICS_FILE, fill_mask_line
 from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline, check_values, pipeline_parameters
 

@@ -25,7 +25,7 @@ import yaml
 from components.lib.corpus import EMBEDDED, HUB_PREFIX
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, check_secret_name
-from components.lib.jobs import log, run_job
+from components.lib.job_runner import log, run_job
 from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import check_values, routed_values
 

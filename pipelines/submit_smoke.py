@@ -1,6 +1,6 @@
 """Try a TPU type and image before the first real run: one short Vertex AI custom job on that TPU, with that image
 and runtime settings, runs the real train step at the run's model, batch and precision on data it makes itself
-(``pipelines.smoke``), and reports what it found and a verdict. Its hard limit is ``--timeout_minutes``, and it
+(``pipelines.smoke_job``), and reports what it found and a verdict. Its hard limit is ``--timeout_minutes``, and it
 is never retried: a TPU that does not start costs minutes, not a pipeline run.
 
 The job writes under ``--scratch`` (``gs://``), in a folder of its own; this command waits for the job, prints
@@ -22,7 +22,7 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter, ServiceFailed
-from components.lib.jobs import log, run_job
+from components.lib.job_runner import log, run_job
 from components.lib.tpu_catalogue import (
     ON_DEMAND,
     PRICES,
@@ -34,7 +34,7 @@ from components.lib.tpu_catalogue import (
     tpu_type,
 )
 from pipelines.compile import check_image_uri
-from pipelines.smoke import REPORT_FILE, SmokeArguments, SmokeRun, describe, host_reports, run_settings
+from pipelines.smoke_job import REPORT_FILE, SmokeArguments, SmokeRun, describe, host_reports, run_settings
 from pipelines.submit import check_project, check_service_account
 from pipelines.vertex_jobs import (
     JobServiceArguments,
@@ -118,7 +118,7 @@ def check_memory_fits(arguments: SmokeRun) -> None:
 
 
 def in_job_arguments(arguments: SmokeJobArguments, folder: str) -> list[str]:
-    """The command line of ``pipelines.smoke`` in the job: the run's settings, the TPU, the job's folder."""
+    """The command line of ``pipelines.smoke_job`` in the job: the run's settings, the TPU, the job's folder."""
     run = SmokeArguments(scratch=folder, accelerator="tpu", exit_zero=True, **run_settings(arguments, SmokeArguments))
     line = []
     for name in fields(SmokeArguments):
@@ -136,7 +136,7 @@ def smoke_job(arguments: SmokeJobArguments, folder: str) -> Any:
     pool = tpu_worker_pool(
         tpu,
         arguments.tpu_image,
-        ["python", "-m", "pipelines.smoke"],
+        ["python", "-m", "pipelines.smoke_job"],
         in_job_arguments(arguments, folder),
         tpu_runtime_env(arguments.tpu_env),
         report_dir=folder,

@@ -22,7 +22,7 @@ from conftest import PROJECT_ROOT, run_module
         "components.tpu_worker",
         "pipelines.run_local",
         "pipelines.compile",
-        "pipelines.smoke",
+        "pipelines.smoke_job",
         "pipelines.submit_smoke",
     ],
 )

@@ -14,7 +14,7 @@ from conftest import run_at, run_module
 from test_launch_custom_job import compiled_train_job, launcher
 from vertex_server import VertexStandIn
 
-from components.lib.jobs import DIVERGED_EXIT
+from components.lib.job_runner import DIVERGED_EXIT
 from components.lib.results import SUMMARY_FILE
 
 pytestmark = pytest.mark.slow  # each trains in a process of its own

@@ -14,7 +14,7 @@ from google.cloud import storage as gcs_client
 from kfp.dsl import Artifact
 
 from components.lib import storage
-from components.lib.jobs import REFUSED_EXIT
+from components.lib.job_runner import REFUSED_EXIT
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from pipelines.steps import STEPS, make_component

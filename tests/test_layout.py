@@ -106,3 +106,17 @@ def test_a_run_s_flops_memory_and_hours_are_derived_in_one_place():
         if derived.search(line.split("#", 1)[0])
     ]
     assert places == []
+
+
+def test_the_readme_s_layout_names_every_module():
+    """The README's Layout section is the map a newcomer reads first: a module it does not name is one they
+    will not find."""
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout") : readme.index("\n## ", readme.index("## Layout") + 1)]
+    unnamed = [
+        str(path.relative_to(ROOT))
+        for folder in ("components", "pipelines", "benchmarks")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.name != "__init__.py" and f"`{path.stem}`" not in layout and f"`{path.name}`" not in layout
+    ]
+    assert unnamed == []

@@ -9,8 +9,9 @@ import pytest
 
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import EstimateArguments
-from components.lib.training import TrainingSettings
+from components.lib.training_plan import TrainingSettings
 from components.merge_shards import MergeArguments
+from pipelines.component_source import component_source
 from pipelines.pipeline import (
     PARAMETER_SOURCES,
     ROUTES_FILE,
@@ -22,7 +23,7 @@ from pipelines.pipeline import (
 )
 from pipelines.routes import ROUTES
 from pipelines.run_local import LOCAL_DEFAULTS, RunLocalArguments
-from pipelines.steps import STEPS, component_source, make_component, type_name
+from pipelines.steps import STEPS, make_component, type_name
 
 ARGUMENTS = [
     *(step.arguments for step in STEPS.values()),
@@ -166,9 +167,11 @@ def test_the_pipeline_signature_carries_each_parameter_help():
 
 
 def test_the_component_functions_a_reader_opens_are_the_ones_the_dataclasses_give():
-    from pipelines.steps import COMPONENTS_FILE, components_source
+    from pipelines.component_source import COMPONENTS_FILE, components_source
 
-    assert COMPONENTS_FILE.read_text() == components_source(), "pipelines/components.py is out of date: make components"
+    assert COMPONENTS_FILE.read_text() == components_source(), (
+        "pipelines/kfp_components.py is out of date: make components"
+    )
     assert ROUTES_FILE.read_text() == routes_source(), "pipelines/routes.py is out of date: make components"
     component = make_component(STEPS["train"], "image")
     assert inspect.getsourcefile(component.python_func) == str(COMPONENTS_FILE)  # a stack trace names the file

@@ -167,7 +167,7 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     if TPU_TYPES[tpu_type].hosts > 1:  # every host's container runs the slice launcher, the step on host 0
         launcher, command = command[:6], command[6:]
         assert launcher == ["python", "-m", "components.slice", "--tpu_type", tpu_type, "--"]
-    assert "from pipelines.steps import run_train" in command[-1]
+    assert "from pipelines.runners import run_train" in command[-1]
     assert job_inputs["restart_job_on_worker_restart"]["defaultValue"] is True
     # no replacement job with less of the time limit left than a start on this TPU (its hosts', on a slice) and more
     launcher = spec["deploymentSpec"]["executors"]["exec-train-step"]["container"]

@@ -9,12 +9,13 @@ import tensorflow as tf
 from transformers import TFAutoModelForMaskedLM, create_optimizer
 
 from components.lib.errors import InvalidParameter
+from components.lib.input_pipeline import EVALUATION_MLM_PROBABILITY, Masking, evaluation_dataset, training_dataset
 from components.lib.masked_lm import max_predictions
-from components.lib.masking import EVALUATION_MLM_PROBABILITY, Masking, evaluation_dataset, training_dataset
 from components.lib.modeling import model_config
-from components.lib.recipe import RECIPES, Recipe, learning_rate_schedule, resolve_recipe, train_function
+from components.lib.recipe import RECIPES, Recipe, learning_rate_schedule, resolve_recipe
 from components.lib.shard_set import read_manifest
-from components.lib.training import TrainingSettings
+from components.lib.train_step import train_function
+from components.lib.training_plan import TrainingSettings
 
 
 def test_the_reference_recipe_is_the_settings_the_train_step_had_before_recipes():

@@ -14,8 +14,8 @@ from conftest import run_at, run_module
 from transformers import TFAutoModelForMaskedLM
 
 from components.lib import storage
+from components.lib.input_pipeline import Masking, evaluation_dataset
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
-from components.lib.masking import Masking, evaluation_dataset
 from components.lib.modeling import model_config
 from components.lib.results import HISTORY_FILE, SUMMARY_FILE
 from components.lib.shard_set import read_manifest

@@ -238,7 +238,7 @@ def test_the_smoke_test_on_a_slice_reports_every_host_and_the_devices_host_zero_
     report, and the smoke test on host 0 connects to every host's server before it trains (here on its CPU)."""
     *ports, status_port = free_ports(5)
     scratch = str(tmp_path / "smoke")
-    smoke = [sys.executable, "-m", "pipelines.smoke", "--scratch", scratch, "--accelerator", "cpu"]
+    smoke = [sys.executable, "-m", "pipelines.smoke_job", "--scratch", scratch, "--accelerator", "cpu"]
     smoke += ["--model_config", "tiny", "--per_replica_batch_size", "8", "--steps", "6", "--vocab_size", "2000"]
     smoke += ["--max_length", "32"]
     launchers = [launch_host(0, ports, status_port, *smoke, report_dir=scratch)]

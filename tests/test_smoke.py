@@ -16,9 +16,9 @@ from conftest import PROJECT_ROOT, run_module
 from transformers import HfArgumentParser
 
 from components.lib import storage
-from components.lib.jobs import REFUSED_EXIT
+from components.lib.job_runner import REFUSED_EXIT
 from pipelines import submit_smoke
-from pipelines.smoke import SmokeArguments
+from pipelines.smoke_job import SmokeArguments
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def test_the_smoke_script_trains_two_cpu_replicas_on_data_it_makes_and_passes(gc
     # in the bucket, as the job on Vertex AI writes, with the README's object roles only (see gcs_routing)
     scratch = f"{gcs}/smoke"
     result = run_module(
-        "pipelines.smoke",
+        "pipelines.smoke_job",
         *("--scratch", scratch, "--accelerator", "cpu", "--replicas", "2", "--model_config", "mini"),
         *("--per_replica_batch_size", "8", "--steps", "6", "--vocab_size", "8000", "--max_length", "32"),
     )
@@ -61,7 +61,7 @@ def test_a_smoke_job_stopped_while_its_tpu_start_hangs_still_reports_where(tmp_p
     process is ended without unwinding, and the report still says at which stage and why."""
     scratch, marker = tmp_path / "smoke", tmp_path / "hanging"
     hang = ["--function", "components.train:select_strategy", "--action", "hang", "--marker", str(marker)]
-    run = ["pipelines.smoke", "--scratch", str(scratch), "--accelerator", "cpu", "--model_config", "tiny"]
+    run = ["pipelines.smoke_job", "--scratch", str(scratch), "--accelerator", "cpu", "--model_config", "tiny"]
     run += ["--steps", "3", "--per_replica_batch_size", "8", "--vocab_size", "6000", "--max_length", "32"]
     process = subprocess.Popen(
         [sys.executable, str(PROJECT_ROOT / "tests" / "kill_at.py"), *hang, "--", *run],
@@ -94,7 +94,7 @@ def test_the_smoke_job_on_a_slice_runs_every_host_under_the_launcher_in_one_pool
     )
     folder = job.job_spec.base_output_directory.output_uri_prefix
     launcher = ["python", "-m", "components.slice", "--tpu_type", "v5e-16", "--report_dir", folder, "--"]
-    assert list(pool.container_spec.command) == [*launcher, "python", "-m", "pipelines.smoke"]
+    assert list(pool.container_spec.command) == [*launcher, "python", "-m", "pipelines.smoke_job"]
     (run,) = HfArgumentParser(SmokeArguments).parse_args_into_dataclasses(args=list(pool.container_spec.args))
     assert (run.replicas, run.per_replica_batch_size, run.gradient_accumulation_steps) == (16, 128, 1)
     assert submit_smoke.main([*common, "--tpu_provisioning", "SPOT"]) == 2  # no Spot for slices on Vertex AI
@@ -124,7 +124,7 @@ def test_the_smoke_job_is_a_custom_job_on_the_tpu_with_a_hard_limit_no_retries_a
     assert "TF_XLA_FLAGS" not in env and env["LIBTPU_INIT_ARGS"] == "--xla_tpu_enable_latency_hiding_scheduler"
     assert env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == "/lib/libtpu.so"
     # the container's command line is the in-job script's, at the TPU's batch
-    assert list(pool.container_spec.command) == ["python", "-m", "pipelines.smoke"]
+    assert list(pool.container_spec.command) == ["python", "-m", "pipelines.smoke_job"]
     (run,) = HfArgumentParser(SmokeArguments).parse_args_into_dataclasses(args=list(pool.container_spec.args))
     assert (run.accelerator, run.replicas, run.tpu_type, run.bf16) == ("tpu", 4, "v5e-4", True)
     assert run.exit_zero  # the verdict is in the report: a failed exit would have Vertex AI restart the worker

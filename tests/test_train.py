@@ -441,8 +441,8 @@ def test_evaluation_is_reproducible_and_writes_a_report(tmp_path, wikitext_shard
 
 
 def test_the_masked_positions_loss_equals_the_full_logits_loss(wikitext_shards):
+    from components.lib.input_pipeline import Masking, evaluation_dataset
     from components.lib.masked_lm import masked_lm_loss, max_predictions
-    from components.lib.masking import Masking, evaluation_dataset
 
     manifest = read_manifest(wikitext_shards["validation"])
     model = TFAutoModelForMaskedLM.from_config(model_config("tiny", manifest))
@@ -459,9 +459,9 @@ def test_the_masked_positions_loss_equals_the_full_logits_loss(wikitext_shards):
 def test_accumulated_micro_batches_step_by_the_mean_of_their_gradients(wikitext_shards):
     """Gradient accumulation: one optimizer step over two micro-batches moves the weights by the mean of the two
     steps each micro-batch alone would take (plain SGD, linear in the gradient), from the same weights."""
+    from components.lib.input_pipeline import Masking, evaluation_dataset
     from components.lib.masked_lm import max_predictions
-    from components.lib.masking import Masking, evaluation_dataset
-    from components.lib.recipe import train_function
+    from components.lib.train_step import train_function
 
     manifest = read_manifest(wikitext_shards["validation"])
     config = model_config("tiny", manifest)

@@ -1,6 +1,6 @@
 """The recipe's optimization: the settings a pre-training recipe fixes (peak learning rate, Adam's beta2 and
 epsilon, gradient clipping, warmup, the schedule's shape, weight decay, the masking rate and its decay), the named
-recipes, the learning-rate schedule, the optimizer, and the training step that applies it on every replica.
+recipes, the learning-rate schedule and the optimizer (the training step that applies it: ``train_step``).
 
 A knob left at ``RECIPE_VALUE`` (-1, or "" for the schedule) takes the value of the run's ``--recipe``; any knob
 given beside the recipe overrides it. ``hf-2023`` is the reference recipe this project started from: Hugging
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from components.lib.errors import InvalidParameter
-from components.lib.masked_lm import check_probability, masked_lm_loss
+from components.lib.masked_lm import check_probability
 
 RECIPE_VALUE = -1  # a knob left at this (or "" for lr_schedule) takes the recipe's value
 # The reference recipe's global batch (256 per replica on a v3-8), kept on every TPU type by accumulating
@@ -162,7 +162,7 @@ def learning_rate_schedule(settings: Any, total_steps: int) -> Any:
 def create_optimizer(settings: Any, total_steps: int) -> tuple[Any, Any]:
     """(optimizer, schedule): AdamWeightDecay (beta1 0.9) with the recipe's beta2, epsilon and weight decay,
     LayerNorm and biases excluded from decay, as ``transformers.create_optimizer`` makes it. Clipping is the
-    training step's (``train_function``): it must see the gradient summed over micro-batches and replicas."""
+    training step's (``train_step.train_function``): it must see the gradient summed over micro-batches and replicas."""
     from transformers import AdamWeightDecay
 
     schedule = learning_rate_schedule(settings, total_steps)
@@ -175,62 +175,3 @@ def create_optimizer(settings: Any, total_steps: int) -> tuple[Any, Any]:
         exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"],
     )
     return optimizer, schedule
-
-
-def train_function(
-    model: Any,
-    optimizer: Any,
-    strategy: Any,
-    xla: bool,
-    predictions: int,
-    accumulation: int = 1,
-    clip_norm: float = 0.0,
-) -> Any:
-    """A function running ``steps`` optimizer steps on batches from a distributed iterator in one call into the
-    graph and returning their mean loss and mean global gradient norm. Each step sums the gradients of
-    ``accumulation`` micro-batches, one backward pass at a time, so that only one micro-batch's activations are
-    held. The gradient is summed over every replica before it is applied: its global norm is the step's (logged,
-    and watched for divergence), and with ``clip_norm`` it is clipped to that norm once. Loss and norm are summed on
-    each replica's device and read once per call (on a TPU, no host transfer each step); a non-finite value in any
-    step of the call makes its mean non-finite."""
-    import tensorflow as tf
-
-    replicas = strategy.num_replicas_in_sync
-    with strategy.scope():
-        mean_loss = tf.keras.metrics.Mean("train_loss")  # a variable per replica, summed across them on reading
-        mean_norm = tf.keras.metrics.Mean("gradient_norm")
-
-    def replica_step(batches: tuple[dict[str, Any], ...]) -> None:
-        gradients = None
-        for batch in batches:
-            with tf.GradientTape() as tape:
-                loss = masked_lm_loss(model, batch, predictions)
-                scaled = loss / (replicas * accumulation)  # gradients are summed over replicas and micro-batches
-            micro = tape.gradient(scaled, model.trainable_variables)
-            micro = [tf.convert_to_tensor(g) for g in micro]  # dense: the embeddings' gradient comes as IndexedSlices
-            gradients = micro if gradients is None else [total + g for total, g in zip(gradients, micro, strict=True)]
-            mean_loss.update_state(loss)
-        # the replicas' sum here, which apply_gradients would otherwise make itself, so that the norm is the step's
-        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, gradients)
-        norm = tf.linalg.global_norm(summed)
-        mean_norm.update_state(norm)
-        if clip_norm:
-            summed, _ = tf.clip_by_global_norm(summed, clip_norm, use_norm=norm)
-        pairs = zip(summed, model.trainable_variables, strict=True)
-        optimizer.apply_gradients(pairs, experimental_aggregate_gradients=False)
-
-    if xla:
-        replica_step = tf.function(replica_step, jit_compile=True)
-
-    @tf.function
-    def train_steps(iterator: Any, steps: Any) -> None:
-        for _ in tf.range(steps):
-            strategy.run(replica_step, args=(tuple(next(iterator) for _ in range(accumulation)),))
-
-    def run(iterator: Any, steps: Any) -> tuple[Any, Any]:
-        mean_loss.reset_state()
-        mean_norm.reset_state()
-        train_steps(iterator, steps)
-        return mean_loss.result(), mean_norm.result()
-
-    return run

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.lib.training import TrainingPlan
+from components.lib.training_plan import TrainingPlan
 
 
 @dataclass

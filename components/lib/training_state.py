@@ -14,7 +14,7 @@ from components.lib import storage
 from components.lib.errors import Diverged
 from components.lib.recipe import create_optimizer
 from components.lib.results import HISTORY_FILE
-from components.lib.training import CHECKPOINT_IDENTITY_FILE, TrainingPlan
+from components.lib.training_plan import CHECKPOINT_IDENTITY_FILE, TrainingPlan
 
 log = logging.getLogger("tpu_mlm.train")
 

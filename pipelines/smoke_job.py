@@ -8,8 +8,8 @@ batches, and trains ``--steps`` steps at the given model config, batch and preci
 (a ``gs://`` folder on Vertex AI: the shards stream from it as a real run's do). ``smoke.json`` there holds the
 report, written also when a stage fails. ``tpu-mlm smoke`` runs this as a Vertex AI custom job on a TPU.
 
-    python -m pipelines.smoke --scratch gs://my-bucket/smoke/try-1 --tpu_type v5e-8
-    python -m pipelines.smoke --scratch /tmp/smoke --accelerator cpu --replicas 2 --model_config mini \\
+    python -m pipelines.smoke_job --scratch gs://my-bucket/smoke/try-1 --tpu_type v5e-8
+    python -m pipelines.smoke_job --scratch /tmp/smoke --accelerator cpu --replicas 2 --model_config mini \\
         --per_replica_batch_size 8 --steps 9 --vocab_size 2000
 """
 
@@ -34,7 +34,7 @@ from components.lib import storage
 from components.lib.corpus import EMBEDDED, embedded_lines
 from components.lib.devices import ACCELERATORS, check_accelerator, prepare_runtime, slice_or, tpu_devices
 from components.lib.errors import InvalidParameter
-from components.lib.jobs import run_job
+from components.lib.job_runner import run_job
 from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.preemption import last_words
 from components.lib.results import SUMMARY_FILE

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.lib.masking import (
+from components.lib.input_pipeline import (
     IGNORE_INDEX,
     Masking,
     evaluation_dataset,

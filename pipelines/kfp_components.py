@@ -1,5 +1,5 @@
 """The pipeline's component functions, one a step, written by ``make components`` from the steps'
-arguments dataclasses (``pipelines.steps.component_source``); ``tests/test_parameters.py`` fails when this
+arguments dataclasses (``pipelines.component_source``); ``tests/test_parameters.py`` fails when this
 file differs from what the dataclasses give. Do not edit by hand."""
 
 from kfp.dsl import Artifact, Dataset, HTML, Input, Markdown, Metrics, Model, Output
@@ -30,8 +30,8 @@ def tokenizer_step(
         sample_bytes: Train on about this many bytes of text, spread evenly over the whole corpus and the same in every run (0: all of it). The Unigram trainer holds its input in memory: about 10 bytes a byte of sample at worst (measured in docs/benchmarks.md).
     """
     values = dict(locals())
-    from components.lib.jobs import job_exit_status
-    from pipelines.steps import run_tokenizer
+    from components.lib.job_runner import job_exit_status
+    from pipelines.runners import run_tokenizer
 
     with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_tokenizer(**values)
@@ -76,8 +76,8 @@ def shards_step(
         overwrite: Replace a complete shard set made with other settings.
     """
     values = dict(locals())
-    from components.lib.jobs import job_exit_status
-    from pipelines.steps import run_shards
+    from components.lib.job_runner import job_exit_status
+    from pipelines.runners import run_shards
 
     with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_shards(**values)
@@ -179,8 +179,8 @@ def preflight_step(
         allow_tight_memory: Start a run whose memory estimate is tight (its high end above the TPU's memory) instead of refusing it: XLA may fit it, or the job may die of out-of-memory at compile.
     """
     values = dict(locals())
-    from components.lib.jobs import job_exit_status
-    from pipelines.steps import run_preflight
+    from components.lib.job_runner import job_exit_status
+    from pipelines.runners import run_preflight
 
     with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_preflight(**values)
@@ -280,8 +280,8 @@ def train_step(
         start_minutes: The accelerator must be ready (the TPU initialised) within this many minutes: a start that hangs is a failed attempt, not a wait until the job's timeout that every restart and retry would pay again.
     """
     values = dict(locals())
-    from components.lib.jobs import job_exit_status
-    from pipelines.steps import run_train
+    from components.lib.job_runner import job_exit_status
+    from pipelines.runners import run_train
 
     with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_train(**values)
@@ -321,8 +321,8 @@ def evaluate_step(
         replicas: Replicas, as for training (0: all devices; CPU: 1).
     """
     values = dict(locals())
-    from components.lib.jobs import job_exit_status
-    from pipelines.steps import run_evaluate
+    from components.lib.job_runner import job_exit_status
+    from pipelines.runners import run_evaluate
 
     with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_evaluate(**values)
@@ -351,8 +351,8 @@ def push_step(
         retries: Tries again after transient Hub errors (1, 2, 4 ... s apart).
     """
     values = dict(locals())
-    from components.lib.jobs import job_exit_status
-    from pipelines.steps import run_push
+    from components.lib.job_runner import job_exit_status
+    from pipelines.runners import run_push
 
     with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_push(**values)
@@ -371,8 +371,8 @@ def report_step(
         evaluation: Folder with metrics.json from components.evaluate.
     """
     values = dict(locals())
-    from components.lib.jobs import job_exit_status
-    from pipelines.steps import run_report
+    from components.lib.job_runner import job_exit_status
+    from pipelines.runners import run_report
 
     with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
         return run_report(**values)

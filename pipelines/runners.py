@@ -1,0 +1,124 @@
+"""What each pipeline component runs in its container: the step's runner builds the step's arguments dataclass
+from the component's values (so the step's own checks run), places the output under ``output_root`` when one is
+given, calls the step and records what KFP shows (artifact metadata, metrics). The component functions
+(``pipelines/kfp_components.py``) import their runner from here."""
+
+from pathlib import Path
+from typing import Any
+
+from components.evaluate import EvaluateArguments, evaluate
+from components.lib import storage
+from components.lib.errors import InvalidParameter
+from components.lib.results import REPORT_FILE
+from components.lib.tpu_catalogue import TPU_TYPES
+from components.preflight import PreflightArguments, preflight
+from components.push import PushArguments, push
+from components.report import ReportArguments, write_report
+from components.shards import ShardArguments, corpus_for_split, write_shards
+from components.tokenizer import TokenizerArguments, train_tokenizer
+from components.train import TrainArguments, train
+
+
+def split_source(settings: dict[str, Any], validation_corpus: str) -> dict[str, Any]:
+    """The shards settings of a pipeline split: its corpus and hold-out (``corpus_for_split``)."""
+    corpus, holdout_fraction, holdout = corpus_for_split(
+        settings["split"], settings["corpus"], validation_corpus, settings["holdout_fraction"]
+    )
+    return {**settings, "corpus": corpus, "holdout_fraction": holdout_fraction, "holdout": holdout}
+
+
+def run_tokenizer(tokenizer: Any, output_root: str, **settings: Any) -> None:
+    tokenizer.uri = storage.relocate(tokenizer.uri, output_root)
+    summary = train_tokenizer(TokenizerArguments(output=tokenizer.uri, **settings))
+    tokenizer.metadata.update({key: summary[key] for key in ("vocab_size", "fingerprint", "texts_read", "bytes_read")})
+
+
+def run_shards(tokenizer: Any, shards: Any, output_root: str, validation_corpus: str, **settings: Any) -> None:
+    shards.uri = storage.relocate(shards.uri, output_root)
+    settings = split_source(settings, validation_corpus)
+    manifest = write_shards(ShardArguments(output=shards.uri, tokenizer=tokenizer.uri, **settings))
+    shards.metadata.update({key: manifest[key] for key in ("split", "num_records", "bytes_read")})
+
+
+def run_preflight(
+    tokenizer: Any, train_shards: Any, eval_shards: Any, report: Any, output_root: str, **settings: Any
+) -> str:
+    """Returns the TPU job's timeout as the custom job takes it ("7200s"); "" without a TPU type."""
+    report.uri = storage.relocate(report.uri, output_root)
+    checked = preflight(
+        PreflightArguments(
+            tokenizer=tokenizer.uri,
+            train_shards=train_shards.uri,
+            eval_shards=eval_shards.uri,
+            output=report.uri,
+            **settings,
+        )
+    )
+    return f"{checked['tpu_job_timeout_seconds']}s" if "tpu_job_timeout_seconds" in checked else ""
+
+
+def run_train(
+    tokenizer: Any,
+    train_shards: Any,
+    eval_shards: Any,
+    model: Any,
+    output_root: str,
+    pipeline_root: str,
+    run_id: str,
+    tpu_type: str,
+    tpu_provisioning: str,
+    **settings: Any,
+) -> None:
+    model.uri = storage.relocate(model.uri, output_root)
+    if not settings["price_per_hour"] and tpu_type:  # the TPU's list price for its provisioning
+        tpu = TPU_TYPES[tpu_type]
+        settings["price_per_hour"] = tpu.list_price(tpu_provisioning)
+        settings["price_source"] = f"{tpu.list_price_source(tpu_provisioning)}, set tpu_price_per_hour"
+    if not settings["checkpoint_dir"] and run_id:
+        for name, value in (("pipeline_root", pipeline_root), ("run_id", run_id)):
+            if "{{" in value:  # a placeholder the backend did not fill: the run's checkpoints would go astray
+                raise InvalidParameter(name, value, "was not resolved by the pipeline's backend; set checkpoint_dir")
+        # one folder for the pipeline run, whichever attempt of the task or restart of its job trains: a retried
+        # task resumes (its model artifact may be a new folder)
+        settings["checkpoint_dir"] = storage.join(output_root or pipeline_root, "checkpoints", run_id)
+    summary = train(
+        TrainArguments(
+            tokenizer=tokenizer.uri,
+            train_shards=train_shards.uri,
+            eval_shards=eval_shards.uri,
+            output=model.uri,
+            **settings,
+        )
+    )
+    keys = ("total_steps", "samples", "tokens", "first_loss", "last_loss", "accelerator")
+    model.metadata.update({key: summary[key] for key in keys})
+
+
+def run_evaluate(
+    model: Any,
+    shards: Any,
+    train_shards: Any,
+    evaluation: Any,
+    metrics: Any,
+    report: Any,
+    output_root: str,
+    **settings: Any,
+) -> None:
+    evaluation.uri = storage.relocate(evaluation.uri, output_root)
+    results = evaluate(
+        EvaluateArguments(
+            model=model.uri, shards=shards.uri, train_shards=train_shards.uri, output=evaluation.uri, **settings
+        )
+    )
+    for name in ("loss", "perplexity", "unigram_perplexity", "masked_accuracy", "masked_tokens"):
+        if results[name] is not None:
+            metrics.log_metric(name, results[name])
+    Path(report.path).write_text(storage.read_text(storage.join(evaluation.uri, REPORT_FILE)))
+
+
+def run_push(model: Any, evaluation: Any, **settings: Any) -> str:
+    return push(PushArguments(model=model.uri, evaluation=evaluation.uri, **settings))["commit_url"]
+
+
+def run_report(model: Any, evaluation: Any, report: Any, **settings: Any) -> None:
+    write_report(ReportArguments(model=model.uri, evaluation=evaluation.uri, output=report.path, **settings))
