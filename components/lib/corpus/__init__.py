@@ -2,12 +2,12 @@
 
 ``--corpus`` takes ``embedded``, ``hf:NAME[:CONFIG[:SPLIT]]``, or files (``spec.py``). Each source is a reader
 of its own (``embedded.py``, ``hub_dataset.py``, ``files.py``: a file set's layout, its pieces read by
-``line_files.py`` for text and JSON lines, plain or compressed, and ``parquet_files.py``) that gives its texts for the whole corpus, a part
-(``Corpus(spec, num_parts=N, part=K)``: the N parts together read each text once, in the corpus's order) and a
-sample (``Corpus(spec, sample_bytes=B)``: about B bytes spread over the whole corpus, the same in every run; the
-tokenizer trains on one so that its memory stays bounded). ``Corpus`` keeps what is the same for all of them:
-the checks on opening, blank texts skipped (they carry nothing to learn from), the limit, the counts of what a
-pass read, and its progress.
+``line_files.py`` for text and JSON lines, plain or compressed, and ``parquet_files.py``) that gives its texts
+for the whole corpus, a part (``Corpus(spec, num_parts=N, part=K)``: the N parts together read each text once,
+in the corpus's order) and a sample (``Corpus(spec, sample_bytes=B)``: about B bytes spread over the whole
+corpus, the same in every run; the tokenizer trains on one so that its memory stays bounded). ``Corpus`` keeps
+what is the same for all of them: the checks on opening, blank texts skipped (they carry nothing to learn
+from), the limit, the counts of what a pass read, and its progress.
 
 Bytes that are not UTF-8 are replaced with U+FFFD and counted per file: a few give a warning, more than
 ``max_non_utf8_fraction`` of a file's bytes an error (a corpus in another encoding would otherwise be learnt

@@ -15,6 +15,9 @@ EXPECTED_FORMS = (
     "'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated local/gs:// paths or globs "
     f"of {', '.join(sorted(FILE_FORMATS))} files (all but .parquet also {'/'.join(storage.DECOMPRESSORS)})"
 )
+# the defaults of CorpusSpec (the readers' view) and CorpusArguments (the steps' flags) alike
+TEXT_COLUMN = "text"
+MAX_NON_UTF8_FRACTION = 0.001
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,10 @@ class CorpusSpec:
     """Where the text comes from, which column holds it, and how many texts to read at most."""
 
     source: str
-    text_column: str = "text"
+    text_column: str = TEXT_COLUMN
     limit: int | None = None
     hf_token_secret: str = ""  # Secret Manager secret with a Hub token, for private hf: datasets; else HF_TOKEN
-    max_non_utf8_fraction: float = 0.001
+    max_non_utf8_fraction: float = MAX_NON_UTF8_FRACTION
 
     def __post_init__(self) -> None:
         if not self.source or not self.source.strip():
@@ -57,7 +60,9 @@ class CorpusArguments:
             "globs (local or gs://); .txt and .jsonl also as .gz, .zst, .bz2 or .xz."
         },
     )
-    text_column: str = field(default="text", metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."})
+    text_column: str = field(
+        default=TEXT_COLUMN, metadata={"help": "Column holding the text (Hub, JSON lines, Parquet)."}
+    )
     limit: int = field(
         default=0,
         metadata={"help": "Read at most this many texts; 0: all. With parts, per part: N parts read up to N x limit."},
@@ -67,7 +72,7 @@ class CorpusArguments:
         metadata={"help": "Secret Manager secret holding a Hub token (private hf: datasets, the push); else HF_TOKEN."},
     )
     max_non_utf8_fraction: float = field(
-        default=0.001,
+        default=MAX_NON_UTF8_FRACTION,
         metadata={
             "help": "Refuse a corpus file when more than this share of its bytes are not UTF-8; fewer are replaced "
             "with U+FFFD and counted (a warning, and non_utf8_bytes in the manifest)."
