@@ -95,6 +95,32 @@ def embedded_shards_in_files(tmp_path_factory: pytest.TempPathFactory, embedded_
     return embedded_shard_set(root, embedded_tokenizer, {"train": 90, "validation": 11})
 
 
+# a whole pipeline, an image built from nothing: the few tests given this limit (pytest.mark.timeout); every
+# other test has pyproject.toml's, so a hang fails in minutes with its stack
+LONG_TEST_SECONDS = 900
+
+# the tests' own trainings: the tiny model on the CPU, 16 samples a step (train_tiny)
+TINY_TRAINING = {"model_config": "tiny", "per_replica_batch_size": 16, "accelerator": "cpu"}
+
+
+def train_tiny(output: Path | str, shards: dict, **settings) -> dict:
+    """The train step on the tiny model on the CPU (``TINY_TRAINING``, then ``settings``) on the training shards
+    of ``shards`` (a shard set fixture's dict); returns its summary."""
+    from components.train import TrainArguments, train
+
+    arguments = {"tokenizer": shards["tokenizer"], "train_shards": shards["train"], **TINY_TRAINING, **settings}
+    return train(TrainArguments(output=str(output), **arguments))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, embedded_shards: dict) -> Path:
+    """A tiny model folder the train step wrote, trained long enough to predict something other than its
+    initialisation (60 steps of the embedded corpus); tests read it and never change it."""
+    output = tmp_path_factory.mktemp("tiny-model") / "model"
+    train_tiny(output, embedded_shards, learning_rate=1e-3, max_steps=60)
+    return output
+
+
 @pytest.fixture(scope="session")
 def wikitext_tokenizer(tmp_path_factory: pytest.TempPathFactory, wikitext: Path) -> str:
     from components.tokenizer import TokenizerArguments, train_tokenizer

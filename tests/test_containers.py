@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import HUB_TOKEN, PROJECT_ROOT
+from conftest import HUB_TOKEN, LONG_TEST_SECONDS, PROJECT_ROOT
 
 from components.lib.results import SUMMARY_FILE
 from components.lib.tpu_catalogue import TPU_RUNTIMES
@@ -182,6 +182,7 @@ def test_both_images_install_the_project_from_its_resolved_pins():
     assert f"tensorflow=={pinned('tensorflow')}" in constraints and f"kfp=={pinned('kfp')}" in constraints
 
 
+@pytest.mark.timeout(LONG_TEST_SECONDS)
 @pytest.mark.slow
 def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner_and_pushes(tmp_path, monkeypatch, capsys, hub):
     build_image(CPU_DOCKERFILE, TEST_IMAGE)
@@ -247,6 +248,7 @@ def train_through_the_kfp_executor(image: str, root: Path, data: Path) -> dict:
     return json.loads(summary.read_text())
 
 
+@pytest.mark.timeout(LONG_TEST_SECONDS)
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", TPU_RUNTIMES)
 def test_the_tpu_image_builds_trains_on_two_cpu_replicas_and_refuses_a_missing_tpu_in_one_line(

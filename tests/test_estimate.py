@@ -1,14 +1,13 @@
 import json
 
 import pytest
-from conftest import run_module
+from conftest import LONG_TEST_SECONDS, run_module, train_tiny
 
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
 from components.lib.results import SUMMARY_FILE
 from components.lib.shard_set import read_manifest
 from components.lib.tpu_catalogue import TPU_TYPES
-from components.train import TrainArguments, train
 from pipelines.pipeline import target_defaults
 
 
@@ -116,21 +115,16 @@ def test_the_cli_prints_a_table_for_people_and_json_for_scripts(embedded_shards)
     assert "model FLOPs per token" not in scripts.stdout + scripts.stderr and json.loads(scripts.stdout)["steps"] > 0
 
 
+@pytest.mark.timeout(LONG_TEST_SECONDS)
 @pytest.mark.slow
 def test_the_estimate_from_a_cpu_run_predicts_its_training_time_within_a_quarter(tmp_path, embedded_shards):
-    summary = train(
-        TrainArguments(
-            tokenizer=embedded_shards["tokenizer"],
-            train_shards=embedded_shards["train"],
-            output=str(tmp_path / "model"),
-            model_config="tiny",
-            per_replica_batch_size=16,
-            accelerator="cpu",
-            max_steps=1000,  # long enough that the one-off start (building, tracing, saving) is a small share
-            log_every_steps=250,
-            checkpoint_every_steps=1000,
-            price_per_hour=3.6,
-        )
+    summary = train_tiny(
+        tmp_path / "model",
+        embedded_shards,
+        max_steps=1000,  # long enough that the one-off start (building, tracing, saving) is a small share
+        log_every_steps=250,
+        checkpoint_every_steps=1000,
+        price_per_hour=3.6,
     )
     assert summary["cost_this_run"] == pytest.approx(3.6 * summary["seconds_this_run"] / 3600, rel=1e-3)
     # the same settings on one replica (v5e-1 has one), at the throughput the run measured

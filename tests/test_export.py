@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import HUB_TOKEN, run_module
+from conftest import HUB_TOKEN, LONG_TEST_SECONDS, run_module
 from huggingface_hub import HfApi
 from pytorch_env import run_pytorch
 
@@ -15,7 +15,6 @@ from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.model_card import USAGE_HEADING
 from components.lib.pytorch_weights import WEIGHTS_FILE
-from components.train import TrainArguments, train
 
 OLD_CARD = """---
 library_name: transformers
@@ -34,23 +33,12 @@ fill = pipeline("fill-mask", model="user/old-roberta", framework="tf", dtype=Non
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory, embedded_shards) -> dict[str, Path]:
+def models(tmp_path_factory, tiny_model) -> dict[str, Path]:
     """The train step's model folder, and the same folder as the project saved it before: TF weights only."""
-    root = tmp_path_factory.mktemp("export")
-    train(
-        TrainArguments(
-            tokenizer=embedded_shards["tokenizer"],
-            train_shards=embedded_shards["train"],
-            output=str(root / "model"),
-            model_config="tiny",
-            per_replica_batch_size=8,
-            max_steps=5,
-            accelerator="cpu",
-        )
-    )
-    shutil.copytree(root / "model", root / "tf-only", ignore=shutil.ignore_patterns("checkpoints", "logs"))
-    (root / "tf-only" / WEIGHTS_FILE).unlink()
-    return {"model": root / "model", "tf-only": root / "tf-only"}
+    tf_only = tmp_path_factory.mktemp("export") / "tf-only"
+    shutil.copytree(tiny_model, tf_only, ignore=shutil.ignore_patterns("checkpoints", "logs"))
+    (tf_only / WEIGHTS_FILE).unlink()
+    return {"model": tiny_model, "tf-only": tf_only}
 
 
 def export(*args: str, env: dict | None = None):
@@ -60,6 +48,7 @@ def export(*args: str, env: dict | None = None):
     return result
 
 
+@pytest.mark.timeout(LONG_TEST_SECONDS)
 @pytest.mark.slow
 def test_a_tf_only_folder_gets_the_weights_the_train_step_writes_and_a_rerun_changes_nothing(tmp_path, models):
     output = tmp_path / "exported"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import PROJECT_ROOT
+from conftest import LONG_TEST_SECONDS, PROJECT_ROOT
 from test_gcs import bucket_objects
 from test_shards import assert_parts_write_the_token_stream_of_one_part
 
@@ -129,6 +129,7 @@ def test_a_private_hub_dataset_needs_the_token(tmp_path, hub_dataset):
     assert read.returncode == 0, read.stderr[-3000:]
 
 
+@pytest.mark.timeout(LONG_TEST_SECONDS)
 @pytest.mark.slow  # one whole pipeline that asserts what three would (CI's time: docs/testing.md)
 def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_eight_replicas_and_pushes(
     tmp_path, hub_dataset, gcs, monkeypatch

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import compiled_step_command, run_compiled_step, run_module
+from conftest import LONG_TEST_SECONDS, compiled_step_command, run_compiled_step, run_module
 from pytorch_env import run_pytorch
 from transformers import pipeline
 
@@ -334,6 +334,7 @@ def test_parts_in_separate_folders_gather_into_one_set(tmp_path, embedded_tokeni
     assert [f["name"].split("-")[1] for f in merged["files"]] == ["00000", "00001", "00002"]
 
 
+@pytest.mark.timeout(LONG_TEST_SECONDS)
 @pytest.mark.slow
 def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_path, capsys, monkeypatch, hub):
     """make run's defaults (run-local's), with the training shards in two parts and a push: the first run a user

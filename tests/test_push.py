@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import HUB_TOKEN, PROJECT_ROOT
+from conftest import HUB_TOKEN, PROJECT_ROOT, train_tiny
 from huggingface_hub import snapshot_download
 from pytorch_env import pytorch_python, run_pytorch
 from transformers import TFAutoModelForMaskedLM
@@ -17,24 +17,13 @@ from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.model_card import CARD_HYPERPARAMETERS, USAGE_HEADING, model_card
 from components.lib.pytorch_weights import TF_LOADING
 from components.push import PushArguments
-from components.train import TrainArguments, train
 from pipelines.pipeline import compile_pipeline
 
 
 @pytest.fixture(scope="module")
 def model_and_evaluation(tmp_path_factory, wikitext_shards):
     root = tmp_path_factory.mktemp("push")
-    train(
-        TrainArguments(
-            tokenizer=wikitext_shards["tokenizer"],
-            train_shards=wikitext_shards["train"],
-            output=str(root / "model"),
-            model_config="tiny",
-            per_replica_batch_size=16,
-            max_steps=10,
-            accelerator="cpu",
-        )
-    )
+    train_tiny(root / "model", wikitext_shards, max_steps=10)
     evaluate(
         EvaluateArguments(
             model=str(root / "model"), shards=wikitext_shards["validation"], output=str(root / "eval"), max_batches=2

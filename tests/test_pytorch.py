@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import train_tiny
 from pytorch_env import run_pytorch
 from safetensors import safe_open
 
@@ -23,29 +24,15 @@ from components.lib.pytorch_weights import (
 )
 from components.lib.shard_set import read_manifest
 from components.lib.tokenization import load_tokenizer
-from components.train import TrainArguments, train
 
 SENTENCES = ["The function returns a <mask> of values.", "The <mask> statement is used to leave a loop."]
 TEXTS = ["The for statement iterates over the items of a sequence.", "A short one."]  # the second is padded
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, embedded_shards) -> str:
+def trained(tiny_model) -> str:
     """A tiny model the train step trained for long enough to predict something other than its initialisation."""
-    output = str(tmp_path_factory.mktemp("pytorch") / "model")
-    train(
-        TrainArguments(
-            tokenizer=embedded_shards["tokenizer"],
-            train_shards=embedded_shards["train"],
-            output=output,
-            model_config="tiny",
-            per_replica_batch_size=16,
-            learning_rate=1e-3,
-            max_steps=60,
-            accelerator="cpu",
-        )
-    )
-    return output
+    return str(tiny_model)
 
 
 @pytest.fixture(scope="module")
@@ -159,18 +146,7 @@ def test_a_roberta_base_shaped_model_and_a_bf16_run_convert_exactly(tmp_path, em
     save_model_folder(model, tokenizer, tmp_path / "base")
     check_equal_to_tf(str(tmp_path / "base"), with_fill_mask=False)
 
-    train(
-        TrainArguments(
-            tokenizer=embedded_shards["tokenizer"],
-            train_shards=embedded_shards["train"],
-            output=str(tmp_path / "bf16"),
-            model_config="tiny",
-            per_replica_batch_size=8,
-            max_steps=4,
-            bf16=True,
-            accelerator="cpu",
-        )
-    )
+    train_tiny(tmp_path / "bf16", embedded_shards, per_replica_batch_size=8, max_steps=4, bf16=True)
     tf.keras.mixed_precision.set_global_policy("float32")  # the train step set bfloat16 for this process
     with safe_open(tmp_path / "bf16" / WEIGHTS_FILE, framework="numpy") as weights:
         assert {weights.get_tensor(name).dtype for name in weights.keys()} == {np.dtype(np.float32)}  # noqa: SIM118

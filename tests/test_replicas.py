@@ -10,7 +10,7 @@ import signal
 
 import pytest
 import tensorflow as tf
-from conftest import run_at, run_module
+from conftest import LONG_TEST_SECONDS, run_at, run_module
 from transformers import TFAutoModelForMaskedLM
 
 from components.lib import storage
@@ -119,6 +119,7 @@ def test_masked_positions_metrics_equal_the_full_logits_metrics_on_the_same_mask
     assert score.traces == 1  # one graph for every pass: no compile per checkpoint
 
 
+@pytest.mark.timeout(LONG_TEST_SECONDS)
 @pytest.mark.slow
 def test_eight_replicas_train_validate_and_resume_after_a_kill_then_evaluate_as_one_replica_does(
     tmp_path, embedded_shards

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import PROJECT_ROOT, WIKITEXT_VOCAB_SIZE, run_at, run_module
+from conftest import PROJECT_ROOT, TINY_TRAINING, WIKITEXT_VOCAB_SIZE, run_at, run_module, train_tiny
 from transformers import AutoTokenizer, TFAutoModelForMaskedLM, pipeline
 
 from components.evaluate import EvaluateArguments, evaluate
@@ -26,7 +26,7 @@ from components.report import ReportArguments, write_report
 from components.shards import ShardArguments, write_shards
 from components.train import TrainArguments, train
 
-TINY = {"model_config": "tiny", "per_replica_batch_size": 16, "accelerator": "cpu", "log_every_steps": 10}
+TINY = {**TINY_TRAINING, "log_every_steps": 10}
 
 
 def save_untrained(folder: Path, shards: dict) -> str:
@@ -41,18 +41,15 @@ def save_untrained(folder: Path, shards: dict) -> str:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, wikitext_shards):
     output = tmp_path_factory.mktemp("trained") / "model"
-    summary = train(
-        TrainArguments(
-            tokenizer=wikitext_shards["tokenizer"],
-            train_shards=wikitext_shards["train"],
-            eval_shards=wikitext_shards["validation"],
-            output=str(output),
-            max_steps=150,
-            learning_rate=1e-3,
-            checkpoint_every_steps=75,
-            peak_tflops=1.0,
-            **TINY,
-        )
+    summary = train_tiny(
+        output,
+        wikitext_shards,
+        eval_shards=wikitext_shards["validation"],
+        max_steps=150,
+        learning_rate=1e-3,
+        checkpoint_every_steps=75,
+        log_every_steps=10,
+        peak_tflops=1.0,
     )
     return str(output), summary
 
