@@ -298,6 +298,119 @@ def check_values(values: dict[str, Any]) -> None:
             raise InvalidParameter(renamed.get(error.parameter, error.parameter), error.value, error.expected) from None
 
 
+@dataclass(frozen=True)
+class Target:
+    """What the pipeline's target changes in its DAG: Vertex AI runs the train step as a TPU custom job with
+    retries and sizes the CPU steps' machines; kfp.local runs everything on this machine, one part at a time."""
+
+    vertex: bool
+    tpu: TpuType
+    train_retries: int
+    # kfp.local runs loop items in threads that share its stdout, which run-local reads step by step; each shards
+    # part uses every core anyway. 0: unbounded
+    parts_at_once: int
+
+
+def pipeline_target(target: str, tpu_type: str, train_retries: int) -> Target:
+    check_target(target, tpu_type)
+    tpu = TPU_TYPES[tpu_type]
+    # the default: no retry on a slice (no Spot there, and a failed start costs every host's chips again)
+    retries = train_retries if train_retries != -1 else DEFAULT_TRAIN_RETRIES if tpu.hosts == 1 else 0
+    vertex = target == "vertex"
+    return Target(vertex=vertex, tpu=tpu, train_retries=retries if vertex else 0, parts_at_once=0 if vertex else 1)
+
+
+@dataclass
+class Tasks:
+    """Makes the pipeline's tasks: a step's component called with the pipeline parameters routed to it, the
+    constants given here winning, on the machine the target gives it."""
+
+    components: dict[str, Any]
+    inputs: dict[str, dict[str, Any]]
+    target: Target
+
+    def __call__(self, name: str, **arguments: Any) -> Any:
+        task = self.components[name](**{**self.inputs[name], **arguments})
+        if self.target.vertex and name in CPU_RESOURCES:
+            cpu, memory = CPU_RESOURCES[name]
+            task.set_cpu_limit(cpu).set_memory_limit(memory)
+        return task
+
+
+def data_tasks(tasks: Tasks) -> tuple[dict[str, Any], Any]:
+    """The tokenizer, the validation shards, the training shards in parts and their merge; returns the data the
+    training takes (by its parameter names) and the preflight task that checks it all before the TPU."""
+    tokenizer = tasks("tokenizer").set_display_name("tokenizer")
+    validation = tasks("shards", split="validation", num_parts=1, part=0, tokenizer=tokenizer.outputs["tokenizer"])
+    validation.set_display_name("validation shards")
+    num_parts = tasks.inputs["shards"]["num_parts"]
+    parts = tasks.components["part_indices"](num_parts=num_parts).set_display_name("plan parts")
+    with dsl.ParallelFor(items=parts.output, name="train-parts", parallelism=tasks.target.parts_at_once) as part:
+        train_part = tasks("shards", split="train", part=part, tokenizer=tokenizer.outputs["tokenizer"])
+        train_part.set_display_name("train shards part")
+    train_shards = tasks.components["merge_shards"](
+        output_root=tasks.inputs["shards"]["output_root"], parts=dsl.Collected(train_part.outputs["shards"])
+    ).set_display_name("merge train shards")
+    data = {
+        "tokenizer": tokenizer.outputs["tokenizer"],
+        "train_shards": train_shards.outputs["shards"],
+        "eval_shards": validation.outputs["shards"],
+    }
+    checked = tasks("preflight", tpu_type=tasks.target.tpu.name if tasks.target.vertex else "", **data)
+    checked.set_display_name("preflight").set_caching_options(False)  # the token and storage, anew every run
+    return data, checked
+
+
+def training_task(tasks: Tasks, data: dict[str, Any], checked: Any) -> Any:
+    """The train step, after preflight; on Vertex AI the TPU job with its hard limit (preflight's, from its
+    estimate: Vertex AI's default is 7 days), its provisioning (on demand or Spot), the TPU's peak for MFU and
+    type for the cost lines where the run gives no price, and its retries."""
+    target = tasks.target
+    tpu_job = {
+        "timeout": checked.outputs["Output"],
+        "strategy": tasks.inputs["preflight"]["tpu_provisioning"],
+        "tpu_type": target.tpu.name,
+        "tpu_provisioning": tasks.inputs["preflight"]["tpu_provisioning"],
+    }
+    trained = tasks(
+        "train",
+        peak_tflops=target.tpu.peak_tflops_per_replica if target.vertex else 0.0,
+        pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        **(tpu_job if target.vertex else {}),
+        **data,
+    )
+    trained.set_display_name("train").after(checked)
+    trained.set_caching_options(False)
+    if target.train_retries:
+        # a job Vertex AI ends for good (a Spot TPU reclaimed, say) runs again, from the run's checkpoints
+        trained.set_retry(num_retries=target.train_retries, backoff_duration=RETRY_BACKOFF, backoff_factor=1.0)
+    return trained.outputs["model"]
+
+
+def result_tasks(tasks: Tasks, model: Any, data: dict[str, Any]) -> None:
+    """The evaluation on the validation shards, the run report, and the push when a repository is named."""
+    evaluation = tasks("evaluate", model=model, shards=data["eval_shards"], train_shards=data["train_shards"])
+    evaluation.set_display_name("evaluate")
+    tasks("report", model=model, evaluation=evaluation.outputs["evaluation"]).set_display_name("run report")
+    with dsl.If(tasks.inputs["push"]["repo_id"] != "", name="push-requested"):
+        pushed = tasks("push", model=model, evaluation=evaluation.outputs["evaluation"])
+        pushed.set_display_name("push to the Hub").set_caching_options(False)
+
+
+def with_parameters(function: Any, parameters: list[PipelineParameter], description: str) -> Any:
+    """``function`` (taking the values positionally) as KFP reads a pipeline function: a signature of the
+    parameters with their types and defaults, and their help as the docstring's "Args:"."""
+    function.__signature__ = inspect.Signature(
+        [
+            inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default, annotation=p.type)
+            for p in parameters
+        ]
+    )
+    function.__doc__ = f"{description}\n\nArgs:\n" + "\n".join(f"    {p.name}: {p.help}" for p in parameters)
+    return function
+
+
 def build_pipeline(
     target: str = "local",
     cpu_image: str = DEFAULT_CPU_IMAGE,
@@ -306,98 +419,24 @@ def build_pipeline(
     tpu_env: dict[str, str] | None = None,
     train_retries: int = -1,
 ) -> Any:
-    check_target(target, tpu_type)
-    vertex = target == "vertex"
-    tpu = TPU_TYPES[tpu_type]
-    # the default: no retry on a slice (no Spot there, and a failed start costs every host's chips again)
-    retries = train_retries if train_retries != -1 else DEFAULT_TRAIN_RETRIES if tpu.hosts == 1 else 0
-    steps = make_steps(cpu_image, tpu_image or cpu_image)
-    env = TPU_RUNTIME_ENV if tpu_env is None else tpu_env
-    train_component = tpu_training_job(steps["train"], tpu, env, cpu_image) if vertex else steps["train"]
-    parameters = pipeline_parameters(target_defaults(target, tpu))
-
-    def step(name: str, component: Any = None, **arguments: Any) -> Any:
-        task = (component or steps[name])(**{**inputs[name], **arguments})  # constants win
-        if vertex and name in CPU_RESOURCES:
-            cpu, memory = CPU_RESOURCES[name]
-            task.set_cpu_limit(cpu).set_memory_limit(memory)
-        return task
+    rules = pipeline_target(target, tpu_type, train_retries)
+    components = make_steps(cpu_image, tpu_image or cpu_image)
+    if rules.vertex:
+        env = TPU_RUNTIME_ENV if tpu_env is None else tpu_env
+        components["train"] = tpu_training_job(components["train"], rules.tpu, env, cpu_image)
+    parameters = pipeline_parameters(target_defaults(target, rules.tpu))
 
     def pretraining(*values: Any) -> None:
-        nonlocal inputs
-        inputs = step_inputs(parameters, dict(zip([parameter.name for parameter in parameters], values, strict=True)))
-        tokenizer = step("tokenizer").set_display_name("tokenizer")
-        validation = step("shards", split="validation", num_parts=1, part=0, tokenizer=tokenizer.outputs["tokenizer"])
-        validation.set_display_name("validation shards")
-        parts = steps["part_indices"](num_parts=inputs["shards"]["num_parts"]).set_display_name("plan parts")
-        # kfp.local runs loop items in threads that share its stdout, which run-local reads step by step; each
-        # shards part uses every core anyway
-        parallelism = 1 if target == "local" else 0
-        with dsl.ParallelFor(items=parts.output, name="train-parts", parallelism=parallelism) as part:
-            train_part = step("shards", split="train", part=part, tokenizer=tokenizer.outputs["tokenizer"])
-            train_part.set_display_name("train shards part")
-        train_shards = steps["merge_shards"](
-            output_root=inputs["shards"]["output_root"], parts=dsl.Collected(train_part.outputs["shards"])
-        ).set_display_name("merge train shards")
-        data = {
-            "tokenizer": tokenizer.outputs["tokenizer"],
-            "train_shards": train_shards.outputs["shards"],
-            "eval_shards": validation.outputs["shards"],
-        }
-        checked = step("preflight", tpu_type=tpu.name if vertex else "", **data).set_display_name("preflight")
-        checked.set_caching_options(False)  # the token and the storage are checked anew on every run
-        # the TPU's peak for MFU, known here whatever the TPU VM's environment says
-        # on a TPU: the job's hard limit, which preflight derived from its estimate (Vertex AI's default is 7 days)
-        # and how the TPU is provisioned: the custom job's scheduling strategy (on demand or Spot)
-        # and, for the cost lines where the run gives no price, the TPU type (its list prices)
-        tpu_job = {
-            "timeout": checked.outputs["Output"],
-            "strategy": inputs["preflight"]["tpu_provisioning"],
-            "tpu_type": tpu.name,
-            "tpu_provisioning": inputs["preflight"]["tpu_provisioning"],
-        }
-        tpu_job = tpu_job if vertex else {}
-        trained = step(
-            "train",
-            train_component,
-            peak_tflops=tpu.peak_tflops_per_replica if vertex else 0.0,
-            pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
-            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            **tpu_job,
-            **data,
-        )
-        trained.set_display_name("train").after(checked)
-        trained.set_caching_options(False)
-        if vertex and retries:
-            # a job Vertex AI ends for good (a Spot TPU reclaimed, say) runs again, from the run's checkpoints
-            trained.set_retry(num_retries=retries, backoff_duration=RETRY_BACKOFF, backoff_factor=1.0)
-        model = trained.outputs["model"]
-        evaluation = step(
-            "evaluate", model=model, shards=validation.outputs["shards"], train_shards=train_shards.outputs["shards"]
-        ).set_display_name("evaluate")
-        step("report", model=model, evaluation=evaluation.outputs["evaluation"]).set_display_name("run report")
-        with dsl.If(inputs["push"]["repo_id"] != "", name="push-requested"):
-            pushed = step("push", model=model, evaluation=evaluation.outputs["evaluation"])
-            pushed.set_display_name("push to the Hub").set_caching_options(False)
+        named = dict(zip([parameter.name for parameter in parameters], values, strict=True))
+        tasks = Tasks(components, step_inputs(parameters, named), rules)
+        data, checked = data_tasks(tasks)
+        model = training_task(tasks, data, checked)
+        result_tasks(tasks, model, data)
 
-    inputs: dict[str, dict[str, Any]] = {}
-    pretraining.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [
-            inspect.Parameter(
-                parameter.name,
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                default=parameter.default,
-                annotation=parameter.type,
-            )
-            for parameter in parameters
-        ]
-    )
-    # KFP reads the parameters' descriptions from the docstring's "Args:" section
     description = "Pre-train a RoBERTa-style masked language model from scratch."
-    pretraining.__doc__ = f"{description}\n\nArgs:\n" + "\n".join(
-        f"    {parameter.name}: {parameter.help}" for parameter in parameters
+    return dsl.pipeline(name=PIPELINE_NAME, description=description)(
+        with_parameters(pretraining, parameters, description)
     )
-    return dsl.pipeline(name=PIPELINE_NAME, description=description)(pretraining)
 
 
 def compile_pipeline(path: str, **kwargs: Any) -> str:
