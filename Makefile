@@ -56,7 +56,6 @@ prepare: install
 
 components: install
 	$(BIN)/python -m pipelines.component_source
-	$(BIN)/python -m pipelines.pipeline
 
 docs: install
 	$(BIN)/python -m pipelines.docs docs/steps.md

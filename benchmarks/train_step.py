@@ -55,7 +55,7 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
     from components.lib.modeling import model_config
     from components.lib.run_shape import settings_shape
     from components.lib.shard_set import read_manifest
-    from components.lib.train_step import train_function
+    from components.lib.train_function import train_function
 
     replicas = arguments.one_replica_count
     strategy, _ = select_strategy("cpu", replicas=replicas)

@@ -33,7 +33,7 @@ from components.lib.masked_lm import MaskedLMScorer, max_predictions
 from components.lib.modeling import model_config
 from components.lib.run_shape import settings_shape
 from components.lib.tpu_catalogue import TPU_TYPES, tpu_batch
-from components.lib.train_step import train_function
+from components.lib.train_function import train_function
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 

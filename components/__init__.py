@@ -1,4 +1,5 @@
-"""Runtime code of the pipeline's steps: each module is one job, runnable as ``python -m components.<job>``."""
+"""Runtime code of the pipeline's steps: each module is one step, runnable as ``python -m components.<step>``;
+``lib`` holds what the steps share."""
 
 import os
 

@@ -3,8 +3,8 @@
 The model is built from a config (``TFAutoModelForMaskedLM.from_config``) inside the strategy's scope
 (``TPUStrategy`` on a TPU VM, ``MirroredStrategy`` on GPUs, the CPU otherwise). Shards stream through
 ``tf.data`` straight from their folder (local or ``gs://``) and are masked inside the graph. The optimizer
-and the step's function are the recipe's (``lib/recipe.py``); the model, optimizer and checkpoints live in
-``lib/training_state.py``; this file is the loop.
+is the recipe's (``lib/recipe.py``), the step's function ``lib/train_function.py``; the model, optimizer and
+checkpoints live in ``lib/training_state.py``; this file is the loop.
 
 Checkpoints (model, optimizer state, step) are written every ``--checkpoint_every_steps``; a restarted job
 (Vertex AI restarts preempted TPU jobs) resumes from the last one with the learning-rate schedule intact.
@@ -49,7 +49,7 @@ from components.lib.pytorch_weights import save_model_folder
 from components.lib.recipe import highest_mlm_probability
 from components.lib.results import SUMMARY_FILE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_START_MINUTES
-from components.lib.train_step import train_function
+from components.lib.train_function import train_function
 from components.lib.training_log import LogWindow, format_point, write_summaries
 from components.lib.training_plan import TrainingPlan, TrainingSettings, plan_training
 from components.lib.training_state import TrainingState, start_or_resume

@@ -18,6 +18,6 @@ RUN sh containers/pins.sh tensorflow > /tmp/pins.txt && pip install --no-deps -r
 COPY pyproject.toml README.md ./
 COPY components components
 COPY pipelines pipelines
-RUN pip install --no-deps . && python -c "import pipelines.steps, pipelines.pipeline"
+RUN pip install --no-deps . && python -c "import pipelines.steps, pipelines.kfp_components, pipelines.pipeline"
 
 CMD ["tpu-mlm", "--help"]

@@ -42,7 +42,7 @@ COPY pipelines pipelines
 # The check builds a model and an optimizer (an import alone passes even where transformers cannot use TF), with
 # the TPU runtime left unloaded: off a TPU VM, libtpu waits minutes on the metadata server (see the README).
 RUN pip install --no-deps . && env -u TF_PLUGGABLE_DEVICE_LIBRARY_PATH -u NEXT_PLUGGABLE_DEVICE_USE_C_API \
-    -u TPU_LIBRARY_PATH TPU_LOAD_LIBRARY=0 python -c "import transformers, pipelines.steps; \
+    -u TPU_LIBRARY_PATH TPU_LOAD_LIBRARY=0 python -c "import transformers, pipelines.steps, pipelines.kfp_components; \
 assert transformers.is_tf_available(), 'transformers does not see TensorFlow'; \
 from transformers import RobertaConfig, TFAutoModelForMaskedLM, create_optimizer; \
 TFAutoModelForMaskedLM.from_config(RobertaConfig(vocab_size=64, hidden_size=8, num_hidden_layers=1, \

@@ -1,5 +1,6 @@
 """``make components``: writes ``pipelines/kfp_components.py``, every step's component function, from the steps'
-arguments dataclasses (``pipelines.steps.STEPS``).
+arguments dataclasses (``pipelines.steps.STEPS``), and ``pipelines/routes.py``, where each pipeline parameter
+goes (``pipelines.pipeline.feeds``).
 
 KFP embeds a lightweight component's source text in the compiled YAML and runs that text in the container, so
 the parameters have to be in the function's source: ``component_source`` writes it, and the functions live in a
@@ -11,6 +12,7 @@ import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
+from pipelines.pipeline import feeds, pipeline_parameters
 from pipelines.steps import STEPS, Step
 
 ARTIFACT_TYPES = ("Input", "Output", "Artifact", "Dataset", "Model", "Metrics", "Markdown", "HTML")
@@ -49,6 +51,7 @@ def docstring(step: Step) -> list[str]:
 
 
 COMPONENTS_FILE = Path(__file__).with_name("kfp_components.py")
+ROUTES_FILE = Path(__file__).with_name("routes.py")
 
 
 def components_source() -> str:
@@ -63,9 +66,24 @@ def components_source() -> str:
     return "\n\n\n".join(["\n".join(header), *(component_source(step) for step in STEPS.values())])
 
 
+def routes_source() -> str:
+    """The text of ``pipelines/routes.py``: each pipeline parameter and the step parameters it feeds."""
+    lines = [
+        '"""Where each pipeline parameter goes: step -> that step\'s parameter, written by ``make components`` from',
+        "``pipelines.pipeline.feeds`` (a step whose settings dataclass has the field, and ``ALSO_FEEDS``);",
+        '``tests/test_parameters.py`` fails when this file differs. Do not edit by hand."""',
+        "",
+        "ROUTES = {",
+        *(f"    {parameter.name!r}: {feeds(parameter)!r}," for parameter in pipeline_parameters()),
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
-    """Writes ``pipelines/kfp_components.py`` (``make components``)."""
+    """Writes ``pipelines/kfp_components.py`` and ``pipelines/routes.py`` (``make components``)."""
     COMPONENTS_FILE.write_text(components_source())
+    ROUTES_FILE.write_text(routes_source())
     return 0
 
 

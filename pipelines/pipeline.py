@@ -14,9 +14,7 @@ target:
 """
 
 import inspect
-import sys
 from dataclasses import MISSING, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from kfp import compiler, dsl
@@ -235,23 +233,6 @@ def feeds(parameter: PipelineParameter) -> dict[str, str]:
     return {**fed, **ALSO_FEEDS.get(parameter.name, {})}
 
 
-ROUTES_FILE = Path(__file__).with_name("routes.py")
-
-
-def routes_source() -> str:
-    """The text of ``pipelines/routes.py``: each pipeline parameter and the step parameters it feeds."""
-    lines = [
-        '"""Where each pipeline parameter goes: step -> that step\'s parameter, written by ``make components`` from',
-        "``pipelines.pipeline.feeds`` (a step whose settings dataclass has the field, and ``ALSO_FEEDS``);",
-        '``tests/test_parameters.py`` fails when this file differs. Do not edit by hand."""',
-        "",
-        "ROUTES = {",
-        *(f"    {parameter.name!r}: {feeds(parameter)!r}," for parameter in pipeline_parameters()),
-        "}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def step_inputs(parameters: list[PipelineParameter], values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """For each step, its parameters' values (pipeline channels inside the pipeline), routed by ``ROUTES``."""
     inputs: dict[str, dict[str, Any]] = {name: {} for name in STEPS}
@@ -442,13 +423,3 @@ def build_pipeline(
 def compile_pipeline(path: str, **kwargs: Any) -> str:
     compiler.Compiler().compile(build_pipeline(**kwargs), package_path=path)
     return path
-
-
-def main() -> int:
-    """Writes ``pipelines/routes.py`` (``make components``)."""
-    ROUTES_FILE.write_text(routes_source())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

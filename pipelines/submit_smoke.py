@@ -127,7 +127,7 @@ def in_job_arguments(arguments: SmokeJobArguments, folder: str) -> list[str]:
     return line
 
 
-def smoke_job(arguments: SmokeJobArguments, folder: str) -> Any:
+def smoke_custom_job(arguments: SmokeJobArguments, folder: str) -> Any:
     """The ``aiplatform_v1.CustomJob`` that runs the smoke test on the TPU, writing under ``folder``."""
     from google.cloud import aiplatform_v1 as vertex
     from google.protobuf import duration_pb2
@@ -190,7 +190,7 @@ def job_json(job: Any) -> str:
 def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any]:
     """Creates the job (or prints it), waits for it and returns its report."""
     folder = storage.join(arguments.scratch, f"smoke-{arguments.tpu_type}-{datetime.now(UTC):%Y%m%d-%H%M%S}")
-    job = smoke_job(arguments, folder)
+    job = smoke_custom_job(arguments, folder)
     parent = location_path(arguments.project, arguments.region)
     limit = cost_limit(arguments)
     log.info("the job's cost is bounded by its timeout: %s", limit)

@@ -288,7 +288,7 @@ def test_the_tpu_image_builds_trains_on_two_cpu_replicas_and_refuses_a_missing_t
 
     # the smoke job's container as Vertex AI would start it (its command, arguments and environment) fails in
     # seconds off a TPU, with its report written: TensorFlow never waits on libtpu for a TPU that is not there
-    job = submit_smoke.smoke_job(
+    job = submit_smoke.smoke_custom_job(
         submit_smoke.SmokeJobArguments(
             project="my-project-123", scratch="gs://b/smoke", tpu_image="us-docker.pkg.dev/p/r/tpu:test"
         ),

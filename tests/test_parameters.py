@@ -14,12 +14,10 @@ from components.merge_shards import MergeArguments
 from pipelines.component_source import component_source
 from pipelines.pipeline import (
     PARAMETER_SOURCES,
-    ROUTES_FILE,
     PipelineSettings,
     build_pipeline,
     check_values,
     pipeline_parameters,
-    routes_source,
 )
 from pipelines.routes import ROUTES
 from pipelines.run_local import LOCAL_DEFAULTS, RunLocalArguments
@@ -167,7 +165,7 @@ def test_the_pipeline_signature_carries_each_parameter_help():
 
 
 def test_the_component_functions_a_reader_opens_are_the_ones_the_dataclasses_give():
-    from pipelines.component_source import COMPONENTS_FILE, components_source
+    from pipelines.component_source import COMPONENTS_FILE, ROUTES_FILE, components_source, routes_source
 
     assert COMPONENTS_FILE.read_text() == components_source(), (
         "pipelines/kfp_components.py is out of date: make components"

@@ -14,7 +14,7 @@ from components.lib.masked_lm import max_predictions
 from components.lib.modeling import model_config
 from components.lib.recipe import RECIPES, Recipe, learning_rate_schedule, resolve_recipe
 from components.lib.shard_set import read_manifest
-from components.lib.train_step import train_function
+from components.lib.train_function import train_function
 from components.lib.training_plan import TrainingSettings
 
 

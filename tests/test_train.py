@@ -458,7 +458,7 @@ def test_accumulated_micro_batches_step_by_the_mean_of_their_gradients(wikitext_
     steps each micro-batch alone would take (plain SGD, linear in the gradient), from the same weights."""
     from components.lib.input_pipeline import Masking, evaluation_dataset
     from components.lib.masked_lm import max_predictions
-    from components.lib.train_step import train_function
+    from components.lib.train_function import train_function
 
     manifest = read_manifest(wikitext_shards["validation"])
     config = model_config("tiny", manifest)

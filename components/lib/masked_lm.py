@@ -94,7 +94,7 @@ class MaskedLMScorer:
 
     def __call__(self, stream: Callable[..., Any], max_batches: int | None = None) -> dict[str, Any]:
         """Scores the batches ``stream(input_context, max_batches=...)`` gives on each input pipeline (one a
-        host; ``masking.evaluation_dataset`` with its settings bound), at most ``max_batches`` global batches."""
+        host; ``input_pipeline.evaluation_dataset`` with its settings bound), at most ``max_batches`` global batches."""
         from components.lib.input_pipeline import distributed
 
         make = functools.partial(stream, max_batches=max_batches)

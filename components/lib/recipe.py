@@ -1,6 +1,6 @@
 """The recipe's optimization: the settings a pre-training recipe fixes (peak learning rate, Adam's beta2 and
 epsilon, gradient clipping, warmup, the schedule's shape, weight decay, the masking rate and its decay), the named
-recipes, the learning-rate schedule and the optimizer (the training step that applies it: ``train_step``).
+recipes, the learning-rate schedule and the optimizer (the training step that applies it: ``train_function``).
 
 A knob left at ``RECIPE_VALUE`` (-1, or "" for the schedule) takes the value of the run's ``--recipe``; any knob
 given beside the recipe overrides it. ``hf-2023`` is the reference recipe this project started from: Hugging
@@ -162,7 +162,7 @@ def learning_rate_schedule(settings: Any, total_steps: int) -> Any:
 def create_optimizer(settings: Any, total_steps: int) -> tuple[Any, Any]:
     """(optimizer, schedule): AdamWeightDecay (beta1 0.9) with the recipe's beta2, epsilon and weight decay,
     LayerNorm and biases excluded from decay, as ``transformers.create_optimizer`` makes it. Clipping is the
-    training step's (``train_step.train_function``): it must see the gradient summed over micro-batches and replicas."""
+    training step's (``train_function``): it must see the gradient summed over micro-batches and replicas."""
     from transformers import AdamWeightDecay
 
     schedule = learning_rate_schedule(settings, total_steps)

@@ -287,7 +287,7 @@ def plan_training(
 
 
 def check_shares(uri: str, manifest: dict[str, Any], parameter: str, input_pipelines: int) -> None:
-    """Refuses a shard set of fewer files than the hosts that each read a share of them (masking.input_share)."""
+    """Refuses a shard set of fewer files than the hosts that each read a share of them (input_pipeline.input_share)."""
     files = len(manifest["files"])
     if files < input_pipelines:
         most = max(1, manifest["num_records"] // input_pipelines)

@@ -1,7 +1,7 @@
 """One way to name a text corpus, accepted by every step, and which share of it a step reads.
 
 ``--corpus`` takes ``embedded``, ``hf:NAME[:CONFIG[:SPLIT]]``, or files (``spec.py``). Each source is a reader
-of its own (``embedded.py``, ``hub_dataset.py``, ``files.py``: a file set's layout, its pieces read by
+of its own (``embedded.py``, ``hub_dataset.py``, ``file_set.py``: a file set's layout, its pieces read by
 ``line_files.py`` for text and JSON lines, plain or compressed, and ``parquet_files.py``) that gives its texts
 for the whole corpus, a part (``Corpus(spec, num_parts=N, part=K)``: the N parts together read each text once,
 in the corpus's order) and a sample (``Corpus(spec, sample_bytes=B)``: about B bytes spread over the whole
@@ -21,8 +21,8 @@ import itertools
 from collections.abc import Iterator
 
 from components.lib.corpus.embedded import EmbeddedReader, embedded_lines
+from components.lib.corpus.file_set import FilesReader
 from components.lib.corpus.file_slice import LINE_STEP
-from components.lib.corpus.files import FilesReader
 from components.lib.corpus.hub_dataset import HubDatasetReader, parse_hub_name
 from components.lib.corpus.reader import CorpusReader, Reading, Texts
 from components.lib.corpus.spec import EMBEDDED, EXPECTED_FORMS, HUB_PREFIX, CorpusArguments, CorpusSpec

@@ -1,6 +1,8 @@
 """Files, local or ``gs://``: paths or globs, comma-separated. ``.txt`` (one document per line), ``.jsonl`` and
 ``.parquet`` (with a text column); text and JSON lines also compressed (``.txt.gz``, ``.jsonl.zst``,
-``.json.bz2``, ``.txt.xz``, ...), decompressed as they stream, in bounded memory.
+``.json.bz2``, ``.txt.xz``, ...). This module lays the files out (which pieces a part or a sample takes:
+``FileSlice``); ``line_files`` reads text and JSON lines, decompressing as they stream, in bounded memory, and
+``parquet_files`` reads Parquet.
 
 **Parts.** The files laid end to end are cut into N equal byte ranges. With at least N files, each file goes
 whole to the part holding its middle byte (whole files, balanced by size, in order). With fewer, text and
