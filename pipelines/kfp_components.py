@@ -96,6 +96,8 @@ def preflight_step(
     num_epochs: int = 1,
     max_steps: int = 0,
     recipe: str = 'roberta-2019-mask-decay',
+    mlm_probability: float = -1.0,
+    final_mlm_probability: float = -1.0,
     learning_rate: float = -1.0,
     adam_beta2: float = -1.0,
     adam_epsilon: float = -1.0,
@@ -105,8 +107,6 @@ def preflight_step(
     lr_schedule: str = '',
     decay_fraction: float = -1.0,
     weight_decay: float = -1.0,
-    mlm_probability: float = -1.0,
-    final_mlm_probability: float = -1.0,
     bf16: bool = False,
     steps_per_execution: int = 50,
     xla: str = 'auto',
@@ -142,7 +142,9 @@ def preflight_step(
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
-        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023', 'roberta-2019', 'roberta-2019-mask-decay']; hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).
+        recipe: The recipe whose values the knobs left at -1 take, one of ['hf-2023', 'roberta-2019', 'roberta-2019-mask-decay']; hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).
+        mlm_probability: Share of tokens masked in training (at the start); -1: the recipe's.
+        final_mlm_probability: The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the recipe's. Validation masks a fixed share (0.15) whatever this is.
         learning_rate: Peak learning rate; -1: the recipe's.
         adam_beta2: Adam's beta2; -1: the recipe's.
         adam_epsilon: Adam's epsilon; -1: the recipe's.
@@ -152,8 +154,6 @@ def preflight_step(
         lr_schedule: linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last decay_fraction of the steps; empty: the recipe's.
         decay_fraction: wsd: share of the steps of the final decay; -1: the recipe's.
         weight_decay: Decoupled weight decay rate; -1: the recipe's.
-        mlm_probability: Share of tokens masked in training (at the start); -1: the recipe's.
-        final_mlm_probability: The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the recipe's. Validation masks a fixed share (0.15) whatever this is.
         bf16: Mixed bfloat16 precision (TPUs, recent GPUs).
         steps_per_execution: Steps run per call into the graph.
         xla: XLA-compile the replica step on GPU/CPU: on, off, auto (off). Never nested on a TPU, which compiles the whole step anyway.
@@ -203,6 +203,8 @@ def train_step(
     num_epochs: int = 1,
     max_steps: int = 0,
     recipe: str = 'roberta-2019-mask-decay',
+    mlm_probability: float = -1.0,
+    final_mlm_probability: float = -1.0,
     learning_rate: float = -1.0,
     adam_beta2: float = -1.0,
     adam_epsilon: float = -1.0,
@@ -212,8 +214,6 @@ def train_step(
     lr_schedule: str = '',
     decay_fraction: float = -1.0,
     weight_decay: float = -1.0,
-    mlm_probability: float = -1.0,
-    final_mlm_probability: float = -1.0,
     bf16: bool = False,
     steps_per_execution: int = 50,
     xla: str = 'auto',
@@ -246,7 +246,9 @@ def train_step(
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
-        recipe: The recipe whose values the knobs below left at -1 take, one of ['hf-2023', 'roberta-2019', 'roberta-2019-mask-decay']; hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).
+        recipe: The recipe whose values the knobs left at -1 take, one of ['hf-2023', 'roberta-2019', 'roberta-2019-mask-decay']; hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).
+        mlm_probability: Share of tokens masked in training (at the start); -1: the recipe's.
+        final_mlm_probability: The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the recipe's. Validation masks a fixed share (0.15) whatever this is.
         learning_rate: Peak learning rate; -1: the recipe's.
         adam_beta2: Adam's beta2; -1: the recipe's.
         adam_epsilon: Adam's epsilon; -1: the recipe's.
@@ -256,8 +258,6 @@ def train_step(
         lr_schedule: linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last decay_fraction of the steps; empty: the recipe's.
         decay_fraction: wsd: share of the steps of the final decay; -1: the recipe's.
         weight_decay: Decoupled weight decay rate; -1: the recipe's.
-        mlm_probability: Share of tokens masked in training (at the start); -1: the recipe's.
-        final_mlm_probability: The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the recipe's. Validation masks a fixed share (0.15) whatever this is.
         bf16: Mixed bfloat16 precision (TPUs, recent GPUs).
         steps_per_execution: Steps run per call into the graph.
         xla: XLA-compile the replica step on GPU/CPU: on, off, auto (off). Never nested on a TPU, which compiles the whole step anyway.

@@ -78,11 +78,16 @@ def test_a_setting_declared_by_several_steps_has_one_type_and_one_default():
 
 def test_the_drift_check_catches_a_default_changed_in_one_place():
     found = declarations()
-    (estimate_place,) = [place for place in found["mlm_probability"] if place[0].__name__ == "EstimateArguments"]
-    found["mlm_probability"] = [
-        place if place is not estimate_place else (place[0], place[1], 0.2) for place in found["mlm_probability"]
+    (estimate_place,) = [place for place in found["model_config"] if place[0].__name__ == "EstimateArguments"]
+    found["model_config"] = [
+        place if place is not estimate_place else (place[0], place[1], "tiny") for place in found["model_config"]
     ]
-    assert drift(found) == ["mlm_probability: defaults differ (EstimateArguments=0.2, TrainingSettings=-1.0)"]
+    assert drift(found) == ["model_config: defaults differ (EstimateArguments='tiny', TrainingData='roberta-base')"]
+
+
+def test_the_recipe_s_knobs_are_declared_once():
+    assert {cls.__name__ for cls, _, _ in declarations()["mlm_probability"]} == {"MaskingKnobs"}
+    assert {cls.__name__ for cls, _, _ in declarations()["learning_rate"]} == {"Recipe"}
 
 
 @pytest.mark.parametrize("name", sorted(STEPS))
@@ -130,8 +135,8 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("vocab_size", "lowercase"),
         *("tokenizer_sample_bytes", "max_length", "records_per_shard", "num_parts", "model_config"),
         *("per_replica_batch_size", "gradient_accumulation_steps", "num_epochs", "max_steps", "recipe"),
-        *("learning_rate", "adam_beta2", "adam_epsilon", "clip_norm", "warmup_fraction", "warmup_steps"),
-        *("lr_schedule", "decay_fraction", "weight_decay", "mlm_probability", "final_mlm_probability"),
+        *("mlm_probability", "final_mlm_probability", "learning_rate", "adam_beta2", "adam_epsilon", "clip_norm"),
+        *("warmup_fraction", "warmup_steps", "lr_schedule", "decay_fraction", "weight_decay"),
         *("bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),
         *("checkpoint_every_steps", "log_every_steps", "eval_batches", "on_divergence", "max_rewinds"),
         *("accelerator", "replicas"),

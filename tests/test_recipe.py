@@ -12,7 +12,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.input_pipeline import EVALUATION_MLM_PROBABILITY, Masking, evaluation_dataset, training_dataset
 from components.lib.masked_lm import max_predictions
 from components.lib.modeling import model_config
-from components.lib.recipe import RECIPES, Recipe, learning_rate_schedule, resolve_recipe
+from components.lib.recipe import KNOBS, RECIPES, Recipe, learning_rate_schedule, resolve_recipe
 from components.lib.shard_set import read_manifest
 from components.lib.train_function import train_function
 from components.lib.training_plan import TrainingSettings
@@ -20,7 +20,8 @@ from components.lib.training_plan import TrainingSettings
 
 def test_the_reference_recipe_is_the_settings_the_train_step_had_before_recipes():
     """hf-2023 reproduces the 2023 run: the train step's defaults before the knobs came (commit 29a0c00)."""
-    assert RECIPES["hf-2023"] == Recipe(
+    assert resolve_recipe({"recipe": "hf-2023"}) == Recipe(
+        recipe="hf-2023",
         learning_rate=1e-4,
         adam_beta2=0.999,
         adam_epsilon=1e-8,
@@ -39,7 +40,8 @@ def test_roberta_recipes_are_fairseq_s_and_the_default_adds_the_measured_masking
     """roberta-2019: fairseq's RoBERTa-base pre-training (peak 5e-4, betas 0.9/0.98, epsilon 1e-6, weight decay
     0.01, 10k warmup updates of 125k, linear decay, no clipping, 15%); the default is it with the masking decaying
     from 30% to 15%, as benchmarks/recipes.py compared it."""
-    assert RECIPES["roberta-2019"] == Recipe(
+    assert resolve_recipe({"recipe": "roberta-2019"}) == Recipe(
+        recipe="roberta-2019",
         learning_rate=5e-4,
         adam_beta2=0.98,
         adam_epsilon=1e-6,
@@ -53,15 +55,28 @@ def test_roberta_recipes_are_fairseq_s_and_the_default_adds_the_measured_masking
         final_mlm_probability=0.0,
     )
     default = resolve_recipe({})
-    assert default == RECIPES["roberta-2019-mask-decay"]
-    assert default == replace(RECIPES["roberta-2019"], mlm_probability=0.3, final_mlm_probability=0.15)
+    assert default.recipe == "roberta-2019-mask-decay"
+    assert default == replace(
+        resolve_recipe({"recipe": "roberta-2019"}),
+        recipe="roberta-2019-mask-decay",
+        mlm_probability=0.3,
+        final_mlm_probability=0.15,
+    )
     assert TrainingSettings.__dataclass_fields__["recipe"].default == "roberta-2019-mask-decay"
+
+
+def test_every_named_recipe_sets_every_knob_and_one_left_unset_is_refused(monkeypatch):
+    assert all(set(values) == set(KNOBS) for values in RECIPES.values())
+    unset = {knob: value for knob, value in RECIPES["hf-2023"].items() if knob != "weight_decay"}
+    monkeypatch.setitem(RECIPES, "hf-2023", unset)
+    with pytest.raises(InvalidParameter, match="weight-decay"):
+        resolve_recipe({"recipe": "hf-2023"})
 
 
 def test_a_knob_given_beside_the_recipe_overrides_it_and_the_rest_are_the_recipe_s():
     resolved = resolve_recipe({"recipe": "hf-2023", "learning_rate": 5e-4, "adam_beta2": -1, "lr_schedule": ""})
     assert resolved.learning_rate == 5e-4
-    assert asdict(resolved) == {**asdict(RECIPES["hf-2023"]), "learning_rate": 5e-4}
+    assert asdict(resolved) == {**asdict(resolve_recipe({"recipe": "hf-2023"})), "learning_rate": 5e-4}
     # warmup in steps replaces the recipe's fraction; resolving the resolved knobs again changes nothing
     in_steps = resolve_recipe({"warmup_steps": 100})
     assert (in_steps.warmup_steps, in_steps.warmup_fraction) == (100, 0.0)
@@ -97,7 +112,7 @@ def test_each_knob_is_refused_in_one_line_naming_it(values, parameter):
 
 def test_the_linear_schedule_is_transformers_create_optimizer_s_at_every_step():
     """The reference recipe's schedule, step for step, as transformers.create_optimizer made it before."""
-    settings = RECIPES["hf-2023"]
+    settings = resolve_recipe({"recipe": "hf-2023"})
     ours = learning_rate_schedule(settings, 1000)
     _, theirs = create_optimizer(init_lr=1e-4, num_train_steps=1000, num_warmup_steps=50, weight_decay_rate=1e-3)
     steps = tf.range(0, 1001)

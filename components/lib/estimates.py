@@ -13,7 +13,7 @@ from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.modeling import model_config
-from components.lib.recipe import DEFAULT_RECIPE, RECIPE_GLOBAL_BATCH, RECIPE_VALUE
+from components.lib.recipe import RECIPE_GLOBAL_BATCH, MaskingKnobs
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import DEFAULT_MFU, RunShape, settings_shape
 from components.lib.shard_set import read_manifest
@@ -33,7 +33,7 @@ DEFAULT_TOKENS_PER_BYTE = 0.312
 
 
 @dataclass
-class EstimateArguments:
+class EstimateArguments(MaskingKnobs):
     model_config: str = field(default="roberta-base", metadata={"help": "As for the train step."})
     tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {list(TPU_TYPES)}."})
     per_replica_batch_size: int = field(
@@ -55,14 +55,6 @@ class EstimateArguments:
     bf16: bool = field(default=True, metadata={"help": "Mixed bfloat16, as the vertex target trains."})
     allow_tight_memory: bool = field(
         default=False, metadata={"help": "As for preflight: a tight memory estimate is no refusal."}
-    )
-    recipe: str = field(default=DEFAULT_RECIPE, metadata={"help": "As for the train step (its masking rates)."})
-    mlm_probability: float = field(
-        default=float(RECIPE_VALUE),
-        metadata={"help": "As for the train step (the LM head's memory); -1: the recipe's."},
-    )
-    final_mlm_probability: float = field(
-        default=float(RECIPE_VALUE), metadata={"help": "As for the train step; -1: the recipe's."}
     )
     train_shards: str = field(default="", metadata={"help": "Training shards: their manifest gives the samples."})
     corpus: str = field(default="", metadata={"help": "Without shards: the corpus, whose size gives the samples."})

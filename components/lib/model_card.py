@@ -6,11 +6,10 @@ The usage section's code blocks run as they are (the tests run each in its envir
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from components.lib.corpus import HUB_PREFIX, parse_hub_name
-from components.lib.recipe import Recipe
+from components.lib.recipe import KNOBS
 from components.lib.results import loss_summary, metrics_table
 
 CARD_FILE = "README.md"
@@ -82,7 +81,7 @@ CARD_HYPERPARAMETERS = (
     "per_replica_batch_size",
     "gradient_accumulation_steps",
     "recipe",
-    *(knob.name for knob in fields(Recipe)),
+    *KNOBS,
     "bf16",
     "seed",
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from components.lib.errors import InvalidParameter
@@ -25,36 +25,115 @@ RECIPE_GLOBAL_BATCH = 2048
 SCHEDULES = ("linear", "wsd")
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """The knobs of a recipe, each a field of the training settings of the same name."""
-
-    learning_rate: float  # peak
-    adam_beta2: float
-    adam_epsilon: float
-    clip_norm: float  # the global norm each optimizer step's gradient is clipped to; 0: no clipping
-    warmup_fraction: float  # of the run's steps, linear from 0 to the peak ...
-    warmup_steps: int  # ... or this many steps when above 0
-    lr_schedule: str  # linear: decay to 0 from the warmup's end; wsd: warmup, stable, then linear decay to 0 ...
-    decay_fraction: float  # ... over this last share of the steps
-    weight_decay: float  # decoupled; LayerNorm and biases excluded
-    mlm_probability: float  # the share of tokens masked at the start ...
-    final_mlm_probability: float  # ... decaying linearly to this at the end; 0: constant
-
-
+# Each named recipe sets every knob of Recipe (resolve_recipe refuses one left unset)
 RECIPES = {
     # the reference: AdamWeightDecay at 1e-4, beta2 0.999, epsilon 1e-8, no clipping, 5% warmup then linear
     # decay, weight decay 1e-3, 15% masking (run_mlm.py's defaults in the recipe's repository)
-    "hf-2023": Recipe(1e-4, 0.999, 1e-8, 0.0, 0.05, 0, "linear", 0.0, 1e-3, 0.15, 0.0),
+    "hf-2023": dict(
+        learning_rate=1e-4,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        clip_norm=0.0,
+        warmup_fraction=0.05,
+        warmup_steps=0,
+        lr_schedule="linear",
+        decay_fraction=0.0,
+        weight_decay=1e-3,
+        mlm_probability=0.15,
+        final_mlm_probability=0.0,
+    ),
     # RoBERTa's own (fairseq's examples/roberta pre-training config for roberta-base at a batch of 2,048): 5e-4,
     # beta2 0.98, epsilon 1e-6, no clipping, 10k warmup updates of 125k (8%), linear decay (polynomial, power 1),
     # weight decay 0.01, 15% masking
-    "roberta-2019": Recipe(5e-4, 0.98, 1e-6, 0.0, 0.08, 0, "linear", 0.0, 0.01, 0.15, 0.0),
-    # the default: roberta-2019 with a masking rate that decays linearly from 30% to 15% over the run (Ankner et
-    # al. 2023): the fewest steps to the reference's loss in benchmarks/recipes.py (docs/recipes.md)
-    "roberta-2019-mask-decay": Recipe(5e-4, 0.98, 1e-6, 0.0, 0.08, 0, "linear", 0.0, 0.01, 0.30, 0.15),
+    "roberta-2019": dict(
+        learning_rate=5e-4,
+        adam_beta2=0.98,
+        adam_epsilon=1e-6,
+        clip_norm=0.0,
+        warmup_fraction=0.08,
+        warmup_steps=0,
+        lr_schedule="linear",
+        decay_fraction=0.0,
+        weight_decay=0.01,
+        mlm_probability=0.15,
+        final_mlm_probability=0.0,
+    ),
 }
+# the default: roberta-2019 with a masking rate that decays linearly from 30% to 15% over the run (Ankner et al.
+# 2023): the fewest steps to the reference's loss in benchmarks/recipes.py (docs/recipes.md)
+RECIPES["roberta-2019-mask-decay"] = {**RECIPES["roberta-2019"], "mlm_probability": 0.30, "final_mlm_probability": 0.15}
 DEFAULT_RECIPE = "roberta-2019-mask-decay"
+
+
+@dataclass(kw_only=True)
+class MaskingKnobs:
+    """The recipe, and its knobs that size the LM head (the most positions a sample masks): the training's
+    settings and the estimate's."""
+
+    recipe: str = field(
+        default=DEFAULT_RECIPE,
+        metadata={
+            "help": f"The recipe whose values the knobs left at -1 take, one of {sorted(RECIPES)}; hf-2023 is the "
+            "2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).",
+            "choices": tuple(RECIPES),
+        },
+    )
+    mlm_probability: float = field(
+        default=float(RECIPE_VALUE),
+        metadata={"help": "Share of tokens masked in training (at the start); -1: the recipe's."},
+    )
+    final_mlm_probability: float = field(
+        default=float(RECIPE_VALUE),
+        metadata={
+            "help": "The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the "
+            "recipe's. Validation masks a fixed share (0.15) whatever this is."
+        },
+    )
+
+
+@dataclass(kw_only=True)
+class Recipe(MaskingKnobs):
+    """A run's recipe and knobs, declared here once: the training's settings are these fields, and
+    ``resolve_recipe`` gives every knob its value (the recipe's for one left at ``RECIPE_VALUE``)."""
+
+    learning_rate: float = field(
+        default=float(RECIPE_VALUE), metadata={"help": "Peak learning rate; -1: the recipe's."}
+    )
+    adam_beta2: float = field(default=float(RECIPE_VALUE), metadata={"help": "Adam's beta2; -1: the recipe's."})
+    adam_epsilon: float = field(default=float(RECIPE_VALUE), metadata={"help": "Adam's epsilon; -1: the recipe's."})
+    clip_norm: float = field(
+        default=float(RECIPE_VALUE),
+        metadata={
+            "help": "Clip each optimizer step's gradient (summed over micro-batches and replicas) to this global "
+            "norm; 0: no clipping; -1: the recipe's."
+        },
+    )
+    warmup_fraction: float = field(
+        default=float(RECIPE_VALUE), metadata={"help": "Share of the steps of linear warmup; -1: the recipe's."}
+    )
+    warmup_steps: int = field(
+        default=RECIPE_VALUE,
+        metadata={
+            "help": "Steps of linear warmup, above 0 instead of warmup_fraction (0: use warmup_fraction, which is "
+            "0 for no warmup); -1: the recipe's."
+        },
+    )
+    lr_schedule: str = field(
+        default="",
+        metadata={
+            "help": "linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last "
+            "decay_fraction of the steps; empty: the recipe's."
+        },
+    )
+    decay_fraction: float = field(
+        default=float(RECIPE_VALUE), metadata={"help": "wsd: share of the steps of the final decay; -1: the recipe's."}
+    )
+    weight_decay: float = field(
+        default=float(RECIPE_VALUE), metadata={"help": "Decoupled weight decay rate; -1: the recipe's."}
+    )
+
+
+KNOBS = tuple(knob.name for knob in fields(Recipe) if knob.name != "recipe")
 
 
 def resolve_recipe(values: Mapping[str, Any]) -> Recipe:
@@ -63,7 +142,7 @@ def resolve_recipe(values: Mapping[str, Any]) -> Recipe:
     name = values.get("recipe", DEFAULT_RECIPE)
     if name not in RECIPES:
         raise InvalidParameter("recipe", name, f"must be one of {sorted(RECIPES)}")
-    given = {knob.name: values.get(knob.name, RECIPE_VALUE) for knob in fields(Recipe)}
+    given = {knob: values.get(knob, RECIPE_VALUE) for knob in KNOBS}
     given = {knob: value for knob, value in given.items() if value not in (RECIPE_VALUE, "")}
     for knob, value in given.items():
         if isinstance(value, float) and not math.isfinite(value):
@@ -79,15 +158,16 @@ def resolve_recipe(values: Mapping[str, Any]) -> Recipe:
                 "decay_fraction", given["decay_fraction"], "is for lr_schedule wsd; linear decays over the whole run"
             )
         given["decay_fraction"] = 0.0
-    recipe = replace(RECIPES[name], **given)
+    recipe = Recipe(recipe=name, **{**RECIPES[name], **given})
     check_knobs(recipe)
     return recipe
 
 
 def apply_recipe(settings: Any) -> None:
     """Sets each knob of ``settings`` left at ``RECIPE_VALUE`` to its recipe's value."""
-    for knob, value in asdict(resolve_recipe(vars(settings))).items():
-        setattr(settings, knob, value)
+    resolved = resolve_recipe(vars(settings))
+    for knob in KNOBS:
+        setattr(settings, knob, getattr(resolved, knob))
 
 
 def check_knobs(settings: Any) -> None:

@@ -4,7 +4,7 @@ preflight alike (the batch arithmetic, the data, the model config, the checkpoin
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
@@ -12,7 +12,7 @@ from components.lib.devices import ACCELERATORS, check_accelerator
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id
 from components.lib.modeling import PRESETS, model_config
-from components.lib.recipe import DEFAULT_RECIPE, RECIPE_VALUE, RECIPES, Recipe, apply_recipe
+from components.lib.recipe import KNOBS, Recipe, apply_recipe
 from components.lib.run_shape import RunShape, settings_shape
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import load_tokenizer
@@ -26,9 +26,9 @@ DIVERGENCE_CHOICES = ("stop", "rewind")
 
 
 @dataclass(kw_only=True)
-class TrainingSettings:
-    """The training: its data, model, optimization, accelerator and checkpoints. The train step runs with
-    these, preflight checks them for a TPU, and the pipeline's training parameters are these fields."""
+class TrainingData:
+    """The training's data, model and batch: the first of its settings (they come first in ``--help`` and in the
+    pipeline's parameters, before the recipe's knobs)."""
 
     tokenizer: str = field(metadata={"help": "Tokenizer folder (local or gs://)."})
     train_shards: str = field(metadata={"help": "Training shard folder with manifest.json."})
@@ -50,60 +50,14 @@ class TrainingSettings:
     )
     num_epochs: int = field(default=1, metadata={"help": "Passes over the training shards."})
     max_steps: int = field(default=0, metadata={"help": "Total optimizer steps; overrides num_epochs when > 0."})
-    recipe: str = field(
-        default=DEFAULT_RECIPE,
-        metadata={
-            "help": f"The recipe whose values the knobs below left at -1 take, one of {sorted(RECIPES)}; hf-2023 is "
-            "the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).",
-            "choices": tuple(RECIPES),
-        },
-    )
-    learning_rate: float = field(
-        default=float(RECIPE_VALUE), metadata={"help": "Peak learning rate; -1: the recipe's."}
-    )
-    adam_beta2: float = field(default=float(RECIPE_VALUE), metadata={"help": "Adam's beta2; -1: the recipe's."})
-    adam_epsilon: float = field(default=float(RECIPE_VALUE), metadata={"help": "Adam's epsilon; -1: the recipe's."})
-    clip_norm: float = field(
-        default=float(RECIPE_VALUE),
-        metadata={
-            "help": "Clip each optimizer step's gradient (summed over micro-batches and replicas) to this global "
-            "norm; 0: no clipping; -1: the recipe's."
-        },
-    )
-    warmup_fraction: float = field(
-        default=float(RECIPE_VALUE), metadata={"help": "Share of the steps of linear warmup; -1: the recipe's."}
-    )
-    warmup_steps: int = field(
-        default=RECIPE_VALUE,
-        metadata={
-            "help": "Steps of linear warmup, above 0 instead of warmup_fraction (0: use warmup_fraction, which is "
-            "0 for no warmup); -1: the recipe's."
-        },
-    )
-    lr_schedule: str = field(
-        default="",
-        metadata={
-            "help": "linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last "
-            "decay_fraction of the steps; empty: the recipe's."
-        },
-    )
-    decay_fraction: float = field(
-        default=float(RECIPE_VALUE), metadata={"help": "wsd: share of the steps of the final decay; -1: the recipe's."}
-    )
-    weight_decay: float = field(
-        default=float(RECIPE_VALUE), metadata={"help": "Decoupled weight decay rate; -1: the recipe's."}
-    )
-    mlm_probability: float = field(
-        default=float(RECIPE_VALUE),
-        metadata={"help": "Share of tokens masked in training (at the start); -1: the recipe's."},
-    )
-    final_mlm_probability: float = field(
-        default=float(RECIPE_VALUE),
-        metadata={
-            "help": "The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the "
-            "recipe's. Validation masks a fixed share (0.15) whatever this is."
-        },
-    )
+
+
+@dataclass(kw_only=True)
+class TrainingSettings(Recipe, TrainingData):
+    """The training: its data, model, optimization (the recipe and its knobs, ``Recipe``), accelerator and
+    checkpoints. The train step runs with these, preflight checks them for a TPU, and the pipeline's training
+    parameters are these fields."""
+
     bf16: bool = field(default=False, metadata={"help": "Mixed bfloat16 precision (TPUs, recent GPUs)."})
     steps_per_execution: int = field(default=50, metadata={"help": "Steps run per call into the graph."})
     xla: str = field(
@@ -279,7 +233,7 @@ def plan_training(
             arguments.eval_shards,
             f"hold {eval_manifest['num_records']} samples, fewer than one batch of {shape.micro_batch_size}",
         )
-    knobs = {knob.name: getattr(arguments, knob.name) for knob in fields(Recipe)}
+    knobs = {knob: getattr(arguments, knob) for knob in KNOBS}
     identity = checkpoint_identity(config, tokenizer_fingerprint, {"recipe": arguments.recipe, **knobs})
     if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
         check_checkpoints_match(arguments.checkpoint_dir, identity)
