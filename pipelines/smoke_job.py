@@ -40,7 +40,7 @@ from components.lib.preemption import last_words
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import settings_shape
 from components.lib.slice_hosts import ENDPOINTS_VARIABLE, HOSTS_FOLDER
-from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_TYPES, tpu_batch, tpu_type
+from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_TYPES, TpuBatch, tpu_type
 
 log = logging.getLogger("tpu_mlm.smoke")
 
@@ -52,7 +52,7 @@ GLOBAL_BATCHES_OF_DATA = 2  # shards of at least this many global batches (the s
 
 
 @dataclass(kw_only=True)
-class SmokeRun:
+class SmokeRun(TpuBatch):
     """The run to try: the real run's TPU, model, batch and precision (the data is made in the job)."""
 
     tpu_type: str = field(
@@ -62,19 +62,11 @@ class SmokeRun:
     model_config: str = field(default="roberta-base", metadata={"help": "The real run's model config."})
     vocab_size: int = field(default=25_000, metadata={"help": "The real run's vocabulary size."})
     max_length: int = field(default=128, metadata={"help": "Tokens per sample."})
-    per_replica_batch_size: int = field(default=0, metadata={"help": "0: the TPU type's micro-batch (else 8)."})
-    gradient_accumulation_steps: int = field(default=0, metadata={"help": "0: what makes the TPU's global batch."})
     bf16: bool = field(default=True, metadata={"help": "Mixed bfloat16 precision, as TPU runs train."})
     steps: int = field(default=30, metadata={"help": "Optimizer steps: three log windows, the first compiles."})
 
     def __post_init__(self) -> None:
-        tpu = tpu_type(self.tpu_type) if self.tpu_type else None
-        defaults = tpu_batch(tpu) if tpu else {"per_replica_batch_size": 8, "gradient_accumulation_steps": 1}
-        self.per_replica_batch_size = self.per_replica_batch_size or defaults["per_replica_batch_size"]
-        self.gradient_accumulation_steps = self.gradient_accumulation_steps or defaults["gradient_accumulation_steps"]
-        for parameter in ("per_replica_batch_size", "gradient_accumulation_steps"):
-            if getattr(self, parameter) < 1:
-                raise InvalidParameter(parameter, getattr(self, parameter), "must be 0 (the default) or positive")
+        self.resolve_batch(tpu_type(self.tpu_type) if self.tpu_type else None)
         if self.steps < 3 or self.steps % 3:
             raise InvalidParameter("steps", self.steps, "must be a positive multiple of 3 (three log windows)")
 

@@ -13,17 +13,16 @@ from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.modeling import model_config
-from components.lib.recipe import RECIPE_GLOBAL_BATCH, MaskingKnobs
+from components.lib.recipe import MaskingKnobs
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import DEFAULT_MFU, RunShape, settings_shape
 from components.lib.shard_set import read_manifest
 from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, load_tokenizer
 from components.lib.tpu_catalogue import (
     PRICES,
-    TPU_MICRO_BATCH,
     TPU_TYPES,
+    TpuBatch,
     TpuType,
-    tpu_batch,
     tpu_type,
 )
 
@@ -33,23 +32,9 @@ DEFAULT_TOKENS_PER_BYTE = 0.312
 
 
 @dataclass
-class EstimateArguments(MaskingKnobs):
+class EstimateArguments(MaskingKnobs, TpuBatch):
     model_config: str = field(default="roberta-base", metadata={"help": "As for the train step."})
     tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {list(TPU_TYPES)}."})
-    per_replica_batch_size: int = field(
-        default=0,
-        metadata={
-            "help": f"As for the train step; 0: {TPU_MICRO_BATCH}, the TPU defaults' (with gradient_accumulation_steps "
-            "also 0, accumulated to the recipe's global batch)."
-        },
-    )
-    gradient_accumulation_steps: int = field(
-        default=0,
-        metadata={
-            "help": "As for the train step; 0: 1, or with per_replica_batch_size also 0 as many as make the "
-            f"recipe's global batch of {RECIPE_GLOBAL_BATCH}."
-        },
-    )
     num_epochs: int = field(default=1, metadata={"help": "As for the train step."})
     max_steps: int = field(default=0, metadata={"help": "As for the train step (> 0 wins over num_epochs)."})
     bf16: bool = field(default=True, metadata={"help": "Mixed bfloat16, as the vertex target trains."})
@@ -79,13 +64,8 @@ class EstimateArguments(MaskingKnobs):
     )
 
     def __post_init__(self) -> None:
-        defaults = tpu_batch(tpu_type(self.tpu_type))
-        if not self.per_replica_batch_size and not self.gradient_accumulation_steps:
-            self.per_replica_batch_size = defaults["per_replica_batch_size"]
-            self.gradient_accumulation_steps = defaults["gradient_accumulation_steps"]
-        self.per_replica_batch_size = self.per_replica_batch_size or defaults["per_replica_batch_size"]
-        self.gradient_accumulation_steps = self.gradient_accumulation_steps or 1
-        for parameter in ("per_replica_batch_size", "gradient_accumulation_steps", "num_epochs", "max_length"):
+        self.resolve_batch(tpu_type(self.tpu_type))
+        for parameter in ("num_epochs", "max_length"):
             if getattr(self, parameter) < 1:
                 raise InvalidParameter(parameter, getattr(self, parameter), "must be a positive whole number")
         if not 0 < self.mfu <= 1:
