@@ -28,6 +28,7 @@ from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.job_runner import log, run_job
 from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import check_values, routed_values
+from pipelines.vertex_jobs import VertexProject
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -54,12 +55,9 @@ FIRST_RUN_PROVES = (
 
 
 @dataclass
-class SubmitArguments:
-    project: str = field(metadata={"help": "Google Cloud project id."})
+class SubmitArguments(VertexProject):
     pipeline_root: str = field(metadata={"help": "gs:// folder for the run's artifacts."})
     template: str = field(default="pipeline.yaml", metadata={"help": "Compiled pipeline (pipelines.compile)."})
-    region: str = field(default="us-central1", metadata={"help": "Vertex AI region (one with the TPU type)."})
-    service_account: str = field(default="", metadata={"help": "Service account the run acts as."})
     parameters: str = field(default="{}", metadata={"help": "Pipeline parameter values as a JSON object."})
     labels: str = field(default="", metadata={"help": "Run labels, key=value,key=value."})
     display_name: str = field(default="tpu-mlm-pretraining", metadata={"help": "Name of the run."})

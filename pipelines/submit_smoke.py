@@ -39,6 +39,7 @@ from pipelines.submit import check_project, check_service_account
 from pipelines.vertex_jobs import (
     JobServiceArguments,
     JobWait,
+    VertexProject,
     create_job,
     job_client,
     location_path,
@@ -50,17 +51,14 @@ MAX_QUEUED_MINUTES = 24 * 60
 
 
 @dataclass(kw_only=True)
-class SmokeJobArguments(JobServiceArguments, SmokeRun):
+class SmokeJobArguments(VertexProject, JobServiceArguments, SmokeRun):
     """Where and how the smoke job runs, and the run it tries."""
 
     tpu_type: str = field(
         default="v3-8", metadata={"help": "The TPU to try, as the run will have it.", "choices": list(TPU_TYPES)}
     )
-    project: str = field(metadata={"help": "Google Cloud project id."})
     scratch: str = field(metadata={"help": "gs:// folder; the job writes its data, model and smoke.json under it."})
     tpu_image: str = field(metadata={"help": "The TPU image the pipeline's train step will run."})
-    region: str = field(default="us-central1", metadata={"help": "Vertex AI region (one with the TPU type)."})
-    service_account: str = field(default="", metadata={"help": "Service account the job runs as."})
     tpu_provisioning: str = field(
         default=ON_DEMAND,
         metadata={"help": "On demand (STANDARD) or SPOT, as the run will be.", "choices": TPU_PROVISIONING},

@@ -85,6 +85,17 @@ def tpu_worker_pool(
 
 
 @dataclass(kw_only=True)
+class VertexProject:
+    """Where a submission runs on Vertex AI and as whom: the pipeline's and the smoke job's."""
+
+    project: str = field(metadata={"help": "Google Cloud project id."})
+    region: str = field(default="us-central1", metadata={"help": "Vertex AI region (one with the TPU type)."})
+    service_account: str = field(
+        default="", metadata={"help": "Service account the run or job acts as (docs/vertex-ai.md's, least privilege)."}
+    )
+
+
+@dataclass(kw_only=True)
 class JobServiceArguments:
     """How a command reaches Vertex AI's job service and how often it looks at a job."""
 
