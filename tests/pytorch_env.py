@@ -5,6 +5,7 @@ makes it anew. The main environment never holds torch."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -21,17 +22,20 @@ STAMP = VENV / ".requirements"  # written last: an environment whose install was
 
 
 def pytorch_python() -> Path:
-    """The environment's interpreter, made first where it is missing, half made or made from other pins."""
+    """The environment's interpreter, made first where it is missing, half made or made from other pins; one
+    test process makes it while the others (make test's second) wait on the lock."""
     python = VENV / "bin" / "python"
     wanted = REQUIREMENTS.read_text()
-    if python.exists() and STAMP.exists() and STAMP.read_text() == wanted:
+    with open(PROJECT_ROOT / ".venv-pytorch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if python.exists() and STAMP.exists() and STAMP.read_text() == wanted:
+            return python
+        shutil.rmtree(VENV, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
+        STAMP.write_text(wanted)
         return python
-    shutil.rmtree(VENV, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
-    STAMP.write_text(wanted)
-    return python
 
 
 def run_pytorch(request: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:

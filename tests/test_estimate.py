@@ -1,11 +1,10 @@
 import json
 
 import pytest
-from conftest import LONG_TEST_SECONDS, run_module, train_tiny
+from conftest import run_module
 
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
-from components.lib.results import SUMMARY_FILE
 from components.lib.shard_set import read_manifest
 from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import target_defaults
@@ -113,38 +112,3 @@ def test_the_cli_prints_a_table_for_people_and_json_for_scripts(embedded_shards)
     assert "model FLOPs per token" in people.stdout and "{" not in people.stdout
     scripts = run_module("components.estimate", *common, "--json")
     assert "model FLOPs per token" not in scripts.stdout + scripts.stderr and json.loads(scripts.stdout)["steps"] > 0
-
-
-@pytest.mark.timeout(LONG_TEST_SECONDS)
-@pytest.mark.slow
-def test_the_estimate_from_a_cpu_run_predicts_its_training_time_within_a_quarter(tmp_path, embedded_shards):
-    summary = train_tiny(
-        tmp_path / "model",
-        embedded_shards,
-        max_steps=1000,  # long enough that the one-off start (building, tracing, saving) is a small share
-        log_every_steps=250,
-        checkpoint_every_steps=1000,
-        price_per_hour=3.6,
-    )
-    assert summary["cost_this_run"] == pytest.approx(3.6 * summary["seconds_this_run"] / 3600, rel=1e-3)
-    # the same settings on one replica (v5e-1 has one), at the throughput the run measured
-    result = estimate_run(
-        EstimateArguments(
-            train_shards=embedded_shards["train"],
-            model_config="tiny",
-            tpu_type="v5e-1",
-            per_replica_batch_size=16,
-            max_steps=1000,
-            from_run=str(tmp_path / "model"),
-        )
-    )
-    predicted = result["from_run"]["hours"] * 3600
-    # the estimate is of the steps' time: the run's four log windows (the first with the tracing), measured; not
-    # the one-off start and the save, which vary with the machine's load (a loaded run took 87 s for 49 s of steps)
-    history = summary["history"]
-    windows = [
-        point["step"] - before for point, before in zip(history, [0] + [p["step"] for p in history[:-1]], strict=True)
-    ]
-    steps_seconds = sum(steps * 16 / point["samples_per_second"] for steps, point in zip(windows, history, strict=True))
-    assert predicted == pytest.approx(steps_seconds, rel=0.25)
-    assert json.loads((tmp_path / "model" / SUMMARY_FILE).read_text())["history"][-1]["projected_cost"] > 0

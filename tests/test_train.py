@@ -50,6 +50,7 @@ def trained(tmp_path_factory, wikitext_shards):
         checkpoint_every_steps=75,
         log_every_steps=10,
         peak_tflops=1.0,
+        price_per_hour=3.6,
     )
     return str(output), summary
 
@@ -96,6 +97,9 @@ def test_summary_history_tensorboard_and_mfu(trained):
     assert "eval/loss" in tags
     assert all(point["gradient_norm"] > 0 for point in summary["history"])  # the global norm, beside the loss
     assert json.loads(Path(model_dir, SUMMARY_FILE).read_text())["total_steps"] == 150
+    # the run's cost at the price given, and each log point's projection of the whole run's
+    assert summary["cost_this_run"] == pytest.approx(3.6 * summary["seconds_this_run"] / 3600, rel=1e-3)
+    assert all(point["projected_cost"] > 0 for point in summary["history"])
 
 
 @pytest.mark.slow
