@@ -28,6 +28,13 @@ def wikitext_present() -> bool:
 WIKITEXT_VOCAB_SIZE = 5000
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with slow tests first, each file's tests together and in order: make test's two processes start
+    the longest work early instead of one of them ending the run alone on it."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within a file is kept
+
+
 def pytest_report_header() -> str:
     if wikitext_present():
         return f"WikiText-2 tests: {WIKITEXT}"
