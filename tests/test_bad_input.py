@@ -10,13 +10,11 @@ import gzip
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 
 import pytest
 from backports import zstd
-from conftest import HUB_TOKEN, PROJECT_ROOT
+from conftest import HUB_TOKEN, PROJECT_ROOT, run_module
 from google.cloud.aiplatform_v1.services.job_service import JobServiceClient
 from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
 
@@ -382,13 +380,7 @@ def test_bad_input_gets_one_clear_line_and_nothing_is_written_pushed_or_submitte
     else:
         hub = request.getfixturevalue("hub")
         env = {**hub.env, "HF_TOKEN": case.hub_token}
-        process = subprocess.run(
-            [sys.executable, "-m", "pipelines.cli", case.job, *args],
-            cwd=PROJECT_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+        process = run_module("pipelines.cli", case.job, *args, env=env)
         code, stderr = process.returncode, process.stderr
         assert hub.repos == {} and not [r for r in hub.requests if r[0] != "GET"], "something reached the Hub"
     assert code == 2, stderr

@@ -5,13 +5,12 @@ configs declared in the README's YAML)."""
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import LONG_TEST_SECONDS, PROJECT_ROOT
+from conftest import LONG_TEST_SECONDS, run_module
 from test_gcs import bucket_objects
 from test_shards import assert_parts_write_the_token_stream_of_one_part
 
@@ -60,13 +59,7 @@ def hub_dataset(hub, tmp_path):
 
 def job(hub, name: str, *arguments: str, token: bool = True) -> subprocess.CompletedProcess:
     env = dict(hub.env) if token else {key: value for key, value in hub.env.items() if key != "HF_TOKEN"}
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", name, *arguments],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    return run_module("pipelines.cli", name, *arguments, env=env)
 
 
 @pytest.mark.slow  # 24 s: out of the fast tier (make test-fast under 3 minutes)

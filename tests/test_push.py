@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import HUB_TOKEN, PROJECT_ROOT, train_tiny
+from conftest import HUB_TOKEN, run_module, train_tiny
 from huggingface_hub import snapshot_download
 from pytorch_env import pytorch_python, run_pytorch
 from transformers import TFAutoModelForMaskedLM
@@ -33,13 +33,7 @@ def model_and_evaluation(tmp_path_factory, wikitext_shards):
 
 
 def push(hub, model, evaluation, *extra, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "components.push", "--model", model, "--evaluation", evaluation, *extra],
-        cwd=PROJECT_ROOT,
-        env=env or hub.env,
-        capture_output=True,
-        text=True,
-    )
+    return run_module("components.push", "--model", model, "--evaluation", evaluation, *extra, env=env or hub.env)
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from conftest import PROJECT_ROOT
+from conftest import PROJECT_ROOT, run_module
 
 from components.lib.slice_hosts import (
     METADATA_REPORTED,
@@ -286,13 +286,7 @@ def test_the_launcher_refuses_a_one_host_tpu_and_a_missing_command():
         (["--tpu_type", "v5e-8", "--", "true"], "--tpu-type='v5e-8': is one host: run the command itself"),
         (["--tpu_type", "v5e-16"], "--command='': give the command to run on host 0 after --"),
     ):
-        result = subprocess.run(
-            [sys.executable, "-m", "components.slice", *flags],
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-        )
+        result = run_module("components.slice", *flags)
         assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
 
 

@@ -523,9 +523,7 @@ def test_checkpoints_sync_to_the_hub_through_the_real_client(tmp_path, wikitext_
         "--output",
         str(tmp_path / "m"),
     ]
-    result = subprocess.run(
-        [sys.executable, "-m", "components.train", *args], cwd=PROJECT_ROOT, env=hub.env, capture_output=True, text=True
-    )
+    result = run_module("components.train", *args, env=hub.env)
     assert result.returncode == 0, result.stderr
     assert hub.env["HF_TOKEN"] not in result.stdout + result.stderr
     repo = hub.repos["user/tiny-checkpoints"]
@@ -543,13 +541,7 @@ def test_checkpoints_sync_to_the_hub_through_the_real_client(tmp_path, wikitext_
     assert Path(folder, "tf_model.h5").read_bytes() == Path(tmp_path / "m" / "tf_model.h5").read_bytes()
 
     env = {key: value for key, value in hub.env.items() if key != "HF_TOKEN"}
-    missing = subprocess.run(
-        [sys.executable, "-m", "components.train", *args[:-1], str(tmp_path / "m2")],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    missing = run_module("components.train", *args[:-1], str(tmp_path / "m2"), env=env)
     assert missing.returncode == 2
     assert "error: --hub-repo-id='user/tiny-checkpoints': a Hub push needs a write token in HF_TOKEN" in missing.stderr
     assert not (tmp_path / "m2").exists()
