@@ -361,13 +361,13 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     run_report = Path(artifacts["run report"]).read_text()
     assert "data:image/png;base64," in run_report and f"{metrics['perplexity']:.2f}" in run_report
     # the checkpoints are the run's, outside its model artifact, where a retried train task finds them
-    arguments = json.loads(Path(artifacts["model"], "training_summary.json").read_text())["arguments"]
+    training = json.loads(Path(artifacts["model"], "training_summary.json").read_text())
+    arguments, history = training["arguments"], training["history"]
     assert Path(arguments["checkpoint_dir"]).parent == tmp_path / "runs" / "checkpoints"
     assert list(Path(arguments["checkpoint_dir"]).glob("ckpt-*.index"))
     # the estimate from this run (the same settings on one replica, v5e-1 has one, at the rate it measured last)
     # predicts the time of its steps within a quarter: its log windows, measured, the first with the tracing; not
     # the one-off start and the save, which vary with the machine's load
-    history = json.loads(Path(artifacts["model"], "training_summary.json").read_text())["history"]
     shape = {"model_config": "mini", "per_replica_batch_size": 64, "gradient_accumulation_steps": 1, "max_steps": 700}
     assert {key: arguments[key] for key in shape} == shape and len(history) == 14
     from_run = {"train_shards": artifacts["train shards"], "from_run": artifacts["model"], "tpu_type": "v5e-1"}
