@@ -69,7 +69,7 @@ def main() -> None:
             TokenizerArguments(output=tokenizer_dir, corpus=arguments.corpus, vocab_size=arguments.vocab_size)
         )
         backend = load_tokenizer(tokenizer_dir)[0].backend_tokenizer
-        texts = list(Corpus(CorpusSpec(corpus)))
+        texts = list(Corpus(CorpusSpec(corpus=corpus)))
         batches = [texts[i : i + arguments.batch_size] for i in range(0, len(texts), arguments.batch_size)]
         tokens = sum(len(encoding.ids) for batch in batches for encoding in backend.encode_batch_fast(batch))
 

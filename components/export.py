@@ -29,6 +29,7 @@ from components.lib.corpus import HUB_PREFIX
 from components.lib.errors import InvalidParameter
 from components.lib.hub import (
     DEFAULT_RETRIES,
+    HubToken,
     check_repo_id,
     check_retries,
     check_secret_name,
@@ -44,14 +45,11 @@ from components.lib.results import SUMMARY_FILE
 
 
 @dataclass
-class ExportArguments:
+class ExportArguments(HubToken):
     model: str = field(metadata={"help": "Model folder (local or gs://) or Hub repository hf:namespace/name."})
     output: str = field(metadata={"help": "Folder (local or gs://; the model's own is fine) or hf:namespace/name."})
     private: bool = field(
         default=True, metadata={"help": "Create a new output repository as private (--no_private: public)."}
-    )
-    hf_token_secret: str = field(
-        default="", metadata={"help": "Secret Manager secret holding the token; else HF_TOKEN is used."}
     )
     commit_message: str = field(
         default="Add PyTorch weights (model.safetensors) for transformers 5",

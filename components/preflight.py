@@ -21,7 +21,7 @@ from typing import Any
 from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import check_memory_fit, describe_estimate, estimate_table, memory_fit, shards_size
-from components.lib.hub import check_secret_name, hub_token
+from components.lib.hub import HubToken, check_secret_name, hub_token
 from components.lib.job_runner import run_job
 from components.lib.memory_model import MemoryEstimate
 from components.lib.tpu_catalogue import ON_DEMAND, TPU_PROVISIONING, TPU_TYPES, check_tpu_provisioning, tpu_type
@@ -38,7 +38,7 @@ TIMEOUT_FLOOR_HOURS, TIMEOUT_CAP_HOURS = 2.0, 168.0
 
 
 @dataclass(kw_only=True)
-class PreflightArguments(TrainingSettings):
+class PreflightArguments(TrainingSettings, HubToken):
     """The training's settings (checked as the train step checks them), with what only preflight needs."""
 
     output: str = field(metadata={"help": "Folder for preflight.json; also the storage checked for writing."})
@@ -46,7 +46,6 @@ class PreflightArguments(TrainingSettings):
         default="",
         metadata={"help": f"The TPU the train step will get, {list(TPU_TYPES)}: its replicas and memory."},
     )
-    hf_token_secret: str = field(default="", metadata={"help": "Secret Manager secret holding the Hub token."})
     tpu_job_timeout_hours: float = field(
         default=0.0,
         metadata={

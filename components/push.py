@@ -22,6 +22,7 @@ from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.hub import (
     DEFAULT_RETRIES,
+    HubToken,
     check_repo_id,
     check_retries,
     check_secret_name,
@@ -36,7 +37,7 @@ from components.lib.results import METRICS_FILE, SUMMARY_FILE
 
 
 @dataclass
-class PushArguments:
+class PushArguments(HubToken):
     model: str = field(metadata={"help": "Model folder from components.train (local or gs://)."})
     repo_id: str = field(metadata={"help": "Hub repository 'namespace/name'."})
     evaluation: str = field(default="", metadata={"help": "Folder with metrics.json from components.evaluate."})
@@ -45,9 +46,6 @@ class PushArguments:
         metadata={
             "help": "Create the repository as private (--no_private: public; an existing one keeps its visibility)."
         },
-    )
-    hf_token_secret: str = field(
-        default="", metadata={"help": "Secret Manager secret holding the token; else HF_TOKEN is used."}
     )
     license: str = field(
         default="",

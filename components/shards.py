@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from components.lib import storage
-from components.lib.corpus import Corpus, CorpusArguments, holdout_texts
+from components.lib.corpus import Corpus, CorpusSpec, holdout_texts
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from components.lib.progress import Progress
@@ -48,7 +48,7 @@ HOLDOUT_CHOICES = ("exclude", "only")
 
 
 @dataclass(kw_only=True)
-class ShardArguments(CorpusArguments):
+class ShardArguments(CorpusSpec):
     output: str = field(metadata={"help": "Folder (local path or gs:// URI) for this split's shards."})
     tokenizer: str = field(metadata={"help": "Tokenizer folder made by components.tokenizer (local or gs://)."})
     split: str = field(default="train", metadata={"help": "Name of the split written (letters, digits, _)."})
@@ -120,7 +120,7 @@ def write_shards(arguments: ShardArguments) -> dict[str, Any]:
 
     Returns the manifest (the part's, or the merged one). Input is checked before anything is written."""
     tokenizer, tokenizer_fingerprint = load_tokenizer(arguments.tokenizer)
-    corpus = Corpus(arguments.corpus_spec, arguments.num_parts, arguments.part)
+    corpus = Corpus(arguments, arguments.num_parts, arguments.part)
     log.info("%s", corpus.describe_share())
     settings = _settings(arguments, tokenizer, tokenizer_fingerprint)
     part_uri = part_manifest_uri(arguments.output, arguments.part, arguments.num_parts)
@@ -200,7 +200,7 @@ def _settings(arguments: ShardArguments, tokenizer: Any, tokenizer_fingerprint: 
         "num_parts": arguments.num_parts,
         "holdout_fraction": arguments.holdout_fraction,
         "holdout": arguments.holdout if arguments.holdout_fraction else None,
-        "corpus": arguments.corpus_spec.describe(),
+        "corpus": arguments.describe(),
         "vocab_size": len(tokenizer),
         "special_tokens": {
             role: getattr(tokenizer, f"{role}_token_id") for role in ("bos", "eos", "pad", "mask", "unk", "cls", "sep")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.corpus import Corpus, CorpusArguments
+from components.lib.corpus import Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from components.lib.progress import Progress
@@ -35,7 +35,7 @@ MAX_VOCAB_SIZE = 1_000_000
 
 
 @dataclass(kw_only=True)
-class TokenizerArguments(CorpusArguments):
+class TokenizerArguments(CorpusSpec):
     output: str = field(metadata={"help": "Folder (local path or gs:// URI) to save the tokenizer in."})
     vocab_size: int = field(default=25_000, metadata={"help": "Target vocabulary size, special tokens included."})
     lowercase: bool = field(default=False, metadata={"help": "Lowercase all text before training."})
@@ -81,7 +81,7 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
     from tokenizers import AddedToken, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    corpus = Corpus(arguments.corpus_spec, sample_bytes=arguments.sample_bytes or None)
+    corpus = Corpus(arguments, sample_bytes=arguments.sample_bytes or None)
     started = time.perf_counter()
     counts = {"texts": 0, "bytes": 0}
     progress = Progress("tokenizer training read", lambda: corpus.fraction_done)

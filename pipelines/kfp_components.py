@@ -8,10 +8,10 @@ from kfp.dsl import Artifact, Dataset, HTML, Input, Markdown, Metrics, Model, Ou
 def tokenizer_step(
     tokenizer: Output[Artifact],
     output_root: str = '',
+    hf_token_secret: str = '',
     corpus: str = 'embedded',
     text_column: str = 'text',
     limit: int = 0,
-    hf_token_secret: str = '',
     max_non_utf8_fraction: float = 0.001,
     vocab_size: int = 25000,
     lowercase: bool = False,
@@ -20,10 +20,10 @@ def tokenizer_step(
     """The tokenizer step: components.tokenizer.
 
     Args:
+        hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
         corpus: 'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet paths or globs (local or gs://); .txt and .jsonl also as .gz, .zst, .bz2 or .xz.
         text_column: Column holding the text (Hub, JSON lines, Parquet).
         limit: Read at most this many texts; 0: all. With parts, per part: N parts read up to N x limit.
-        hf_token_secret: Secret Manager secret holding a Hub token (private hf: datasets, the push); else HF_TOKEN.
         max_non_utf8_fraction: Refuse a corpus file when more than this share of its bytes are not UTF-8; fewer are replaced with U+FFFD and counted (a warning, and non_utf8_bytes in the manifest).
         vocab_size: Target vocabulary size, special tokens included.
         lowercase: Lowercase all text before training.
@@ -43,10 +43,10 @@ def shards_step(
     shards: Output[Dataset],
     output_root: str = '',
     validation_corpus: str = '',
+    hf_token_secret: str = '',
     corpus: str = 'embedded',
     text_column: str = 'text',
     limit: int = 0,
-    hf_token_secret: str = '',
     max_non_utf8_fraction: float = 0.001,
     split: str = 'train',
     max_length: int = 128,
@@ -61,10 +61,10 @@ def shards_step(
 
     Args:
         tokenizer: Tokenizer folder made by components.tokenizer (local or gs://).
+        hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
         corpus: 'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet paths or globs (local or gs://); .txt and .jsonl also as .gz, .zst, .bz2 or .xz.
         text_column: Column holding the text (Hub, JSON lines, Parquet).
         limit: Read at most this many texts; 0: all. With parts, per part: N parts read up to N x limit.
-        hf_token_secret: Secret Manager secret holding a Hub token (private hf: datasets, the push); else HF_TOKEN.
         max_non_utf8_fraction: Refuse a corpus file when more than this share of its bytes are not UTF-8; fewer are replaced with U+FFFD and counted (a warning, and non_utf8_bytes in the manifest).
         split: Name of the split written (letters, digits, _).
         max_length: Tokens per sample.
@@ -90,6 +90,7 @@ def preflight_step(
     eval_shards: Input[Dataset],
     report: Output[Artifact],
     output_root: str = '',
+    hf_token_secret: str = '',
     model_config: str = 'roberta-base',
     per_replica_batch_size: int = 256,
     gradient_accumulation_steps: int = 1,
@@ -126,7 +127,6 @@ def preflight_step(
     hub_private: bool = True,
     checkpoint_dir: str = '',
     tpu_type: str = '',
-    hf_token_secret: str = '',
     tpu_job_timeout_hours: float = 0.0,
     tpu_provisioning: str = 'STANDARD',
     allow_tight_memory: bool = False,
@@ -137,6 +137,7 @@ def preflight_step(
         tokenizer: Tokenizer folder (local or gs://).
         train_shards: Training shard folder with manifest.json.
         eval_shards: Validation shards: loss logged at each checkpoint.
+        hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
         model_config: Preset ['mini', 'roberta-base', 'roberta-large', 'tiny'], a config.json path/URI, or a Hub model name.
         per_replica_batch_size: Samples per replica and micro-batch: what must fit a replica's memory.
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
@@ -173,7 +174,6 @@ def preflight_step(
         hub_private: Create the checkpoint repository as private (--no_hub_private: public).
         checkpoint_dir: A fixed folder for the checkpoints: a rerun resumes from them instead of training again. Default: $AIP_CHECKPOINT_DIR, else the model folder's checkpoints/.
         tpu_type: The TPU the train step will get, ['v3-8', 'v5e-1', 'v5e-4', 'v5e-8', 'v5e-16', 'v5e-32']: its replicas and memory.
-        hf_token_secret: Secret Manager secret holding the Hub token.
         tpu_job_timeout_hours: Hard limit of the TPU training job, in hours; 0: twice the estimated training time plus an hour (at least 2 h, at most 168 h). A limit below the estimate is refused.
         tpu_provisioning: How Vertex AI gets the TPU (the custom job's scheduling strategy): STANDARD (on demand), SPOT (about a quarter of the price; preempted with 30 s notice, the train step then checkpoints and its job is run again).
         allow_tight_memory: Start a run whose memory estimate is tight (its high end above the TPU's memory) instead of refusing it: XLA may fit it, or the job may die of out-of-memory at compile.
@@ -333,8 +333,8 @@ def push_step(
     model: Input[Model],
     evaluation: Input[Artifact],
     repo_id: str,
-    private: bool = True,
     hf_token_secret: str = '',
+    private: bool = True,
     license: str = '',
     commit_message: str = 'Upload masked language model pre-trained with tpu-mlm-pipeline',
     retries: int = 4,
@@ -344,9 +344,9 @@ def push_step(
     Args:
         model: Model folder from components.train (local or gs://).
         evaluation: Folder with metrics.json from components.evaluate.
+        hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
         repo_id: Hub repository 'namespace/name'.
         private: Create the repository as private (--no_private: public; an existing one keeps its visibility).
-        hf_token_secret: Secret Manager secret holding the token; else HF_TOKEN is used.
         license: The model card's license, a Hub license id (apache-2.0, mit, cc-by-4.0, other, ...); none stated if empty.
         retries: Tries again after transient Hub errors (1, 2, 4 ... s apart).
     """

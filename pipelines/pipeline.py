@@ -20,8 +20,9 @@ from typing import Any
 from kfp import compiler, dsl
 
 from components.evaluate import EvaluateArguments
-from components.lib.corpus import CorpusArguments
+from components.lib.corpus import CorpusSpec
 from components.lib.errors import InvalidParameter
+from components.lib.hub import HubToken
 from components.lib.tpu_catalogue import REPLACEMENT_MARGIN_MINUTES, TPU_RUNTIME_ENV, TPU_TYPES, TpuType, tpu_batch
 from components.lib.training_plan import TrainingSettings
 from components.preflight import PreflightArguments
@@ -164,12 +165,12 @@ NOT_PIPELINE_PARAMETERS = (
 )
 # (name, dataclass, field) in the order the pipeline shows them; the name is the field's unless given
 PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
-    ("corpus", CorpusArguments, "corpus"),
+    ("corpus", CorpusSpec, "corpus"),
     ("validation_corpus", PipelineSettings, "validation_corpus"),
     ("holdout_fraction", PipelineSettings, "holdout_fraction"),
-    ("text_column", CorpusArguments, "text_column"),
-    ("limit", CorpusArguments, "limit"),
-    ("max_non_utf8_fraction", CorpusArguments, "max_non_utf8_fraction"),
+    ("text_column", CorpusSpec, "text_column"),
+    ("limit", CorpusSpec, "limit"),
+    ("max_non_utf8_fraction", CorpusSpec, "max_non_utf8_fraction"),
     ("vocab_size", TokenizerArguments, "vocab_size"),
     ("lowercase", TokenizerArguments, "lowercase"),
     ("tokenizer_sample_bytes", TokenizerArguments, "sample_bytes"),
@@ -188,7 +189,7 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
     ("hub_repo_id", PipelineSettings, "hub_repo_id"),
     ("hub_private", PushArguments, "private"),
     ("hub_license", PushArguments, "license"),
-    ("hf_token_secret", CorpusArguments, "hf_token_secret"),
+    ("hf_token_secret", HubToken, "hf_token_secret"),
     ("output_root", PipelineSettings, "output_root"),
 )
 # What a parameter feeds beyond the steps whose dataclass has its field: step -> that step's parameter

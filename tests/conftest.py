@@ -50,7 +50,7 @@ def wikitext(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return WIKITEXT
     from components.lib.corpus import Corpus, CorpusSpec
 
-    texts = list(Corpus(CorpusSpec("embedded")))
+    texts = list(Corpus(CorpusSpec(corpus="embedded")))
     folder = tmp_path_factory.mktemp("wikitext-stand-in")
     (folder / "valid.txt").write_text("\n".join(texts + texts) + "\n")
     (folder / "test.txt").write_text("\n".join(texts[: len(texts) * 3 // 4]) + "\n")  # one shard file, as 600 texts

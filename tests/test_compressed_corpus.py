@@ -146,7 +146,7 @@ def test_a_few_bytes_that_are_not_utf8_are_replaced_counted_and_named(
     assert manifest["non_utf8_bytes"] == 2 and summary["non_utf8_bytes"] == 2
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert sum(f"{path}: 2 byte(s) that are not UTF-8 replaced with U+FFFD" in message for message in warnings) == 2
-    corpus = Corpus(CorpusSpec(str(path)))
+    corpus = Corpus(CorpusSpec(corpus=str(path)))
     assert next(iter(corpus)) == "Caf\ufffd cr\ufffdme"
 
 
@@ -170,7 +170,7 @@ def test_a_file_in_another_encoding_fails_early_unless_the_limit_allows_it(embed
 
 def test_a_sample_of_a_compressed_file_is_spread_over_it_and_about_its_size(forms, corpus_lines):
     one_file = forms["txt.gz"].split(",")[2]  # the largest
-    corpus = Corpus(CorpusSpec(one_file), sample_bytes=150_000)
+    corpus = Corpus(CorpusSpec(corpus=one_file), sample_bytes=150_000)
     texts = list(corpus)
     sample_bytes = sum(len(text.encode()) + 1 for text in texts)
     assert corpus.sampled and abs(sample_bytes / 150_000 - 1) < 0.05
@@ -186,13 +186,13 @@ def test_files_that_expand_unlike_each_other_are_sampled_and_sized_each_by_its_o
     repeated = tmp_path / "0-repeated.txt.gz"
     repeated.write_bytes(gzip.compress(b"the same line again\n" * 200_000))
     corpus = ",".join([str(repeated), *forms["txt.gz"].split(",")])
-    sample = Corpus(CorpusSpec(corpus), sample_bytes=300_000)
+    sample = Corpus(CorpusSpec(corpus=corpus), sample_bytes=300_000)
     texts = list(sample)
     assert abs(sum(len(text.encode()) + 1 for text in texts) / 300_000 - 1) < 0.1
     real = sum(len(text.encode()) + 1 for text in texts if text != "the same line again")
     assert real > 0.9 * 300_000  # the repeated file is a sliver of the compressed bytes, and of the sample
     text_bytes = len(b"the same line again\n") * 200_000 + sum(len(line.encode()) + 1 for line in corpus_lines)
-    estimated, _ = Corpus(CorpusSpec(corpus)).reader.estimated_text_bytes()
+    estimated, _ = Corpus(CorpusSpec(corpus=corpus)).reader.estimated_text_bytes()
     assert abs(estimated / text_bytes - 1) < 0.5  # probes of every file here; a first-file guess was 90x off
 
 
@@ -205,21 +205,21 @@ def test_the_estimate_sizes_a_compressed_corpus_as_its_text(forms):
 
 def test_byte_order_marks_suffixes_in_capitals_and_long_window_zstd(tmp_path, corpus_lines):
     (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfhello\nworld\n")  # UTF-8's mark, as Windows editors write
-    assert list(Corpus(CorpusSpec(str(tmp_path / "bom.txt")))) == ["hello", "world"]
+    assert list(Corpus(CorpusSpec(corpus=str(tmp_path / "bom.txt")))) == ["hello", "world"]
     (tmp_path / "wide.txt.gz").write_bytes(gzip.compress("hello\nworld\n".encode("utf-16")))
     with pytest.raises(InvalidParameter, match=r"is UTF-16 .* re-encode it as UTF-8"):
-        list(Corpus(CorpusSpec(str(tmp_path / "wide.txt.gz"))))
+        list(Corpus(CorpusSpec(corpus=str(tmp_path / "wide.txt.gz"))))
     text = "".join(line + "\n" for line in corpus_lines[:500]).encode()
     (tmp_path / "SHOUT.TXT.GZ").write_bytes(gzip.compress(text))
-    assert list(Corpus(CorpusSpec(str(tmp_path / "SHOUT.TXT.GZ")))) == [
+    assert list(Corpus(CorpusSpec(corpus=str(tmp_path / "SHOUT.TXT.GZ")))) == [
         line for line in corpus_lines[:500] if line.strip()
     ]
     # zstd --long=31: a window above the decoder's default limit (refused without the project's option)
     options = {zstd.CompressionParameter.window_log: 31, zstd.CompressionParameter.enable_long_distance_matching: 1}
     with zstd.open(tmp_path / "long.txt.zst", "wb", options=options) as f:  # streamed: the frame keeps 2 GiB
         f.write(text)
-    assert len(list(Corpus(CorpusSpec(str(tmp_path / "long.txt.zst"))))) == len(
-        list(Corpus(CorpusSpec(str(tmp_path / "SHOUT.TXT.GZ"))))
+    assert len(list(Corpus(CorpusSpec(corpus=str(tmp_path / "long.txt.zst"))))) == len(
+        list(Corpus(CorpusSpec(corpus=str(tmp_path / "SHOUT.TXT.GZ"))))
     )
 
 
@@ -230,6 +230,6 @@ def test_a_sample_larger_than_a_small_compressed_file_s_bytes_keeps_its_size(tmp
     small = tmp_path / "small.txt.gz"
     small.write_bytes(gzip.compress(text.encode()))
     assert small.stat().st_size < 150_000 < len(text.encode())
-    corpus = Corpus(CorpusSpec(str(small)), sample_bytes=150_000)
+    corpus = Corpus(CorpusSpec(corpus=str(small)), sample_bytes=150_000)
     sampled = sum(len(line.encode()) + 1 for line in corpus)
     assert corpus.sampled and abs(sampled / 150_000 - 1) < 0.05, sampled

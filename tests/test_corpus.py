@@ -10,7 +10,7 @@ from components.lib.errors import InvalidParameter
 
 
 def texts_of(source: str, **kwargs) -> list[str]:
-    return list(Corpus(CorpusSpec(source, **kwargs)))
+    return list(Corpus(CorpusSpec(corpus=source, **kwargs)))
 
 
 def test_embedded_corpus_is_real_english_text_without_blank_lines():
@@ -42,7 +42,7 @@ def test_globs_and_comma_lists_read_files_in_order_and_limit_counts_texts(tmp_pa
 
 def test_progress_follows_bytes_read(tmp_path):
     (tmp_path / "a.txt").write_text("\n".join(f"line {i} é" for i in range(400_000)))  # 5 MB: several blocks
-    corpus = Corpus(CorpusSpec(str(tmp_path / "a.txt")))
+    corpus = Corpus(CorpusSpec(corpus=str(tmp_path / "a.txt")))
     seen = [corpus.fraction_done for _ in corpus]
     assert len(seen) == 400_000
     assert seen == sorted(seen) and 0.1 < seen[0] < 0.3 and seen[-1] == pytest.approx(1.0)
@@ -69,7 +69,7 @@ def test_a_local_folder_named_like_a_bucket_stays_local(tmp_path):
 )
 def test_bad_corpus_names_fail_naming_the_parameter(source, parameter, fragment):
     with pytest.raises(InvalidParameter) as error:
-        Corpus(CorpusSpec(source))
+        Corpus(CorpusSpec(corpus=source))
     assert error.value.parameter == parameter
     assert fragment in str(error.value)
     assert repr(source) in str(error.value) or source.startswith("/no")
@@ -78,15 +78,15 @@ def test_bad_corpus_names_fail_naming_the_parameter(source, parameter, fragment)
 def test_files_that_cannot_be_read_as_text_fail_early(tmp_path):
     (tmp_path / "data.csv").write_text("a,b\n")
     with pytest.raises(InvalidParameter, match=r"--corpus=.*data\.csv.*unknown file type \.csv"):
-        Corpus(CorpusSpec(str(tmp_path / "data.csv")))
+        Corpus(CorpusSpec(corpus=str(tmp_path / "data.csv")))
     with pytest.raises(InvalidParameter, match="is a folder"):
-        Corpus(CorpusSpec(str(tmp_path)))
+        Corpus(CorpusSpec(corpus=str(tmp_path)))
 
 
 def test_empty_corpus_fails_early(tmp_path):
     (tmp_path / "empty.txt").write_text("\n   \n\n")
     with pytest.raises(InvalidParameter, match=r"--corpus=.*empty\.txt.*holds no text"):
-        Corpus(CorpusSpec(str(tmp_path / "empty.txt")))
+        Corpus(CorpusSpec(corpus=str(tmp_path / "empty.txt")))
 
 
 def test_missing_text_column_names_the_columns_there(tmp_path):
@@ -94,12 +94,12 @@ def test_missing_text_column_names_the_columns_there(tmp_path):
     pq.write_table(pa.table({"content": ["x"]}), tmp_path / "a.parquet")
     for name in ("a.jsonl", "a.parquet"):
         with pytest.raises(InvalidParameter, match=r"--text-column='text'.*has no such column.*'content'"):
-            Corpus(CorpusSpec(str(tmp_path / name)))
+            Corpus(CorpusSpec(corpus=str(tmp_path / name)))
 
 
 def test_limit_must_be_positive():
-    with pytest.raises(InvalidParameter, match="--limit=0"):
-        CorpusSpec("embedded", limit=0)
+    with pytest.raises(InvalidParameter, match="--limit=-1"):
+        CorpusSpec(corpus="embedded", limit=-1)
 
 
 def test_holdout_is_chosen_by_content_and_never_overlaps():
@@ -133,9 +133,9 @@ def write_layouts(folder, lines: list[str]) -> dict[str, str]:
 def test_parts_read_disjoint_shares_that_together_are_the_corpus_in_order(tmp_path, num_parts):
     lines = [f"text {i} " + "word " * (i * 7919 % 23) for i in range(3000)]  # lines of varied length
     for layout, source in write_layouts(tmp_path, lines).items():
-        whole = Corpus(CorpusSpec(source))
+        whole = Corpus(CorpusSpec(corpus=source))
         assert list(whole) == lines, layout
-        parts = [Corpus(CorpusSpec(source), num_parts, part) for part in range(num_parts)]
+        parts = [Corpus(CorpusSpec(corpus=source), num_parts, part) for part in range(num_parts)]
         shares = [list(part) for part in parts]
         assert [text for share in shares for text in share] == lines, layout
         assert all(shares), f"{layout}: a part read nothing"
@@ -149,7 +149,7 @@ def test_a_part_reads_its_byte_range_of_a_big_file_not_the_whole_file(tmp_path):
     lines = [f"line {i:07d} " + "x" * 90 for i in range(60_000)]  # 6 MB: several read blocks per part
     (tmp_path / "big.txt").write_text("\n".join(lines) + "\n")
     size = (tmp_path / "big.txt").stat().st_size
-    parts = [Corpus(CorpusSpec(str(tmp_path / "big.txt")), 4, part) for part in range(4)]
+    parts = [Corpus(CorpusSpec(corpus=str(tmp_path / "big.txt")), 4, part) for part in range(4)]
     shares = [list(part) for part in parts]
     assert [text for share in shares for text in share] == lines
     for part in parts:
@@ -161,21 +161,21 @@ def test_a_sample_is_spread_over_the_whole_corpus_and_about_its_size(tmp_path):
     lines = [f"document {i:06d} " + "y" * 200 for i in range(50_000)]  # 10.5 MB in three files
     for index in range(3):
         (tmp_path / f"part-{index}.txt").write_text("\n".join(lines[index::3]) + "\n")
-    corpus = Corpus(CorpusSpec(str(tmp_path / "*.txt")), sample_bytes=2_000_000)
+    corpus = Corpus(CorpusSpec(corpus=str(tmp_path / "*.txt")), sample_bytes=2_000_000)
     texts = list(corpus)
     assert texts and set(texts) <= set(lines) and len(set(texts)) == len(texts)
     assert 1_900_000 <= corpus.bytes_read <= 2_300_000
     assert {int(text.split()[1]) // 10_000 for text in texts} == {0, 1, 2, 3, 4}  # from every stretch of ids
     windows = corpus.reader.sample_slices(2_000_000)
     assert {Path(piece.uri).name for piece in windows} == {"part-0.txt", "part-1.txt", "part-2.txt"}
-    assert list(Corpus(CorpusSpec(str(tmp_path / "*.txt")), sample_bytes=2_000_000)) == texts  # the same each run
-    everything = Corpus(CorpusSpec(str(tmp_path / "*.txt")), sample_bytes=100_000_000)  # larger than the corpus
+    assert list(Corpus(CorpusSpec(corpus=str(tmp_path / "*.txt")), sample_bytes=2_000_000)) == texts  # each run
+    everything = Corpus(CorpusSpec(corpus=str(tmp_path / "*.txt")), sample_bytes=100_000_000)  # larger than the corpus
     assert len(list(everything)) == len(lines)
 
 
 def test_embedded_corpus_parts_are_contiguous_runs_of_its_lines():
     texts = texts_of("embedded")
-    shares = [list(Corpus(CorpusSpec("embedded"), 3, part)) for part in range(3)]
+    shares = [list(Corpus(CorpusSpec(corpus="embedded"), 3, part)) for part in range(3)]
     assert [text for share in shares for text in share] == texts
     assert all(len(share) > len(texts) / 4 for share in shares)
 
@@ -183,7 +183,7 @@ def test_embedded_corpus_parts_are_contiguous_runs_of_its_lines():
 def test_lines_across_read_blocks_multibyte_text_and_crlf_are_read_whole(tmp_path):
     lines = [f"ligne {i} é ü 東京 {'x' * (i % 97)}" for i in range(120_000)]  # about 6 MB
     (tmp_path / "crlf.txt").write_bytes("\r\n".join(lines).encode())
-    assert list(Corpus(CorpusSpec(str(tmp_path / "crlf.txt")))) == lines
+    assert list(Corpus(CorpusSpec(corpus=str(tmp_path / "crlf.txt")))) == lines
 
 
 def test_hub_datasets_stream_through_the_datasets_library(tmp_path):

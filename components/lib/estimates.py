@@ -108,7 +108,7 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
     # a sample of the corpus is read only to measure tokens per byte, or to learn the size of its files
     corpus = None
     if arguments.tokenizer or not arguments.corpus_bytes:
-        corpus = Corpus(CorpusSpec(arguments.corpus), sample_bytes=1_000_000)
+        corpus = Corpus(CorpusSpec(corpus=arguments.corpus), sample_bytes=1_000_000)
     expansion = 1.0
     corpus_bytes = arguments.corpus_bytes
     if not corpus_bytes and corpus is not None:

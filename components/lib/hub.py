@@ -13,6 +13,7 @@ import random
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +27,16 @@ DEFAULT_RETRIES = 4
 
 SECRET_NAME = re.compile(r"^projects/[\w.:-]+/secrets/[\w-]{1,255}(/versions/(latest|\d+))?$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+
+
+@dataclass(kw_only=True)
+class HubToken:
+    """Where a job that reads from or writes to the Hub gets its token (corpus steps, preflight, push, export)."""
+
+    hf_token_secret: str = field(
+        default="",
+        metadata={"help": "Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN."},
+    )
 
 
 def check_repo_id(parameter: str, repo_id: str) -> str:

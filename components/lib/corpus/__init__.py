@@ -25,7 +25,7 @@ from components.lib.corpus.file_set import FilesReader
 from components.lib.corpus.file_slice import LINE_STEP
 from components.lib.corpus.hub_dataset import HubDatasetReader, parse_hub_name
 from components.lib.corpus.reader import CorpusReader, Reading, Texts
-from components.lib.corpus.spec import EMBEDDED, EXPECTED_FORMS, HUB_PREFIX, CorpusArguments, CorpusSpec
+from components.lib.corpus.spec import EMBEDDED, EXPECTED_FORMS, HUB_PREFIX, CorpusSpec
 from components.lib.errors import InvalidParameter
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "HUB_PREFIX",
     "LINE_STEP",
     "Corpus",
-    "CorpusArguments",
     "CorpusSpec",
     "embedded_lines",
     "holdout_texts",
@@ -46,7 +45,7 @@ __all__ = [
 
 def open_reader(spec: CorpusSpec) -> CorpusReader:
     """The reader of the corpus ``spec`` names, checked (names, files, formats) but not yet read."""
-    source = spec.source.strip()
+    source = spec.corpus.strip()
     if source == EMBEDDED:
         return EmbeddedReader(spec)
     if source.startswith(HUB_PREFIX):
@@ -92,7 +91,7 @@ class Corpus:
         finally:
             texts.close()  # a Hub dataset's stream holds connections and reader threads
         if first is None:
-            raise InvalidParameter("corpus", self.spec.source, "holds no text (every row is empty)")
+            raise InvalidParameter("corpus", self.spec.corpus, "holds no text (every row is empty)")
 
     def describe_share(self) -> str:
         if self.sample_bytes:
@@ -106,7 +105,7 @@ class Corpus:
     def __iter__(self) -> Iterator[str]:
         self.reading = Reading(self.spec.max_non_utf8_fraction)
         texts = (text for text in self._follow(self._share(self.reading)) if text.strip())
-        if self.spec.limit is not None:
+        if self.spec.limit:
             texts = itertools.islice(texts, self.spec.limit)
         return texts
 

@@ -36,7 +36,7 @@ _SAMPLE_WINDOWS = 1024  # a sample is read as at most this many windows (of at l
 class FilesReader(CorpusReader):
     def __init__(self, spec: CorpusSpec):
         super().__init__(spec)
-        self.files = _resolve_files(spec.source.strip())  # (uri, format, size) in the corpus's order
+        self.files = _resolve_files(spec.corpus.strip())  # (uri, format, size) in the corpus's order
         self.compressed = [(uri, size) for uri, _, size in self.files if storage.compression(uri)]
 
     @property

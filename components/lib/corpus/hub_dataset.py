@@ -29,7 +29,7 @@ def parse_hub_name(source: str) -> tuple[str, str | None, str]:
 class HubDatasetReader(CorpusReader):
     def __init__(self, spec: CorpusSpec):
         super().__init__(spec)
-        self.name, self.config, self.split = parse_hub_name(spec.source.strip())
+        self.name, self.config, self.split = parse_hub_name(spec.corpus.strip())
 
     @property
     def total_bytes(self) -> None:
@@ -65,9 +65,9 @@ class HubDatasetReader(CorpusReader):
             dataset = datasets.load_dataset(self.name, self.config, split=self.split, streaming=True, token=token)
         except Exception as error:  # the datasets library raises many types for a name it cannot load
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise InvalidParameter("corpus", self.spec.source, f"cannot load the Hub dataset: {reason}") from error
+            raise InvalidParameter("corpus", self.spec.corpus, f"cannot load the Hub dataset: {reason}") from error
         if dataset.features is not None and self.spec.text_column not in dataset.features:
-            raise self.spec.missing_column(list(dataset.features), self.spec.source)
+            raise self.spec.missing_column(list(dataset.features), self.spec.corpus)
         return dataset
 
     @staticmethod
