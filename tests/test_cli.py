@@ -6,6 +6,8 @@ import sys
 import pytest
 from conftest import PROJECT_ROOT, run_module
 
+from components import shards
+
 
 @pytest.mark.parametrize(
     "module",
@@ -61,15 +63,18 @@ def test_console_script_lists_jobs_and_dispatches(tmp_path):
     assert not (tmp_path / "tok").exists()
 
 
-def test_a_command_ends_with_a_few_lines_for_people_and_the_whole_summary_behind_json(tmp_path, embedded_tokenizer):
-    command = ["components.shards", "--corpus", "embedded", "--tokenizer", embedded_tokenizer, "--max_length", "32"]
-    people = run_module(*command, "--output", str(tmp_path / "people"))
+def test_a_command_ends_with_a_few_lines_for_people_and_the_whole_summary_behind_json(
+    tmp_path, embedded_tokenizer, capsys
+):
+    flags = ["--corpus", "embedded", "--tokenizer", embedded_tokenizer, "--max_length", "32"]
+    people = run_module("components.shards", *flags, "--output", str(tmp_path / "people"))
     assert people.returncode == 0, people.stderr[-2000:]
     lines = people.stdout.strip().splitlines()
     # what was made, and where: not the manifest's token counts (one per piece, 3,000 here)
     assert len(lines) == 2 and "token_counts" not in people.stdout, lines
-    scripts = run_module(*command, "--output", str(tmp_path / "scripts"), "--json")
-    manifest = json.loads(scripts.stdout)
+    capsys.readouterr()
+    assert shards.main([*flags, "--output", str(tmp_path / "scripts"), "--json"]) == 0  # the same job in this process
+    manifest = json.loads(capsys.readouterr().out)
     assert len(manifest["token_counts"]) == 3000 and manifest["num_records"] > 0
     assert lines == [
         f"the shard set: {manifest['num_records']:,} samples of 32 tokens in {len(manifest['files'])} file(s), "

@@ -7,6 +7,7 @@ multi-worker training with MirroredStrategy is not supported in eager mode"), so
 import http.server
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -270,15 +271,16 @@ def test_the_smoke_test_on_a_slice_reports_every_host_and_the_devices_host_zero_
 def test_host_zero_fails_in_bounded_time_when_a_host_never_comes_up(tmp_path):
     *ports, status_port = free_ports(5)
     started = time.monotonic()
-    # 30 s: host 0's own server (a TensorFlow import) comes up in that time even on a slow, loaded machine
-    launcher = launch_host(0, ports, status_port, "true", timeout_minutes=0.5, linger=1, report_dir=str(tmp_path))
+    # 3 s: hosts 1 to 3 never come up; host 0's own server (a TensorFlow import) may not have either
+    launcher = launch_host(0, ports, status_port, "true", timeout_minutes=0.05, linger=1, report_dir=str(tmp_path))
     _, stderr = launcher.communicate(timeout=180)
     assert launcher.returncode == 1, stderr[-3000:]
-    assert time.monotonic() - started < 120
-    hosts = ", ".join(f"{host} (127.0.0.1:{ports[host]})" for host in (1, 2, 3))
-    assert f"error: the worker server of host(s) {hosts} did not come up in 30 s" in stderr
+    assert time.monotonic() - started < 60
+    named = [re.escape(f"{host} (127.0.0.1:{ports[host]})") for host in range(4)]
+    failure = rf"the worker server of host\(s\) ({named[0]}, )?{', '.join(named[1:])} did not come up in 3 s"
+    assert re.search(f"error: {failure}", stderr), stderr[-3000:]
     reported = json.loads((tmp_path / "hosts" / "host-0.json").read_text())  # what the smoke test gathers
-    assert reported["failed"] == f"the worker server of host(s) {hosts} did not come up in 30 s"
+    assert re.fullmatch(failure, reported["failed"])
 
 
 def test_the_launcher_refuses_a_one_host_tpu_and_a_missing_command():
