@@ -119,6 +119,17 @@ def train_tiny(output: Path | str, shards: dict, **settings) -> dict:
     return train(TrainArguments(output=str(output), **arguments))
 
 
+def scheduled_rates(summary: dict) -> list[float]:
+    """The learning rate the run's schedule gives at each point of its summary's history, by the point's step: a
+    resumed run's must go on from its checkpoint's step, not from 0."""
+    from types import SimpleNamespace
+
+    from components.lib.recipe import learning_rate_schedule
+
+    schedule = learning_rate_schedule(SimpleNamespace(**summary["arguments"]), summary["total_steps"])
+    return [float(schedule(point["step"])) for point in summary["history"]]
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory, embedded_shards: dict) -> Path:
     """A tiny model folder the train step wrote, trained long enough to predict something other than its

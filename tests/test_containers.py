@@ -201,11 +201,9 @@ def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner_and_push
 
     for name in ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN"):  # passed into the containers' environment
         monkeypatch.setenv(name, hub.env[name])
-    summary = run_local(
-        RunLocalArguments(
-            pipeline_root=str(tmp_path / "runs"), docker=True, image=TEST_IMAGE, max_steps=20, hub_repo_id="user/boxed"
-        )
-    )
+    # the tiny model for a few steps: what this test is about is the image, not the learning (tests/test_pipeline.py)
+    boxed = {"model_config": "tiny", "per_replica_batch_size": 16, "max_steps": 20, "hub_repo_id": "user/boxed"}
+    summary = run_local(RunLocalArguments(pipeline_root=str(tmp_path / "runs"), docker=True, image=TEST_IMAGE, **boxed))
     artifacts = summary["artifacts"]
     manifest = Path(artifacts["train shards"], "manifest.json")
     assert manifest.exists() and Path(artifacts["model"], "tf_model.h5").exists()

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 import tensorflow as tf
-from conftest import LONG_TEST_SECONDS, run_at, run_module
+from conftest import LONG_TEST_SECONDS, run_at, run_module, scheduled_rates
 from transformers import TFAutoModelForMaskedLM
 
 from components.lib import storage
@@ -41,20 +41,6 @@ def train_command(shards: dict, output, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
-def test_two_cpu_replicas_train_validate_at_each_checkpoint_and_save(tmp_path, embedded_shards):
-    command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "8")
-    command += ["--max_steps", "12", "--checkpoint_every_steps", "6", "--log_every_steps", "6", "--eval_batches", "2"]
-    result = run_module(*command)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "model" / SUMMARY_FILE).read_text())
-    assert summary["replicas"] == 2 and summary["global_batch_size"] == 16
-    assert [point["step"] for point in summary["history"]] == [6, 12]
-    assert "2 CPU replicas (logical devices) under MirroredStrategy" in result.stderr
-    assert result.stderr.count("validation loss") == 2  # the distributed validation ran at both checkpoints
-    assert tf.train.latest_checkpoint(str(tmp_path / "model" / "checkpoints")).endswith("ckpt-12")
-
-
-@pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_two_cpu_replicas_accumulate_micro_batches_into_the_global_batch(tmp_path, embedded_shards):
     command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "4")
     command += ["--gradient_accumulation_steps", "3", "--num_epochs", "1", "--log_every_steps", "5"]
@@ -68,19 +54,34 @@ def test_two_cpu_replicas_accumulate_micro_batches_into_the_global_batch(tmp_pat
 
 
 @pytest.mark.slow  # trains in the test
-def test_two_cpu_replicas_checkpoint_on_a_sigterm_and_the_rerun_ends_at_the_planned_step(tmp_path, embedded_shards):
-    """A SIGTERM at the first log point (step 3), between checkpoints: the per-host input's stream is saved and
-    resumed from its step as on one replica."""
-    command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "8")
+def test_two_cpu_replicas_checkpoint_on_a_sigterm_validate_at_each_checkpoint_and_the_rerun_ends_at_the_planned_step(
+    tmp_path, embedded_shards
+):
+    """What a Spot TPU's preemption (or Vertex AI stopping a job) sends: SIGTERM, then about 30 s. At the first log
+    point (step 3), between periodic checkpoints, the job checkpoints there, the per-host input's stream with it,
+    exits as stopped, and its rerun loses no step, validating at each checkpoint on both replicas."""
+    output = tmp_path / "model"
+    command = train_command(embedded_shards, output, "--replicas", "2", "--per_replica_batch_size", "8")
     command += ["--max_steps", "9", "--checkpoint_every_steps", "6", "--log_every_steps", "3", "--eval_batches", "1"]
     term = ["--function", "components.lib.training_log:LogWindow.point", "--action", "term"]
     stopped = run_at(term, *command)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert "SIGTERM: checkpoint at step 3 of 9 saved" in stopped.stderr
+    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-3")
+    assert not (output / SUMMARY_FILE).exists()  # nothing that looks done
+
     resumed = run_module(*command)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    summary = json.loads((tmp_path / "model" / SUMMARY_FILE).read_text())
-    assert summary["replicas"] == 2 and summary["resumed_from_step"] == 3 and summary["steps_this_run"] == 6
+    assert "2 CPU replicas (logical devices) under MirroredStrategy" in resumed.stderr
+    summary = json.loads((output / SUMMARY_FILE).read_text())
+    assert summary["replicas"] == 2 and summary["global_batch_size"] == 16
+    assert summary["resumed_from_step"] == 3 and summary["steps_this_run"] == 6
+    assert resumed.stderr.count("validation loss") == 2  # the distributed validation, at both checkpoints
+    assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-9")
+    attempts = json.loads((output / "checkpoints" / "attempts.json").read_text())  # a preemption is no failure
+    assert [(a["step"], a["outcome"]) for a in attempts] == [(0, "stopped"), (3, "done")]
+    assert [point["step"] for point in summary["history"]] == [3, 6, 9]
+    assert [point["learning_rate"] for point in summary["history"]] == pytest.approx(scheduled_rates(summary))
 
 
 def reference_metrics(model, dataset) -> dict:
