@@ -5,10 +5,13 @@ header of the test run says which one they got."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,6 +44,23 @@ def pytest_report_header() -> str:
     return f"WikiText-2 tests: on the embedded corpus ({WIKITEXT} is absent)"
 
 
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """The folder ``name`` that ``make`` fills, made once per test run: make test's processes (pytest-xdist
+    workers) share it, the first making it while the others wait on its lock. Tests read it, never change it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a process stopped while making it left
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def wikitext(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """WikiText-2's valid.txt and test.txt; CI has them beside the checkout. Where they are absent, a stand-in
@@ -62,9 +82,10 @@ def embedded_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tokenizer trained on the embedded corpus, shared by the tests that only need some tokenizer."""
     from components.tokenizer import TokenizerArguments, train_tokenizer
 
-    output = str(tmp_path_factory.mktemp("embedded") / "tokenizer")
-    train_tokenizer(TokenizerArguments(output=output, corpus="embedded", vocab_size=3000))
-    return output
+    def make(folder: Path) -> None:
+        train_tokenizer(TokenizerArguments(output=str(folder / "tokenizer"), corpus="embedded", vocab_size=3000))
+
+    return str(made_once(tmp_path_factory, "embedded", make) / "tokenizer")
 
 
 def embedded_shard_set(root: Path, tokenizer: str, records_per_shard: dict[str, int] | None = None) -> dict:
@@ -85,21 +106,29 @@ def embedded_shard_set(root: Path, tokenizer: str, records_per_shard: dict[str, 
                 **files,
             )
         )
+    return embedded_shard_set_paths(root, tokenizer)
+
+
+def embedded_shard_set_paths(root: Path, tokenizer: str) -> dict:
     return {"train": str(root / "train"), "validation": str(root / "validation"), "tokenizer": tokenizer}
 
 
 @pytest.fixture(scope="session")
 def embedded_shards(tmp_path_factory: pytest.TempPathFactory, embedded_tokenizer: str) -> dict:
     """Train shards and held-out validation shards of the embedded corpus: about 1,000 and 50 samples."""
-    return embedded_shard_set(tmp_path_factory.mktemp("embedded-shards"), embedded_tokenizer)
+    root = made_once(tmp_path_factory, "embedded-shards", lambda folder: embedded_shard_set(folder, embedded_tokenizer))
+    return embedded_shard_set_paths(root, embedded_tokenizer)
 
 
 @pytest.fixture(scope="session")
 def embedded_shards_in_files(tmp_path_factory: pytest.TempPathFactory, embedded_tokenizer: str) -> dict:
     """The embedded corpus's shards in many small files, as a slice's hosts read them (each host a share): about
     1,000 training samples in 12 files, 50 validation samples in 5."""
-    root = tmp_path_factory.mktemp("embedded-shards-in-files")
-    return embedded_shard_set(root, embedded_tokenizer, {"train": 90, "validation": 11})
+
+    def make(folder: Path) -> None:
+        embedded_shard_set(folder, embedded_tokenizer, {"train": 90, "validation": 11})
+
+    return embedded_shard_set_paths(made_once(tmp_path_factory, "embedded-shards-in-files", make), embedded_tokenizer)
 
 
 # a whole pipeline, an image built from nothing: the few tests given this limit (pytest.mark.timeout); every
@@ -134,20 +163,24 @@ def scheduled_rates(summary: dict) -> list[float]:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory, embedded_shards: dict) -> Path:
     """A tiny model folder the train step wrote, trained long enough to predict something other than its
     initialisation (60 steps of the embedded corpus); tests read it and never change it."""
-    output = tmp_path_factory.mktemp("tiny-model") / "model"
-    train_tiny(output, embedded_shards, learning_rate=1e-3, max_steps=60)
-    return output
+
+    def make(folder: Path) -> None:
+        train_tiny(folder / "model", embedded_shards, learning_rate=1e-3, max_steps=60)
+
+    return made_once(tmp_path_factory, "tiny-model", make) / "model"
 
 
 @pytest.fixture(scope="session")
 def wikitext_tokenizer(tmp_path_factory: pytest.TempPathFactory, wikitext: Path) -> str:
     from components.tokenizer import TokenizerArguments, train_tokenizer
 
-    output = str(tmp_path_factory.mktemp("wikitext") / "tokenizer")
-    train_tokenizer(
-        TokenizerArguments(output=output, corpus=str(wikitext / "valid.txt"), vocab_size=WIKITEXT_VOCAB_SIZE)
-    )
-    return output
+    def make(folder: Path) -> None:
+        corpus = str(wikitext / "valid.txt")
+        train_tokenizer(
+            TokenizerArguments(output=str(folder / "tokenizer"), corpus=corpus, vocab_size=WIKITEXT_VOCAB_SIZE)
+        )
+
+    return str(made_once(tmp_path_factory, "wikitext", make) / "tokenizer")
 
 
 def run_at(action: list[str], *command: str) -> subprocess.CompletedProcess:
@@ -240,20 +273,22 @@ def wikitext_shards(tmp_path_factory: pytest.TempPathFactory, wikitext: Path, wi
     """Train shards from WikiText-2 valid.txt and validation shards from test.txt (first 600 texts)."""
     from components.shards import ShardArguments, write_shards
 
-    root = tmp_path_factory.mktemp("wikitext-shards")
-    # WikiText-2's first 600 test texts, or all of the smaller stand-in's
-    validation_limit = 600 if wikitext_present() else 0
-    for split, corpus, limit in (("train", "valid.txt", 0), ("validation", "test.txt", validation_limit)):
-        write_shards(
-            ShardArguments(
-                output=str(root / split),
-                tokenizer=wikitext_tokenizer,
-                corpus=str(wikitext / corpus),
-                split=split,
-                limit=limit,
-                records_per_shard=1000,
+    def make(root: Path) -> None:
+        # WikiText-2's first 600 test texts, or all of the smaller stand-in's
+        validation_limit = 600 if wikitext_present() else 0
+        for split, corpus, limit in (("train", "valid.txt", 0), ("validation", "test.txt", validation_limit)):
+            write_shards(
+                ShardArguments(
+                    output=str(root / split),
+                    tokenizer=wikitext_tokenizer,
+                    corpus=str(wikitext / corpus),
+                    split=split,
+                    limit=limit,
+                    records_per_shard=1000,
+                )
             )
-        )
+
+    root = made_once(tmp_path_factory, "wikitext-shards", make)
     return {"train": str(root / "train"), "validation": str(root / "validation"), "tokenizer": wikitext_tokenizer}
 
 

@@ -41,8 +41,8 @@ DIFFERENT_ON_PURPOSE = {
     "train_shards": "the training needs them; the estimate and the evaluation's baseline do without",
     "evaluation": "a push may go without evaluation results; a report may not",
     "tpu_type": "preflight also checks runs on no TPU; the estimate is of a TPU",
-    "per_replica_batch_size": "the estimate is of a TPU run: 0 takes the vertex target's micro-batch",
-    "gradient_accumulation_steps": "the estimate is of a TPU run: 0 accumulates to the recipe's global batch",
+    "per_replica_batch_size": "a planned TPU run (estimate, smoke): 0 takes the vertex target's micro-batch",
+    "gradient_accumulation_steps": "a planned TPU run (estimate, smoke): 0 takes the vertex target's accumulation",
 }
 
 

@@ -16,6 +16,7 @@ from conftest import (
     PROJECT_ROOT,
     TINY_TRAINING,
     WIKITEXT_VOCAB_SIZE,
+    made_once,
     run_at,
     run_module,
     scheduled_rates,
@@ -48,19 +49,21 @@ def save_untrained(folder: Path, shards: dict) -> str:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, wikitext_shards):
-    output = tmp_path_factory.mktemp("trained") / "model"
-    summary = train_tiny(
-        output,
-        wikitext_shards,
-        eval_shards=wikitext_shards["validation"],
-        max_steps=150,
-        learning_rate=1e-3,
-        checkpoint_every_steps=75,
-        log_every_steps=10,
-        peak_tflops=1.0,
-        price_per_hour=3.6,
-    )
-    return str(output), summary
+    def make(folder: Path) -> None:
+        train_tiny(
+            folder / "model",
+            wikitext_shards,
+            eval_shards=wikitext_shards["validation"],
+            max_steps=150,
+            learning_rate=1e-3,
+            checkpoint_every_steps=75,
+            log_every_steps=10,
+            peak_tflops=1.0,
+            price_per_hour=3.6,
+        )
+
+    output = made_once(tmp_path_factory, "trained", make) / "model"
+    return str(output), json.loads((output / SUMMARY_FILE).read_text())
 
 
 @pytest.mark.slow

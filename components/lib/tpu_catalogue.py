@@ -139,33 +139,32 @@ def tpu_batch(tpu: TpuType) -> dict[str, int]:
 @dataclass(kw_only=True)
 class TpuBatch:
     """The batch of a TPU run planned ahead (the estimate's, the smoke test's), where 0 takes the TPU's default
-    (``tpu_batch``); ``resolve_batch`` sets the values."""
+    (``tpu_batch``), as in the compiled pipeline; ``resolve_batch`` sets the values."""
 
     per_replica_batch_size: int = field(
         default=0,
         metadata={
-            "help": f"As for the train step; 0: the TPU's micro-batch ({TPU_MICRO_BATCH}, less on a large slice; "
-            "with gradient_accumulation_steps also 0, accumulated to the recipe's global batch)."
+            "help": f"Samples per replica per micro-batch; 0: the TPU's, as the vertex target compiles it "
+            f"({TPU_MICRO_BATCH}, less on a slice of more than 16 replicas; 8 without a TPU type)."
         },
     )
     gradient_accumulation_steps: int = field(
         default=0,
         metadata={
-            "help": "As for the train step; 0: 1, or with per_replica_batch_size also 0 as many as make the "
-            f"recipe's global batch of {RECIPE_GLOBAL_BATCH}."
+            "help": "Micro-batches per optimizer step; 0: the TPU's, as the vertex target compiles it (as many as "
+            f"make the recipe's global batch of {RECIPE_GLOBAL_BATCH} at the TPU's micro-batch; 1 without a TPU type)."
         },
     )
 
     def resolve_batch(self, tpu: TpuType | None) -> None:
-        """The zeros made ``tpu``'s defaults (without a TPU: a micro-batch of 8); refuses a negative value."""
+        """Each zero made ``tpu``'s default, as the compiled pipeline's parameters default to it whichever of the
+        two is given (without a TPU: a micro-batch of 8, no accumulation); refuses a negative value."""
         defaults = tpu_batch(tpu) if tpu else {"per_replica_batch_size": 8, "gradient_accumulation_steps": 1}
-        if not self.per_replica_batch_size and not self.gradient_accumulation_steps:
-            self.gradient_accumulation_steps = defaults["gradient_accumulation_steps"]
-        self.per_replica_batch_size = self.per_replica_batch_size or defaults["per_replica_batch_size"]
-        self.gradient_accumulation_steps = self.gradient_accumulation_steps or 1
-        for parameter in ("per_replica_batch_size", "gradient_accumulation_steps"):
-            if getattr(self, parameter) < 1:
-                raise InvalidParameter(parameter, getattr(self, parameter), "must be 0 (the TPU's default) or positive")
+        for parameter, default in defaults.items():
+            value = getattr(self, parameter) or default
+            if value < 1:
+                raise InvalidParameter(parameter, value, "must be 0 (the TPU's default) or positive")
+            setattr(self, parameter, value)
 
 
 def tpu_type(name: str) -> TpuType:
