@@ -16,6 +16,9 @@ from components.lib.errors import InvalidParameter
 from components.lib.model_card import USAGE_HEADING
 from components.lib.pytorch_weights import WEIGHTS_FILE
 
+# the tests of the files that read the tiny model in one process: the other need not wait on its making
+pytestmark = pytest.mark.xdist_group("tiny_model")
+
 OLD_CARD = """---
 library_name: transformers
 ---

@@ -25,6 +25,9 @@ from components.lib.pytorch_weights import (
 from components.lib.shard_set import read_manifest
 from components.lib.tokenization import load_tokenizer
 
+# the tests of the files that read the tiny model in one process: the other need not wait on its making
+pytestmark = pytest.mark.xdist_group("tiny_model")
+
 SENTENCES = ["The function returns a <mask> of values.", "The <mask> statement is used to leave a loop."]
 TEXTS = ["The for statement iterates over the items of a sequence.", "A short one."]  # the second is padded
 
