@@ -39,11 +39,9 @@ PYTEST_PROCESSES := -n $(TEST_WORKERS) --dist loadgroup
 
 install: $(VENV)/.installed
 
-# --no-compile: Python compiles a module the first time it is imported, not all of TensorFlow's at install (the
-# install took 95 s against 172 s here)
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
 run: install

@@ -32,7 +32,7 @@ def pytorch_python() -> Path:
             return python
         shutil.rmtree(VENV, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
         subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
         STAMP.write_text(wanted)
         return python
