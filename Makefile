@@ -6,6 +6,8 @@
 #                  pipeline parameter goes) from the dataclasses
 # make compile   compile the pipeline for kfp.local (see the README for the Vertex target)
 # make test      ruff, then the whole test suite (slow tests included): what CI runs
+# make pytorch-env  the tests' PyTorch environment (.venv-pytorch: tests/pytorch_env.py), which the tests
+#                  otherwise make on first use
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipelines), while working
 # make bench     the sharding, training, parts-reading and recipe benchmarks on WikiText-2 (../shared/data;
 #                the recipes' side by side takes about 45 minutes: benchmarks/recipes.py --quick, about 15)
@@ -35,7 +37,7 @@ TPU_IMAGE_TARGETS := $(addprefix tpu-image-,$(TPU_RUNTIMES))
 TEST_WORKERS ?= 2
 PYTEST_PROCESSES := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install run prepare components docs compile test test-fast lint bench images cpu-image tpu-image $(TPU_IMAGE_TARGETS) clean
+.PHONY: install pytorch-env run prepare components docs compile test test-fast lint bench images cpu-image tpu-image $(TPU_IMAGE_TARGETS) clean
 
 install: $(VENV)/.installed
 
@@ -43,6 +45,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
+
+pytorch-env:
+	$(PYTHON) tests/pytorch_env.py
 
 run: install
 	$(BIN)/tpu-mlm run-local --pipeline_root $(RUNS)

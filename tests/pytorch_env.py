@@ -1,7 +1,8 @@
 """The tests' second environment: transformers 5 (PyTorch only) with PyTorch CPU, where the project's saved models
 are loaded as their users load them. It lives in ``.venv-pytorch`` at the project root, is made from
 ``tests/pytorch-requirements.txt`` on first use (about a minute here) and kept between runs; a change of the pins
-makes it anew. The main environment never holds torch."""
+makes it anew. The main environment never holds torch. ``make pytorch-env`` makes it ahead of the tests (CI makes
+it on the second core while the main environment installs)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,7 @@ def run_pytorch(request: dict[str, Any], env: dict[str, str] | None = None) -> d
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.splitlines()[-1])
+
+
+if __name__ == "__main__":
+    print(pytorch_python())
