@@ -1,5 +1,5 @@
 """Training recipes side by side: the steps each needs to reach the reference recipe's validation loss, and its
-held-out loss at the same step budget.
+held-out loss at the same step budget (and in FLOPs: a head sized for more masking costs more a step).
 
 Every run trains the same small RoBERTa on the same WikiText-2 shards, at the same global batch and step budget,
 with the train step's own command (``python -m components.train``), and is scored by the evaluate step's command
@@ -11,7 +11,10 @@ made from ``test.txt``; ``valid.txt`` is cut in two at an article boundary: its 
 during training (the points the steps-to-loss are read from, and the only text a recipe is chosen on), its second
 half is held out for the final score.
 
-    python benchmarks/recipes.py [--quick] [--steps 1000] [--seeds 1,2,3]
+    python benchmarks/recipes.py [--quick] [--steps 1000] [--seeds 1,2,3] [--model_config l4-h256]
+
+The reference is the first of ``--candidates`` (``hf-2023`` by default; the default recipe when the candidates
+are levers over it).
 """
 
 from __future__ import annotations
@@ -25,9 +28,14 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from transformers import HfArgumentParser
+
+from components.lib.masked_lm import max_predictions
+from components.lib.modeling import PRESETS, executed_flops_per_sample
+from components.lib.recipe import KNOBS, highest_mlm_probability
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 REFERENCE = "hf-2023"
@@ -42,6 +50,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "mlm_probability": 0.3,
         "final_mlm_probability": 0.15,
     },
+    # the levers over the default (docs/recipes.md): clipping, and no dropout (a model whose config has some)
+    "roberta-2019 + masking 30%->15% + clip 1.0": {"recipe": "roberta-2019-mask-decay", "clip_norm": 1.0},
+    "roberta-2019 + masking 30%->15% + dropout 0": {"recipe": "roberta-2019-mask-decay", "dropout": 0.0},
     "roberta-2019 + masking 30%->15% + wsd": {
         "recipe": "roberta-2019",
         "mlm_probability": 0.3,
@@ -52,18 +63,29 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 }
 
 
+# The second size: 4 layers of 256 (twice mini's depth and width, about 4x its FLOPs a token), with roberta-base's
+# dropout, 0.1; mini has none
+MODELS = {"l4-h256": {**PRESETS["roberta-base"], "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4}}
+MODELS["l4-h256"]["intermediate_size"] = 1024
+
+
 @dataclass
 class RecipeBenchmarkArguments:
     candidates: str = field(
         default=",".join(list(CANDIDATES)[:4]),
         # argparse expands % in help texts: the names' own (30%->15%) are doubled
-        metadata={"help": f"Recipes compared, comma-separated, of {list(CANDIDATES)}.".replace("%", "%%")},
+        metadata={
+            "help": f"Recipes compared, comma-separated, of {list(CANDIDATES)}; the first is the reference the "
+            "others are timed to (hf-2023; the default recipe to compare levers over it).".replace("%", "%%")
+        },
     )
     seeds: str = field(default="1,2,3", metadata={"help": "Seeds, comma-separated; each recipe runs with each."})
     quick: bool = field(default=False, metadata={"help": "One seed (the first)."})
     steps: int = field(default=1000, metadata={"help": "Optimizer steps of every run (the budget)."})
     batch_size: int = field(default=32, metadata={"help": "Global batch of every run."})
-    model_config: str = field(default="mini", metadata={"help": "Model preset of every run."})
+    model_config: str = field(
+        default="mini", metadata={"help": f"Model of every run: a preset, or one of {list(MODELS)}."}
+    )
     vocab_size: int = field(default=8000, metadata={"help": "Tokenizer pieces."})
     long_reference_steps: int = field(
         default=3000,
@@ -82,8 +104,6 @@ class RecipeBenchmarkArguments:
         unknown = [name for name in self.names if name not in CANDIDATES]
         if unknown:
             raise SystemExit(f"--candidates: unknown {unknown}; known: {list(CANDIDATES)}")
-        if self.names[0] != REFERENCE:
-            raise SystemExit(f"--candidates must start with the reference, {REFERENCE}")
         for steps in (self.steps, self.long_reference_steps):
             if steps % self.validations:
                 raise SystemExit(f"{steps} steps must be a multiple of --validations {self.validations}")
@@ -158,6 +178,26 @@ def steps_to_reach(curve: list[tuple[int, float]], target: float) -> float | Non
     return None
 
 
+def model_config_flag(arguments: RecipeBenchmarkArguments, work: Path) -> str:
+    """The train step's --model_config: a preset's name, or a config.json written for one of ``MODELS``."""
+    if arguments.model_config not in MODELS:
+        return arguments.model_config
+    path = work / f"{arguments.model_config}.json"
+    path.write_text(json.dumps(MODELS[arguments.model_config], indent=1) + "\n")
+    return str(path)
+
+
+def flops_per_step(model_folder: Path, summary: dict[str, Any]) -> float:
+    """The training FLOPs of one optimizer step as the train step computed them, its LM head sized for the run's
+    highest masking rate (modeling.executed_flops_per_sample)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_folder)
+    max_length = summary["tokens"] // summary["samples"]
+    predictions = max_predictions(max_length, highest_mlm_probability(SimpleNamespace(**summary["arguments"])))
+    return executed_flops_per_sample(config, max_length, predictions) * summary["global_batch_size"]
+
+
 def train_and_score(
     name: str, seed: int, steps: int, data: dict[str, str], arguments: RecipeBenchmarkArguments, work: Path
 ) -> dict[str, Any]:
@@ -170,7 +210,7 @@ def train_and_score(
         "tokenizer": data["tokenizer"],
         "train_shards": data["train"],
         "eval_shards": data["validation"],
-        "model_config": arguments.model_config,
+        "model_config": model_config_flag(arguments, work),
         "per_replica_batch_size": arguments.batch_size,
         "max_steps": steps,
         "seed": seed,
@@ -202,13 +242,14 @@ def train_and_score(
         "recipe": name,
         "seed": seed,
         "steps": steps,
-        "settings": {key: value for key, value in summary["arguments"].items() if key in RECIPE_KNOBS},
+        "settings": {key: value for key, value in summary["arguments"].items() if key in ("recipe", *KNOBS)},
         "curve": validation_curve(summary),
         "held_out_loss": metrics["loss"],
         "held_out_perplexity": metrics["perplexity"],
         "held_out_masked_accuracy": metrics["masked_accuracy"],
         "unigram_perplexity": metrics["unigram_perplexity"],
         "samples_per_second": statistics.median(point["samples_per_second"] for point in summary["history"]),
+        "flops_per_step": flops_per_step(folder / "model", summary),
     }
 
 
@@ -216,13 +257,16 @@ def compare(runs: list[dict[str, Any]], names: list[str], steps: int, long: dict
     """Each recipe's steps to the reference's final validation loss (of the same seed) as a share of the budget,
     its held-out figures, and the steps the reference run over a longer budget needs to reach the recipe's final
     validation loss (``long``, the first seed's); means over seeds."""
-    reference = {run["seed"]: run["curve"][-1][1] for run in runs if run["recipe"] == REFERENCE}
+    reference = {run["seed"]: run["curve"][-1][1] for run in runs if run["recipe"] == names[0]}
+    reference_flops = next(run["flops_per_step"] for run in runs if run["recipe"] == names[0])
     rows = []
     for name in names:
         mine = [run for run in runs if run["recipe"] == name]
         reached = [steps_to_reach(run["curve"], reference[run["seed"]]) for run in mine]
         ratios = [None if value is None else value / steps for value in reached]
         known = [ratio for ratio in ratios if ratio is not None]
+        # FLOPs against the reference's budget: a head sized for more masking costs more a step
+        flops_ratio = mine[0]["flops_per_step"] / reference_flops
         first = next(run for run in mine if run["seed"] == mine[0]["seed"])
         reference_needs = None if long is None else steps_to_reach(long["curve"], first["curve"][-1][1])
         rows.append(
@@ -232,6 +276,8 @@ def compare(runs: list[dict[str, Any]], names: list[str], steps: int, long: dict
                 "steps_ratio_mean": statistics.mean(known) if len(known) == len(mine) else None,
                 "steps_ratio_worst": max(known) if len(known) == len(mine) else None,
                 "steps_ratios": ratios,
+                "flops_ratio_mean": statistics.mean(known) * flops_ratio if len(known) == len(mine) else None,
+                "flops_per_step_over_reference": flops_ratio,
                 "reference_steps_ratio": None if reference_needs is None else reference_needs / steps,
                 "final_validation_loss_mean": statistics.mean(run["curve"][-1][1] for run in mine),
                 "held_out_loss_mean": statistics.mean(run["held_out_loss"] for run in mine),
@@ -256,15 +302,17 @@ def table(rows: list[dict[str, Any]], steps: int, long_steps: int) -> str:
         return f"more than {long_steps / steps:.0f}x" if value is None else f"{value:.2f}x"
 
     lines = [
-        "| recipe | steps to the reference's final loss: mean, worst (each seed) | the reference's steps to this "
+        "| recipe | steps to the reference's final loss: mean, worst (each seed) | FLOPs to it (a step's FLOPs "
+        "/ the reference's) | the reference's steps to this "
         f"recipe's final loss (at a {long_steps:,}-step budget, first seed) | final validation loss | held-out loss "
         "(spread) | held-out masked accuracy | held-out perplexity / unigram | training samples/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         each = ", ".join(ratio(value) for value in row["steps_ratios"])
         lines.append(
             f"| `{row['recipe']}` | {ratio(row['steps_ratio_mean'])}, {ratio(row['steps_ratio_worst'])} ({each}) | "
+            f"{ratio(row['flops_ratio_mean'])} ({row['flops_per_step_over_reference']:.3f}) | "
             f"{reference_needs(row['reference_steps_ratio'])} | "
             f"{row['final_validation_loss_mean']:.3f} | {row['held_out_loss_mean']:.3f} "
             f"({row['held_out_loss_spread']:.3f}) | {row['held_out_masked_accuracy_mean']:.3f} | "
@@ -286,7 +334,7 @@ def plot(runs: list[dict[str, Any]], names: list[str], long: dict[str, Any] | No
             axes.plot(steps, losses, color=f"C{color}", alpha=0.8, label=name if index == 0 else None)
     if long is not None:
         steps, losses = zip(*long["curve"], strict=True)
-        axes.plot(steps, losses, color="C0", linestyle="--", label=f"{REFERENCE} over {long['steps']:,} steps")
+        axes.plot(steps, losses, color="C0", linestyle="--", label=f"{names[0]} over {long['steps']:,} steps")
     lowest = min(loss for run in runs for _, loss in run["curve"])
     highest = max(run["curve"][-1][1] for run in runs)
     axes.set_ylim(lowest - 0.05, highest + 0.4)  # where the recipes part, not the first steps' fall
@@ -298,12 +346,6 @@ def plot(runs: list[dict[str, Any]], names: list[str], long: dict[str, Any] | No
     figure.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
-
-
-RECIPE_KNOBS = (
-    "recipe", "learning_rate", "adam_beta2", "adam_epsilon", "clip_norm", "warmup_fraction", "warmup_steps",
-    "lr_schedule", "decay_fraction", "weight_decay", "mlm_probability", "final_mlm_probability",
-)  # fmt: skip
 
 
 def main() -> None:
@@ -324,7 +366,7 @@ def main() -> None:
     runs = [scored(name, seed, arguments.steps) for seed in arguments.seed_list for name in arguments.names]
     long = None
     if arguments.long_reference_steps:
-        long = scored(REFERENCE, arguments.seed_list[0], arguments.long_reference_steps)
+        long = scored(arguments.names[0], arguments.seed_list[0], arguments.long_reference_steps)
     rows = compare(runs, arguments.names, arguments.steps, long)
     manifest = json.loads(Path(data["train"], "manifest.json").read_text())
     setup = (

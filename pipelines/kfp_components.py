@@ -108,6 +108,7 @@ def preflight_step(
     lr_schedule: str = '',
     decay_fraction: float = -1.0,
     weight_decay: float = -1.0,
+    dropout: float = -1.0,
     bf16: bool = False,
     steps_per_execution: int = 50,
     xla: str = 'auto',
@@ -155,6 +156,7 @@ def preflight_step(
         lr_schedule: linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last decay_fraction of the steps; empty: the recipe's.
         decay_fraction: wsd: share of the steps of the final decay; -1: the recipe's.
         weight_decay: Decoupled weight decay rate; -1: the recipe's.
+        dropout: Hidden and attention dropout while pre-training (0: none); the saved model keeps its config's for fine-tuning. -1: the recipe's, which for every recipe here is the model config's (roberta-base: 0.1).
         bf16: Mixed bfloat16 precision (TPUs, recent GPUs).
         steps_per_execution: Steps run per call into the graph.
         xla: XLA-compile the replica step on GPU/CPU: on, off, auto (off). Never nested on a TPU, which compiles the whole step anyway.
@@ -214,6 +216,7 @@ def train_step(
     lr_schedule: str = '',
     decay_fraction: float = -1.0,
     weight_decay: float = -1.0,
+    dropout: float = -1.0,
     bf16: bool = False,
     steps_per_execution: int = 50,
     xla: str = 'auto',
@@ -258,6 +261,7 @@ def train_step(
         lr_schedule: linear: warmup then linear decay to 0; wsd: warmup, stable, then linear decay to 0 over the last decay_fraction of the steps; empty: the recipe's.
         decay_fraction: wsd: share of the steps of the final decay; -1: the recipe's.
         weight_decay: Decoupled weight decay rate; -1: the recipe's.
+        dropout: Hidden and attention dropout while pre-training (0: none); the saved model keeps its config's for fine-tuning. -1: the recipe's, which for every recipe here is the model config's (roberta-base: 0.1).
         bf16: Mixed bfloat16 precision (TPUs, recent GPUs).
         steps_per_execution: Steps run per call into the graph.
         xla: XLA-compile the replica step on GPU/CPU: on, off, auto (off). Never nested on a TPU, which compiles the whole step anyway.

@@ -32,6 +32,7 @@ ROUTES = {
     'lr_schedule': {'preflight': 'lr_schedule', 'train': 'lr_schedule'},
     'decay_fraction': {'preflight': 'decay_fraction', 'train': 'decay_fraction'},
     'weight_decay': {'preflight': 'weight_decay', 'train': 'weight_decay'},
+    'dropout': {'preflight': 'dropout', 'train': 'dropout'},
     'bf16': {'preflight': 'bf16', 'train': 'bf16'},
     'steps_per_execution': {'preflight': 'steps_per_execution', 'train': 'steps_per_execution'},
     'xla': {'preflight': 'xla', 'train': 'xla'},

@@ -37,6 +37,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.preemption import last_words
+from components.lib.recipe import RECIPE_VALUE, Recipe, resolve_recipe
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import settings_shape
 from components.lib.slice_hosts import ENDPOINTS_VARIABLE, HOSTS_FOLDER
@@ -49,11 +50,16 @@ REPORT_FILE = "smoke.json"
 # of it the shards need
 TOKENS_PER_BYTE_LOW = 0.2
 GLOBAL_BATCHES_OF_DATA = 2  # shards of at least this many global batches (the stream repeats them)
+PROBE_WINDOWS = 20  # log windows of the peak probe: 5 in its warmup, 15 at the peak
+# The peak probe's verdict: at the peak, the loss must go on falling, and no window's loss rise above the first
+# peak window's by more than this share (a spike the run might not come back from)
+PROBE_LOSS_RISE = 0.05
 
 
 @dataclass(kw_only=True)
-class SmokeRun(TpuBatch):
-    """The run to try: the real run's TPU, model, batch and precision (the data is made in the job)."""
+class SmokeRun(TpuBatch, Recipe):
+    """The run to try: the real run's TPU, model, batch, precision and recipe; its data, made in the job, or the
+    run's own shards; and the peak probe, if asked for."""
 
     tpu_type: str = field(
         default="",
@@ -64,11 +70,38 @@ class SmokeRun(TpuBatch):
     max_length: int = field(default=128, metadata={"help": "Tokens per sample."})
     bf16: bool = field(default=True, metadata={"help": "Mixed bfloat16 precision, as TPU runs train."})
     steps: int = field(default=30, metadata={"help": "Optimizer steps: three log windows, the first compiles."})
+    train_shards: str = field(
+        default="",
+        metadata={
+            "help": "The run's own training shards (gs:// on Vertex AI), read instead of data the job makes (whose "
+            "vocabulary and length are then the shards'); with --tokenizer. What the peak probe should read."
+        },
+    )
+    tokenizer: str = field(default="", metadata={"help": "The tokenizer of --train_shards."})
+    peak_probe_steps: int = field(
+        default=0,
+        metadata={
+            "help": "0: no probe. N: after the smoke test, N more steps of a new model that reach the recipe's peak "
+            "learning rate in a quarter of them (a harder warmup than a long run's) and stay there, reporting the "
+            "loss and gradient norm at the peak (docs/recipes.md). A multiple of 20; a few hundred take minutes."
+        },
+    )
 
     def __post_init__(self) -> None:
         self.resolve_batch(tpu_type(self.tpu_type) if self.tpu_type else None)
         if self.steps < 3 or self.steps % 3:
             raise InvalidParameter("steps", self.steps, "must be a positive multiple of 3 (three log windows)")
+        if bool(self.train_shards) != bool(self.tokenizer):
+            given, missing = ("train_shards", "tokenizer") if self.train_shards else ("tokenizer", "train_shards")
+            raise InvalidParameter(missing, "", f"must be given with --{given}")
+        for parameter in ("train_shards", "tokenizer"):
+            if getattr(self, parameter):
+                storage.check_uri(parameter, getattr(self, parameter))
+        if self.peak_probe_steps < 0 or self.peak_probe_steps % PROBE_WINDOWS:
+            raise InvalidParameter(
+                "peak_probe_steps", self.peak_probe_steps, f"must be 0 (no probe) or a multiple of {PROBE_WINDOWS}"
+            )
+        resolve_recipe(vars(self))  # a knob the train step would refuse, refused before the TPU is taken
 
 
 def run_settings(run: SmokeRun, settings: type) -> dict[str, Any]:
@@ -172,6 +205,9 @@ def _run_stages(arguments: SmokeArguments, report: Report) -> dict[str, Any]:
             model = storage.join(arguments.scratch, "model")
             written = json.loads(storage.read_text(storage.join(model, SUMMARY_FILE)))
             found.update(model=model, read_back=written["total_steps"] == arguments.steps)
+        if arguments.peak_probe_steps:
+            with report.stage("peak probe") as found:
+                found.update(peak_probe(arguments, tokenizer, shards))
         report.values.update(judge(arguments, report.values["stages"]))
     except (Exception, SystemExit):
         if not arguments.exit_zero:
@@ -236,12 +272,15 @@ def slice_seen(scratch: str) -> dict[str, Any]:
 
 def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
     """A tokenizer of ``vocab_size`` pieces, and training and validation shards holding a few global batches
-    each (the same text: the validation is there to be compiled and run, not to measure), under scratch."""
+    each (the same text: the validation is there to be compiled and run, not to measure), under scratch; or the
+    run's own tokenizer and shards, where given."""
     from transformers import PreTrainedTokenizerFast
 
     from components.shards import ShardArguments, write_shards
     from components.tokenizer import TokenizerArguments, train_tokenizer
 
+    if arguments.train_shards:  # the run's own: the validation is there to be compiled and run
+        return arguments.tokenizer, arguments.train_shards, arguments.train_shards
     tokenizer_uri = storage.join(arguments.scratch, "tokenizer")
     shards_uri = storage.join(arguments.scratch, "shards")
     with tempfile.TemporaryDirectory() as local:
@@ -280,26 +319,16 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
 
 def run_training(arguments: SmokeArguments, tokenizer: str, shards: str, validation: str) -> dict[str, Any]:
     """The train step itself for ``steps`` steps, one checkpoint with its validation, and the model saved."""
-    from components.train import TrainArguments, train
-
-    tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
     window = arguments.steps // 3
-    summary = train(
-        TrainArguments(
-            tokenizer=tokenizer,
-            train_shards=shards,
-            eval_shards=validation,
-            output=storage.join(arguments.scratch, "model"),
-            checkpoint_dir=storage.join(arguments.scratch, "checkpoints"),
-            tensorboard_dir=storage.join(arguments.scratch, "logs"),
-            **run_settings(arguments, TrainArguments),
-            max_steps=arguments.steps,
-            log_every_steps=window,
-            checkpoint_every_steps=arguments.steps,
-            accelerator=arguments.accelerator,
-            replicas=arguments.replicas,
-            peak_tflops=tpu.peak_tflops_per_replica if tpu else 0.0,
-        )
+    summary = train_here(
+        arguments,
+        arguments.scratch,
+        tokenizer=tokenizer,
+        train_shards=shards,
+        eval_shards=validation,
+        max_steps=arguments.steps,
+        log_every_steps=window,
+        checkpoint_every_steps=arguments.steps,
     )
     steady = summary["history"][-1]  # the last window: no compile, no checkpoint in it
     step_seconds = summary["global_batch_size"] / steady["samples_per_second"]
@@ -318,6 +347,73 @@ def run_training(arguments: SmokeArguments, tokenizer: str, shards: str, validat
         "tokens_per_second": steady["tokens_per_second"],
         "mfu": steady.get("mfu"),
         "train_seconds": summary["seconds_this_run"],
+    }
+
+
+def train_here(arguments: SmokeArguments, folder: str, **settings: Any) -> dict[str, Any]:
+    """The train step on this machine's accelerator with the run's settings and ``settings``, its model, checkpoints
+    and logs in ``folder``'s model, checkpoints and logs; returns its summary."""
+    from components.train import TrainArguments, train
+
+    tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
+    return train(
+        TrainArguments(
+            **{
+                **run_settings(arguments, TrainArguments),
+                "output": storage.join(folder, "model"),
+                "checkpoint_dir": storage.join(folder, "checkpoints"),
+                "tensorboard_dir": storage.join(folder, "logs"),
+                "accelerator": arguments.accelerator,
+                "replicas": arguments.replicas,
+                "peak_tflops": tpu.peak_tflops_per_replica if tpu else 0.0,
+                **settings,
+            }
+        )
+    )
+
+
+def peak_probe(arguments: SmokeArguments, tokenizer: str, shards: str) -> dict[str, Any]:
+    """A new model trained ``peak_probe_steps`` steps that reach the recipe's peak learning rate in a quarter of
+    them and stay there (``wsd`` without its decay): the loss and gradient norm at the peak, in minutes, where a
+    long run gets there after hours. Stable: the loss falls at the peak and never rises above its first peak
+    window's by more than ``PROBE_LOSS_RISE``; a loss that is not finite stops the probe (``Diverged``)."""
+    steps = arguments.peak_probe_steps
+    summary = train_here(
+        arguments,
+        storage.join(arguments.scratch, "peak-probe"),
+        tokenizer=tokenizer,
+        train_shards=shards,
+        max_steps=steps,
+        log_every_steps=steps // PROBE_WINDOWS,
+        checkpoint_every_steps=steps,
+        warmup_steps=steps // 4,
+        warmup_fraction=float(RECIPE_VALUE),
+        lr_schedule="wsd",
+        decay_fraction=1 / steps,  # wsd's decay would start after the last step: every step after warmup at the peak
+    )
+    peak = summary["arguments"]["learning_rate"]
+    windows = [
+        {key: point[key] for key in ("step", "loss", "gradient_norm", "learning_rate")} for point in summary["history"]
+    ]
+    at_peak = [window for window in windows if window["step"] > steps // 4]
+    losses = [window["loss"] for window in at_peak]
+    problems = []
+    if losses[-1] >= losses[0]:
+        problems.append(f"did not fall at the peak ({losses[0]:.4f} to {losses[-1]:.4f})")
+    highest = max(losses)
+    if highest > losses[0] * (1 + PROBE_LOSS_RISE):
+        step = at_peak[losses.index(highest)]["step"]
+        problems.append(f"rose to {highest:.4f} at step {step}, from {losses[0]:.4f} as the peak began")
+    return {
+        "steps": steps,
+        "warmup_steps": steps // 4,
+        "peak_learning_rate": peak,
+        "loss_at_peak": [losses[0], losses[-1]],
+        "highest_loss_at_peak": highest,
+        "gradient_norm_at_peak": [min(w["gradient_norm"] for w in at_peak), max(w["gradient_norm"] for w in at_peak)],
+        "stable": not problems,
+        "problems": problems,
+        "windows": windows,
     }
 
 
@@ -350,6 +446,12 @@ def judge(arguments: SmokeArguments, stages: dict[str, Any]) -> dict[str, Any]:
         problems.append(f"the loss is not finite ({trained['first_loss']} to {trained['last_loss']})")
     if not stages["storage"]["read_back"]:
         problems.append("the model's training_summary.json read back does not match the run")
+    probe = stages.get("peak probe")
+    if probe and not probe["stable"]:
+        problems.append(
+            f"at the peak learning rate {probe['peak_learning_rate']:g} the loss {' and '.join(probe['problems'])}: "
+            "try --clip_norm 1.0 or a lower --learning_rate, and probe again before the long run"
+        )
     peak = stages["memory"]["peak_gib_per_replica"]
     warnings = []
     if peak is None and trained["accelerator"] != "cpu":
@@ -372,7 +474,7 @@ def memory_estimate(arguments: SmokeArguments, shards: str) -> dict[str, float]:
     from components.lib.shard_set import read_manifest
 
     memory = settings_shape(
-        vars(arguments),  # the train step's default recipe: the smoke test sets none
+        vars(arguments),  # with the run's recipe, whose masking rate sizes the LM head
         replicas=max(arguments.replicas, 1),
         samples=None,
         max_steps=arguments.steps,
@@ -416,6 +518,15 @@ def describe(values: dict[str, Any]) -> list[str]:
         peak = f"{measured:.2f} GiB" if measured is not None else "not measured here"
         lines.append(
             f"memory per replica: peak {peak}; estimate {memory['estimate_low_gib']}-{memory['estimate_high_gib']} GiB"
+        )
+    if "peak probe" in stages and "stable" in stages["peak probe"]:
+        probe = stages["peak probe"]
+        low, high = probe["gradient_norm_at_peak"]
+        lines.append(
+            f"peak probe: {probe['steps']} steps, at the peak {probe['peak_learning_rate']:g} from step "
+            f"{probe['warmup_steps']}: loss {probe['loss_at_peak'][0]:.4f} to {probe['loss_at_peak'][1]:.4f} (highest "
+            f"{probe['highest_loss_at_peak']:.4f}), gradient norm {low:.3f} to {high:.3f}: "
+            + ("stable" if probe["stable"] else "UNSTABLE")
         )
     if "storage" in stages and "model" in stages["storage"]:
         lines.append(f"storage: model written to and read back from {stages['storage']['model']}")

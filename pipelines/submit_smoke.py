@@ -85,6 +85,11 @@ class SmokeJobArguments(VertexProject, JobServiceArguments, SmokeRun):
         super().__post_init__()
         if not self.scratch.startswith("gs://"):
             raise InvalidParameter("scratch", self.scratch, "must be a gs:// folder: the job on Vertex AI writes there")
+        for parameter in ("train_shards", "tokenizer"):
+            if getattr(self, parameter) and not getattr(self, parameter).startswith("gs://"):
+                raise InvalidParameter(
+                    parameter, getattr(self, parameter), "must be a gs:// folder: the job on Vertex AI reads it"
+                )
         storage.check_uri("scratch", self.scratch)
         check_project(self.project)
         check_service_account(self.service_account, "the job runs as Vertex AI's Custom Code Service Agent")

@@ -136,7 +136,7 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("tokenizer_sample_bytes", "max_length", "records_per_shard", "num_parts", "model_config"),
         *("per_replica_batch_size", "gradient_accumulation_steps", "num_epochs", "max_steps", "recipe"),
         *("mlm_probability", "final_mlm_probability", "learning_rate", "adam_beta2", "adam_epsilon", "clip_norm"),
-        *("warmup_fraction", "warmup_steps", "lr_schedule", "decay_fraction", "weight_decay"),
+        *("warmup_fraction", "warmup_steps", "lr_schedule", "decay_fraction", "weight_decay", "dropout"),
         *("bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),
         *("checkpoint_every_steps", "log_every_steps", "eval_batches", "on_divergence", "max_rewinds"),
         *("accelerator", "replicas"),

@@ -171,14 +171,17 @@ def test_no_secret_value_lands_in_the_compiled_pipeline(tmp_path, monkeypatch):
 
 def test_the_card_s_metadata_names_the_license_and_a_hub_corpus():
     summary = {
-        "arguments": {key: 1 for key in CARD_HYPERPARAMETERS} | {"model_config": "gs://b/c/config.json"},
+        "arguments": {key: 1 for key in CARD_HYPERPARAMETERS} | {"model_config": "gs://b/c/config.json", "dropout": -1},
         "corpus": {"source": "hf:wikitext:wikitext-103-raw-v1"},
         **{"global_batch_size": 2048, "total_steps": 650, "samples": 1, "tokens": 128, "replicas": 8},
         **{"accelerator": "tpu", "num_parameters": 1, "tokenizer_fingerprint": "sha256:0"},
         **{"first_loss": 9.0, "last_loss": 2.0, "history": [{"step": 1}, {"step": 650}], "steps_this_run": 650},
     }
     config = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
-    card = model_card("me/roberta", summary, {**config, "vocab_size": 25000}, None, "apache-2.0")
+    card = model_card(
+        "me/roberta", summary, {**config, "vocab_size": 25000, "hidden_dropout_prob": 0.1}, None, "apache-2.0"
+    )
+    assert "| dropout | the config's (0.1) |" in card  # the recipe left the model config's
     metadata = yaml.safe_load(card.split("---\n")[1])
     assert metadata["license"] == "apache-2.0" and metadata["datasets"] == ["wikitext"]
     assert {"pytorch", "tensorflow", "safetensors"} <= set(metadata["tags"])

@@ -1,6 +1,7 @@
 """The recipe's knobs: the named recipes and what a knob given beside one does, the learning-rate schedules, the
 clipping of each optimizer step's gradient, and the masking rate's decay."""
 
+import json
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -11,11 +12,19 @@ from transformers import TFAutoModelForMaskedLM, create_optimizer
 from components.lib.errors import InvalidParameter
 from components.lib.input_pipeline import EVALUATION_MLM_PROBABILITY, Masking, evaluation_dataset, training_dataset
 from components.lib.masked_lm import max_predictions
-from components.lib.modeling import model_config
-from components.lib.recipe import KNOBS, RECIPES, Recipe, learning_rate_schedule, resolve_recipe
+from components.lib.modeling import model_config, pretraining_config
+from components.lib.recipe import (
+    KNOBS,
+    MODEL_DROPOUT,
+    RECIPES,
+    Recipe,
+    learning_rate_schedule,
+    resolve_recipe,
+)
 from components.lib.shard_set import read_manifest
 from components.lib.train_function import train_function
-from components.lib.training_plan import TrainingSettings
+from components.lib.training_plan import TrainingSettings, plan_training
+from components.lib.training_state import start_or_resume
 
 
 def test_the_reference_recipe_is_the_settings_the_train_step_had_before_recipes():
@@ -31,6 +40,7 @@ def test_the_reference_recipe_is_the_settings_the_train_step_had_before_recipes(
         lr_schedule="linear",
         decay_fraction=0.0,
         weight_decay=1e-3,
+        dropout=MODEL_DROPOUT,
         mlm_probability=0.15,
         final_mlm_probability=0.0,
     )
@@ -51,6 +61,7 @@ def test_roberta_recipes_are_fairseq_s_and_the_default_adds_the_measured_masking
         lr_schedule="linear",
         decay_fraction=0.0,
         weight_decay=0.01,
+        dropout=MODEL_DROPOUT,
         mlm_probability=0.15,
         final_mlm_probability=0.0,
     )
@@ -96,6 +107,8 @@ def test_a_knob_given_beside_the_recipe_overrides_it_and_the_rest_are_the_recipe
         ({"lr_schedule": "cosine"}, "lr_schedule"),
         ({"lr_schedule": "wsd", "decay_fraction": 0.0}, "decay_fraction"),
         ({"weight_decay": -0.01}, "weight_decay"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"dropout": -0.5}, "dropout"),
         ({"mlm_probability": 1.5}, "mlm_probability"),
         ({"final_mlm_probability": 1.0}, "final_mlm_probability"),
         ({"learning_rate": float("nan")}, "learning_rate"),
@@ -204,3 +217,38 @@ def test_evaluation_masks_each_sample_the_same_whatever_the_batch_size(embedded_
     np.testing.assert_array_equal(labels[7], labels[32])
     share = (labels[7] >= 0).sum() / (labels[7] != -100).size
     assert 0.05 < share < 0.2  # about EVALUATION_MLM_PROBABILITY of the tokens that are not special
+
+
+@pytest.mark.parametrize("dropout", [0.0, MODEL_DROPOUT])
+def test_pre_training_dropout_is_the_layers_and_the_saved_config_keeps_the_model_s(tmp_path, embedded_shards, dropout):
+    """--dropout 0 pre-trains without dropout (a training pass is deterministic), and the model saves its config's
+    0.1 for fine-tuning; -1 (every recipe's) trains with the config's own."""
+    from components.train import TrainArguments
+
+    arguments = TrainArguments(
+        output=str(tmp_path / "model"),
+        tokenizer=embedded_shards["tokenizer"],
+        train_shards=embedded_shards["train"],
+        model_config="tiny",
+        accelerator="cpu",
+        dropout=dropout,
+    )
+    strategy = tf.distribute.get_strategy()
+    plan = plan_training(arguments, strategy.num_replicas_in_sync, input_pipelines=1)
+    model = start_or_resume(arguments, plan, strategy, str(tmp_path / "checkpoints")).model
+    inputs = model.dummy_inputs
+    training_passes = [model(inputs, training=True).logits.numpy() for _ in range(2)]
+    assert np.array_equal(*training_passes) == (dropout == 0.0)
+    assert model.config.hidden_dropout_prob == model.config.attention_probs_dropout_prob == 0.1  # tiny's own
+    model.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == 0.1
+
+
+def test_a_dropout_the_model_config_has_no_setting_for_is_refused_in_one_line():
+    from transformers import DistilBertConfig
+
+    with pytest.raises(InvalidParameter, match="dropout") as refused:
+        pretraining_config(DistilBertConfig(), 0.0)
+    assert "hidden_dropout_prob" in str(refused.value) and "\n" not in str(refused.value)
+    assert pretraining_config(DistilBertConfig(), MODEL_DROPOUT).dropout == DistilBertConfig().dropout

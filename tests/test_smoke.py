@@ -10,15 +10,17 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import PROJECT_ROOT, run_module
 from transformers import HfArgumentParser
 
 from components.lib import storage
+from components.lib.errors import InvalidParameter
 from components.lib.job_runner import REFUSED_EXIT
 from pipelines import submit_smoke
-from pipelines.smoke_job import SmokeArguments
+from pipelines.smoke_job import SmokeArguments, smoke
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +56,66 @@ def test_the_smoke_script_trains_two_cpu_replicas_on_data_it_makes_and_passes(gc
     # the validation ran at the final checkpoint, on shards of its own
     assert json.loads(storage.read_text(f"{scratch}/shards/validation/manifest.json"))["split"] == "validation"
     assert "validation loss" in result.stderr
+
+
+def probe(tmp_path, shards: dict, **settings) -> dict:
+    """The smoke test and its peak probe of 60 steps on the run's own shards, on the CPU; returns the report."""
+    arguments = SmokeArguments(
+        scratch=str(tmp_path / "smoke"),
+        accelerator="cpu",
+        model_config="tiny",
+        per_replica_batch_size=16,
+        steps=3,
+        train_shards=shards["train"],
+        tokenizer=shards["tokenizer"],
+        peak_probe_steps=60,
+        exit_zero=True,
+        **settings,
+    )
+    return smoke(arguments)
+
+
+def test_the_peak_probe_reaches_the_recipe_s_peak_on_the_run_s_shards_and_reports_the_loss_there(
+    tmp_path, embedded_shards
+):
+    report = probe(tmp_path, embedded_shards)
+    assert report["verdict"] == "pass", report.get("problems") or report.get("error")
+    assert report["stages"]["data"]["shards"] == embedded_shards["train"]  # no data made: the run's own
+    found = report["stages"]["peak probe"]
+    assert (found["steps"], found["warmup_steps"], found["peak_learning_rate"]) == (60, 15, 5e-4)  # the default's
+    windows = found["windows"]
+    assert [window["step"] for window in windows] == list(range(3, 61, 3))
+    # the warmup's windows below the peak, every later one trained at it (the last reports the step after the run)
+    assert all(window["learning_rate"] < 5e-4 for window in windows[:4])
+    assert all(window["learning_rate"] == pytest.approx(5e-4) for window in windows[5:-1])
+    at_peak = [window["loss"] for window in windows if window["step"] > 15]
+    assert found["loss_at_peak"] == [at_peak[0], at_peak[-1]] and at_peak[-1] < at_peak[0] and found["stable"]
+    assert found["gradient_norm_at_peak"][1] == max(w["gradient_norm"] for w in windows if w["step"] > 15)
+
+
+def test_a_peak_the_loss_does_not_fall_at_is_a_failed_verdict_that_says_what_to_try(tmp_path, embedded_shards):
+    """Adam's steps are about the learning rate in size: at 2 the tiny model's loss climbs from the warmup on, to
+    hundreds (far from a threshold: the run's own noise cannot change the verdict)."""
+    report = probe(tmp_path, embedded_shards, learning_rate=2.0)
+    found = report["stages"]["peak probe"]
+    assert not found["stable"] and report["verdict"] == "fail"
+    (problem,) = report["problems"]
+    assert problem.startswith("at the peak learning rate 2 the loss did not fall at the peak (") and "rose" in problem
+    assert problem.endswith("try --clip_norm 1.0 or a lower --learning_rate, and probe again before the long run")
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"peak_probe_steps": 30}, "--peak-probe-steps=30: must be 0 (no probe) or a multiple of 20"),
+        ({"train_shards": "gs://b/train"}, "--tokenizer='': must be given with --train_shards"),
+        ({"clip_norm": -1.5}, "--clip-norm=-1.5: must be 0 (no clipping) or positive"),
+    ],
+)
+def test_a_smoke_test_refuses_a_probe_or_recipe_the_run_would_refuse(settings, message):
+    with pytest.raises(InvalidParameter) as refused:
+        SmokeArguments(scratch="/tmp/smoke", accelerator="cpu", **settings)
+    assert str(refused.value).startswith(message)
 
 
 def test_a_smoke_job_stopped_while_its_tpu_start_hangs_still_reports_where(tmp_path):
@@ -133,6 +195,38 @@ def test_the_smoke_job_is_a_custom_job_on_the_tpu_with_a_hard_limit_no_retries_a
     assert job.job_spec.base_output_directory.output_uri_prefix == run.scratch
     assert job.job_spec.service_account == "trainer@my-project-123.iam.gserviceaccount.com"
     assert printed["cost_limit"].startswith("at most $0.33: 20 min of a v5e-4 at $0.98 an hour Spot")
+
+
+def test_the_run_s_own_shards_its_recipe_and_the_peak_probe_reach_the_smoke_job(gcs, embedded_shards, capsys):
+    """The shards are read before the job is created (their manifest sizes the memory check); knobs not given stay
+    the recipe's."""
+    for name in ("train", "tokenizer"):
+        storage.upload_folder(Path(embedded_shards[name]), f"{gcs}/run/{name}")
+    own = ["--train_shards", f"{gcs}/run/train", "--tokenizer", f"{gcs}/run/tokenizer"]
+    probed = [*own, "--peak_probe_steps", "600", "--clip_norm", "1.0", "--per_replica_batch_size", "8"]
+    assert submit_smoke.main([*SMOKE_JOB, "--scratch", f"{gcs}/smoke", *probed, "--dry_run", "--json"]) == 0
+    job = json.loads(capsys.readouterr().out)["would_create"]
+    (run,) = HfArgumentParser(SmokeArguments).parse_args_into_dataclasses(
+        args=job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"]
+    )
+    assert (run.train_shards, run.tokenizer) == (f"{gcs}/run/train", f"{gcs}/run/tokenizer")
+    assert (run.peak_probe_steps, run.clip_norm, run.learning_rate) == (600, 1.0, -1)
+    missing = ["--train_shards", f"{gcs}/run/nothing", "--tokenizer", f"{gcs}/run/tokenizer"]
+    refused = run_module("pipelines.submit_smoke", *SMOKE_JOB, "--scratch", f"{gcs}/smoke", *missing, "--dry_run")
+    assert refused.returncode == 2 and "--train-shards=" in refused.stderr.strip().splitlines()[-1]
+    local = run_module(
+        "pipelines.submit_smoke",
+        *SMOKE_JOB,
+        "--scratch",
+        f"{gcs}/smoke",
+        "--train_shards",
+        "/tmp/t",
+        "--tokenizer",
+        "/k",
+    )
+    assert local.stderr.strip().splitlines()[-1] == (
+        "error: --train-shards='/tmp/t': must be a gs:// folder: the job on Vertex AI reads it"
+    )
 
 
 def test_smoke_creates_the_job_follows_it_and_prints_the_report_it_wrote_when_no_tpu_is_found(gcs):

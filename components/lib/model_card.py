@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.lib.corpus import HUB_PREFIX, parse_hub_name
-from components.lib.recipe import KNOBS
+from components.lib.recipe import KNOBS, MODEL_DROPOUT
 from components.lib.results import loss_summary, metrics_table
 
 CARD_FILE = "README.md"
@@ -28,6 +28,8 @@ def model_card(
         key: train_arguments[key] for key in CARD_HYPERPARAMETERS if key in train_arguments
     }  # older runs had fewer
     hyperparameters["model_config"] = public_name(hyperparameters["model_config"])
+    if hyperparameters.get("dropout") == MODEL_DROPOUT:  # the config's, which config.json holds
+        hyperparameters["dropout"] = f"the config's ({config.get('hidden_dropout_prob')})"
     hyperparameters.update(global_batch_size=summary["global_batch_size"], total_steps=summary["total_steps"])
     source = summary["corpus"]["source"]
     metadata = ModelCardData(

@@ -15,6 +15,7 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
+from components.lib.recipe import MODEL_DROPOUT
 
 log = logging.getLogger("tpu_mlm.modeling")
 
@@ -104,10 +105,40 @@ def model_config(name_or_uri: str, manifest: dict[str, Any]) -> Any:
     return AutoConfig.for_model(model_type, **values)
 
 
+DROPOUT_SETTINGS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+
+
+def pretraining_config(config: Any, dropout: float) -> Any:
+    """``config`` with the hidden and attention dropout the pre-training uses: ``dropout``, or the config's own
+    where it is ``MODEL_DROPOUT``. The model built from it keeps these rates in its layers; the train
+    step saves the original config, so that fine-tuning gets the config's dropout."""
+    if dropout == MODEL_DROPOUT:
+        return config
+    missing = [name for name in DROPOUT_SETTINGS if not hasattr(config, name)]
+    if missing:
+        raise InvalidParameter(
+            "dropout", dropout, f"the {config.model_type} config has no {' or '.join(missing)}; use -1 (its own)"
+        )
+    return config.__class__.from_dict({**config.to_dict(), **dict.fromkeys(DROPOUT_SETTINGS, dropout)})
+
+
 def training_flops_per_token(config: Any, num_parameters: int, sequence_length: int) -> float:
     """Model FLOPs of one training token: 6 per parameter (forward and backward matmuls) plus attention's
     12 x layers x hidden x sequence length (the PaLM paper's accounting, used for MFU)."""
     return 6 * num_parameters + 12 * config.num_hidden_layers * config.hidden_size * sequence_length
+
+
+def executed_flops_per_sample(config: Any, max_length: int, predictions: int) -> float:
+    """Training FLOPs of one sample as the train step computes it (BERT layout): the encoder's matmuls at every
+    position (6 FLOPs a weight, forward and backward, plus attention's), the LM head's dense layer and its decoder
+    only at the ``predictions`` positions it is sized for (``masked_lm.max_predictions``). Unlike the model FLOPs
+    of MFU (6 a parameter at every token), this moves with the masking rate that sizes the head: what recipes
+    that mask more are compared by."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    encoder_weights = layers * (4 * h * h + 2 * h * config.intermediate_size)
+    head_weights = h * h + h * config.vocab_size
+    attention = 12 * layers * h * max_length * max_length
+    return 6 * encoder_weights * max_length + attention + 6 * head_weights * predictions
 
 
 # Model types laid out as BERT: embeddings (word, position, token type), post-LayerNorm encoder layers, and an LM

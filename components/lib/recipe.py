@@ -1,6 +1,6 @@
 """The recipe's optimization: the settings a pre-training recipe fixes (peak learning rate, Adam's beta2 and
-epsilon, gradient clipping, warmup, the schedule's shape, weight decay, the masking rate and its decay), the named
-recipes, the learning-rate schedule and the optimizer (the training step that applies it: ``train_function``).
+epsilon, gradient clipping, warmup, the schedule's shape, weight decay, dropout, the masking rate and its decay),
+the named recipes, the learning-rate schedule and the optimizer (the training step that applies it: ``train_function``).
 
 A knob left at ``RECIPE_VALUE`` (-1, or "" for the schedule) takes the value of the run's ``--recipe``; any knob
 given beside the recipe overrides it. ``hf-2023`` is the reference recipe this project started from: Hugging
@@ -19,6 +19,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.masked_lm import check_probability
 
 RECIPE_VALUE = -1  # a knob left at this (or "" for lr_schedule) takes the recipe's value
+MODEL_DROPOUT = -1.0  # a recipe's dropout that leaves the model config's own (roberta-base's 0.1)
 # The reference recipe's global batch (256 per replica on a v3-8), kept on every TPU type by accumulating
 # micro-batches (tpu_catalogue.tpu_batch)
 RECIPE_GLOBAL_BATCH = 2048
@@ -39,6 +40,7 @@ RECIPES = {
         lr_schedule="linear",
         decay_fraction=0.0,
         weight_decay=1e-3,
+        dropout=MODEL_DROPOUT,  # roberta-base's config: 0.1
         mlm_probability=0.15,
         final_mlm_probability=0.0,
     ),
@@ -55,6 +57,7 @@ RECIPES = {
         lr_schedule="linear",
         decay_fraction=0.0,
         weight_decay=0.01,
+        dropout=MODEL_DROPOUT,  # fairseq's dropout and attention_dropout 0.1, as roberta-base's config has them
         mlm_probability=0.15,
         final_mlm_probability=0.0,
     ),
@@ -131,6 +134,14 @@ class Recipe(MaskingKnobs):
     weight_decay: float = field(
         default=float(RECIPE_VALUE), metadata={"help": "Decoupled weight decay rate; -1: the recipe's."}
     )
+    dropout: float = field(
+        default=float(RECIPE_VALUE),
+        metadata={
+            "help": "Hidden and attention dropout while pre-training (0: none); the saved model keeps its config's "
+            "for fine-tuning. -1: the recipe's, which for every recipe here is the model config's (roberta-base: "
+            "0.1)."
+        },
+    )
 
 
 KNOBS = tuple(knob.name for knob in fields(Recipe) if knob.name != "recipe")
@@ -197,6 +208,10 @@ def check_knobs(settings: Any) -> None:
         )
     if settings.weight_decay < 0:
         raise InvalidParameter("weight_decay", settings.weight_decay, "must be 0 or positive")
+    if settings.dropout != MODEL_DROPOUT and not 0 <= settings.dropout < 1:
+        raise InvalidParameter(
+            "dropout", settings.dropout, "must be -1 (the model config's), or at least 0 and below 1"
+        )
     check_probability(settings.mlm_probability)
     if settings.final_mlm_probability:
         check_probability(settings.final_mlm_probability, "final_mlm_probability")

@@ -11,7 +11,7 @@ from components.lib import storage
 from components.lib.devices import ACCELERATORS, check_accelerator
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id
-from components.lib.modeling import PRESETS, model_config
+from components.lib.modeling import PRESETS, model_config, pretraining_config
 from components.lib.recipe import KNOBS, Recipe, apply_recipe
 from components.lib.run_shape import RunShape, settings_shape
 from components.lib.shard_set import read_manifest, verify_files
@@ -219,6 +219,7 @@ def plan_training(
                 f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
             )
     config = model_config(arguments.model_config, manifest)
+    pretraining_config(config, arguments.dropout)  # a dropout the config cannot take is refused here
     shape = settings_shape(
         vars(arguments),
         replicas=num_replicas,

@@ -12,6 +12,7 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import Diverged
+from components.lib.modeling import pretraining_config
 from components.lib.recipe import create_optimizer
 from components.lib.results import HISTORY_FILE
 from components.lib.training_plan import CHECKPOINT_IDENTITY_FILE, TrainingPlan
@@ -109,7 +110,8 @@ def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint
         tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
     tf.keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
-        model = TFAutoModelForMaskedLM.from_config(plan.config)
+        model = TFAutoModelForMaskedLM.from_config(pretraining_config(plan.config, settings.dropout))
+        model.config = plan.config  # its layers keep the pre-training dropout; what it saves is the config's
         model(model.dummy_inputs, training=False)  # create the variables, so a checkpoint can restore them
         optimizer, schedule = create_optimizer(settings, plan.total_steps)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
