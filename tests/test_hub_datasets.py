@@ -127,8 +127,9 @@ def test_a_private_hub_dataset_needs_the_token(tmp_path, hub_dataset):
 def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_eight_replicas_and_pushes(
     tmp_path, hub_dataset, gcs, monkeypatch
 ):
-    """A Hub dataset read in two parts, every artifact and checkpoint on gs:// (object permissions only), the
-    training on 8 CPU replicas as on a v3-8, and the push to the Hub: what a user's first Vertex AI run does."""
+    """A Hub dataset (in one part: a Hub dataset's parts are the test above's, a pipeline's the local one's), every
+    artifact and checkpoint on gs:// (object permissions only), the training on 8 CPU replicas as on a v3-8, and
+    the push to the Hub: what a user's first Vertex AI run does."""
     from pipelines.run_local import RunLocalArguments, run_local
 
     hub = hub_dataset
@@ -139,7 +140,6 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
             pipeline_root=str(tmp_path / "runs"),
             output_root=storage.join(gcs, "runs"),
             corpus=CORPUS,
-            num_parts=2,
             vocab_size=2000,
             replicas=8,
             per_replica_batch_size=4,
@@ -151,7 +151,7 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
     for name in ("tokenizer", "validation shards", "train shards", "model", "evaluation"):
         assert artifacts[name].startswith(gcs + "/runs/run-"), name
     manifest = json.loads(bucket_objects(artifacts["train shards"])["manifest.json"])
-    assert manifest["corpus"]["source"] == CORPUS and manifest["num_parts"] == 2
+    assert manifest["corpus"]["source"] == CORPUS and manifest["num_parts"] == 1
     model = bucket_objects(artifacts["model"])
     assert {"config.json", "tf_model.h5", "tokenizer.json", "training_summary.json"} <= model.keys()
     training = json.loads(model["training_summary.json"])

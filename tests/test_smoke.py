@@ -58,8 +58,8 @@ def test_the_smoke_script_trains_two_cpu_replicas_on_data_it_makes_and_passes(gc
     assert "validation loss" in result.stderr
 
 
-def probe(tmp_path, shards: dict, **settings) -> dict:
-    """The smoke test and its peak probe of 60 steps on the run's own shards, on the CPU; returns the report."""
+def probe(tmp_path, shards: dict, steps: int = 60, **settings) -> dict:
+    """The smoke test and its peak probe of ``steps`` on the run's own shards, on the CPU; returns the report."""
     arguments = SmokeArguments(
         scratch=str(tmp_path / "smoke"),
         accelerator="cpu",
@@ -68,7 +68,7 @@ def probe(tmp_path, shards: dict, **settings) -> dict:
         steps=3,
         train_shards=shards["train"],
         tokenizer=shards["tokenizer"],
-        peak_probe_steps=60,
+        peak_probe_steps=steps,
         exit_zero=True,
         **settings,
     )
@@ -96,7 +96,7 @@ def test_the_peak_probe_reaches_the_recipe_s_peak_on_the_run_s_shards_and_report
 def test_a_peak_the_loss_does_not_fall_at_is_a_failed_verdict_that_says_what_to_try(tmp_path, embedded_shards):
     """Adam's steps are about the learning rate in size: at 2 the tiny model's loss climbs from the warmup on, to
     hundreds (far from a threshold: the run's own noise cannot change the verdict)."""
-    report = probe(tmp_path, embedded_shards, learning_rate=2.0)
+    report = probe(tmp_path, embedded_shards, steps=20, learning_rate=2.0)
     found = report["stages"]["peak probe"]
     assert not found["stable"] and report["verdict"] == "fail"
     (problem,) = report["problems"]
