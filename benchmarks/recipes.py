@@ -63,8 +63,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 }
 
 
-# The second size: 4 layers of 256 (twice mini's depth and width, about 4x its FLOPs a token), with roberta-base's
-# dropout, 0.1; mini has none
+# The second size: 4 layers of 256 (twice mini's depth and width, about 5x its training FLOPs a sample), with
+# roberta-base's dropout, 0.1; mini has none
 MODELS = {"l4-h256": {**PRESETS["roberta-base"], "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4}}
 MODELS["l4-h256"]["intermediate_size"] = 1024
 
@@ -107,6 +107,10 @@ class RecipeBenchmarkArguments:
         for steps in (self.steps, self.long_reference_steps):
             if steps % self.validations:
                 raise SystemExit(f"{steps} steps must be a multiple of --validations {self.validations}")
+        dropout = (MODELS.get(self.model_config) or PRESETS.get(self.model_config, {})).get("hidden_dropout_prob")
+        for name in self.names:
+            if "dropout" in CANDIDATES[name] and dropout == 0:
+                raise SystemExit(f"{name!r} sets dropout, which {self.model_config} has none of: nothing to compare")
 
     @property
     def names(self) -> list[str]:

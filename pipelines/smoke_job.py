@@ -40,6 +40,7 @@ from components.lib.preemption import last_words
 from components.lib.recipe import RECIPE_VALUE, Recipe, resolve_recipe
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import settings_shape
+from components.lib.shard_set import read_manifest
 from components.lib.slice_hosts import ENDPOINTS_VARIABLE, HOSTS_FOLDER
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_TYPES, TpuBatch, tpu_type
 
@@ -51,9 +52,10 @@ REPORT_FILE = "smoke.json"
 TOKENS_PER_BYTE_LOW = 0.2
 GLOBAL_BATCHES_OF_DATA = 2  # shards of at least this many global batches (the stream repeats them)
 PROBE_WINDOWS = 20  # log windows of the peak probe: 5 in its warmup, 15 at the peak
-# The peak probe's verdict: at the peak, the loss must go on falling, and no window's loss rise above the first
-# peak window's by more than this share (a spike the run might not come back from)
+# The peak probe's verdict: at the peak, the loss must go on falling, and no window's loss rise above the lowest
+# before it by more than this share (a spike the run might not come back from)
 PROBE_LOSS_RISE = 0.05
+PROBE_NORM_SPIKE = 10  # a gradient norm this many times the peak's median is a warning
 
 
 @dataclass(kw_only=True)
@@ -374,9 +376,10 @@ def train_here(arguments: SmokeArguments, folder: str, **settings: Any) -> dict[
 
 def peak_probe(arguments: SmokeArguments, tokenizer: str, shards: str) -> dict[str, Any]:
     """A new model trained ``peak_probe_steps`` steps that reach the recipe's peak learning rate in a quarter of
-    them and stay there (``wsd`` without its decay): the loss and gradient norm at the peak, in minutes, where a
-    long run gets there after hours. Stable: the loss falls at the peak and never rises above its first peak
-    window's by more than ``PROBE_LOSS_RISE``; a loss that is not finite stops the probe (``Diverged``)."""
+    them and stay there (``wsd`` without its decay), its masking rate held at the recipe's first (a decaying rate
+    lowers the loss by itself): the loss and gradient norm at the peak, in minutes, where a long run gets there
+    after hours. Stable: the loss falls at the peak and no window's rises more than ``PROBE_LOSS_RISE`` above the
+    lowest before it; a loss that is not finite stops the probe (``Diverged``)."""
     steps = arguments.peak_probe_steps
     summary = train_here(
         arguments,
@@ -390,29 +393,44 @@ def peak_probe(arguments: SmokeArguments, tokenizer: str, shards: str) -> dict[s
         warmup_fraction=float(RECIPE_VALUE),
         lr_schedule="wsd",
         decay_fraction=1 / steps,  # wsd's decay would start after the last step: every step after warmup at the peak
+        final_mlm_probability=0.0,
     )
-    peak = summary["arguments"]["learning_rate"]
+    # each window's learning rate is the one of the step after it: the last warmup window shows the peak
     windows = [
         {key: point[key] for key in ("step", "loss", "gradient_norm", "learning_rate")} for point in summary["history"]
     ]
     at_peak = [window for window in windows if window["step"] > steps // 4]
     losses = [window["loss"] for window in at_peak]
-    problems = []
+    problems, warnings = [], []
     if losses[-1] >= losses[0]:
         problems.append(f"did not fall at the peak ({losses[0]:.4f} to {losses[-1]:.4f})")
-    highest = max(losses)
-    if highest > losses[0] * (1 + PROBE_LOSS_RISE):
-        step = at_peak[losses.index(highest)]["step"]
-        problems.append(f"rose to {highest:.4f} at step {step}, from {losses[0]:.4f} as the peak began")
+    rises = [(loss / min(losses[:index]) - 1, index) for index, loss in enumerate(losses) if index]
+    rise, index = max(rises, default=(0.0, 0))
+    if rise > PROBE_LOSS_RISE:
+        problems.append(
+            f"rose to {losses[index]:.4f} at step {at_peak[index]['step']}, {rise:.0%} above its lowest before"
+        )
+    norms = sorted(window["gradient_norm"] for window in at_peak)
+    if norms[-1] > PROBE_NORM_SPIKE * norms[len(norms) // 2]:
+        warnings.append(f"the gradient norm spiked to {norms[-1]:.3g} at the peak, {PROBE_NORM_SPIKE}x its median")
+    passes = steps * summary["global_batch_size"] / read_manifest(shards, "train_shards")["num_records"]
+    if passes > 1:
+        warnings.append(
+            f"the probe read its shards {passes:.1f} times: a loss that falls by learning them by heart hides a "
+            "spike; give it shards of more samples, or fewer steps"
+        )
     return {
         "steps": steps,
         "warmup_steps": steps // 4,
-        "peak_learning_rate": peak,
+        "peak_learning_rate": summary["arguments"]["learning_rate"],
+        "clip_norm": summary["arguments"]["clip_norm"],
         "loss_at_peak": [losses[0], losses[-1]],
-        "highest_loss_at_peak": highest,
-        "gradient_norm_at_peak": [min(w["gradient_norm"] for w in at_peak), max(w["gradient_norm"] for w in at_peak)],
+        "highest_loss_at_peak": max(losses),
+        "gradient_norm_at_peak": [norms[0], norms[-1]],
+        "passes_over_the_shards": passes,
         "stable": not problems,
         "problems": problems,
+        "warnings": warnings,
         "windows": windows,
     }
 
@@ -446,11 +464,13 @@ def judge(arguments: SmokeArguments, stages: dict[str, Any]) -> dict[str, Any]:
         problems.append(f"the loss is not finite ({trained['first_loss']} to {trained['last_loss']})")
     if not stages["storage"]["read_back"]:
         problems.append("the model's training_summary.json read back does not match the run")
-    probe = stages.get("peak probe")
-    if probe and not probe["stable"]:
+    probe = stages.get("peak probe", {})
+    if "stable" in probe and not probe["stable"]:
+        remedy = "a lower --learning_rate" if probe["clip_norm"] else "--clip_norm 1.0 or a lower --learning_rate"
         problems.append(
             f"at the peak learning rate {probe['peak_learning_rate']:g} the loss {' and '.join(probe['problems'])}: "
-            "try --clip_norm 1.0 or a lower --learning_rate, and probe again before the long run"
+            f"try {remedy}, and probe again before the long run (a loss still on the unigram plateau does not fall "
+            "either: a longer probe tells them apart)"
         )
     peak = stages["memory"]["peak_gib_per_replica"]
     warnings = []
@@ -465,20 +485,22 @@ def judge(arguments: SmokeArguments, stages: dict[str, Any]) -> dict[str, Any]:
             f"{tpu.memory_gib_per_replica:.0f} GiB: a longer run may run out; lower per_replica_batch_size and raise "
             "gradient_accumulation_steps"
         )
+    warnings += probe.get("warnings", [])
     return {"verdict": "fail" if problems else "pass", "problems": problems, "warnings": warnings}
 
 
 def memory_estimate(arguments: SmokeArguments, shards: str) -> dict[str, float]:
     """What preflight's estimate says of this run's memory, to set beside the peak measured."""
     from components.lib.modeling import model_config
-    from components.lib.shard_set import read_manifest
 
+    manifest = read_manifest(shards, "train_shards")
     memory = settings_shape(
         vars(arguments),  # with the run's recipe, whose masking rate sizes the LM head
         replicas=max(arguments.replicas, 1),
         samples=None,
         max_steps=arguments.steps,
-        config=model_config(arguments.model_config, read_manifest(shards, "train_shards")),
+        max_length=manifest["max_length"],  # the run's own shards' length, where given
+        config=model_config(arguments.model_config, manifest),
     ).memory
     return {"estimate_low_gib": memory.low_gib, "estimate_high_gib": memory.high_gib}
 

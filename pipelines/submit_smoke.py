@@ -104,20 +104,28 @@ class SmokeJobArguments(VertexProject, JobServiceArguments, SmokeRun):
                 "max_queued_minutes", self.max_queued_minutes, f"must be above 0 and at most {MAX_QUEUED_MINUTES}"
             )
         tpu_runtime_env(self.tpu_env)  # its errors, before anything is sent
-        check_memory_fits(self)
+        check_the_job_fits(self)
 
 
-def check_memory_fits(arguments: SmokeRun) -> None:
+def check_the_job_fits(arguments: SmokeJobArguments) -> None:
     """A run the memory estimate says cannot fit is refused before the TPU is taken (a tight one is what the
-    smoke test is there to try)."""
+    smoke test is there to try), and so are steps the estimate says the job's time limit cannot hold."""
     from components.lib.estimates import EstimateArguments, check_memory_fit, estimate_run
 
+    steps = arguments.steps + arguments.peak_probe_steps
     estimate = estimate_run(
-        EstimateArguments(
-            **run_settings(arguments, EstimateArguments), max_steps=arguments.steps, allow_tight_memory=True
-        )
+        EstimateArguments(**run_settings(arguments, EstimateArguments), max_steps=steps, allow_tight_memory=True)
     )
     check_memory_fit(estimate["memory"], arguments.per_replica_batch_size)
+    minutes = estimate["hours"] * 60
+    if minutes > arguments.timeout_minutes:
+        raise InvalidParameter(
+            "timeout_minutes",
+            arguments.timeout_minutes,
+            f"cannot hold the {steps} steps (the smoke's and the peak probe's), about {minutes:.0f} min at "
+            f"{estimate['mfu']:.0%} MFU before any compile: raise it (at most {MAX_TIMEOUT_MINUTES}) or probe fewer "
+            "steps",
+        )
 
 
 def in_job_arguments(arguments: SmokeJobArguments, folder: str) -> list[str]:

@@ -19,6 +19,7 @@ from transformers import HfArgumentParser
 from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import REFUSED_EXIT
+from components.lib.shard_set import read_manifest
 from pipelines import submit_smoke
 from pipelines.smoke_job import SmokeArguments, smoke
 
@@ -58,13 +59,14 @@ def test_the_smoke_script_trains_two_cpu_replicas_on_data_it_makes_and_passes(gc
     assert "validation loss" in result.stderr
 
 
-def probe(tmp_path, shards: dict, steps: int = 60, **settings) -> dict:
-    """The smoke test and its peak probe of ``steps`` on the run's own shards, on the CPU; returns the report."""
+def probe(tmp_path, shards: dict, steps: int = 60, batch: int = 16, **settings) -> dict:
+    """The smoke test and its peak probe of ``steps`` at a batch of ``batch`` on the run's own shards, on the CPU;
+    returns the report."""
     arguments = SmokeArguments(
         scratch=str(tmp_path / "smoke"),
         accelerator="cpu",
         model_config="tiny",
-        per_replica_batch_size=16,
+        per_replica_batch_size=batch,
         steps=3,
         train_shards=shards["train"],
         tokenizer=shards["tokenizer"],
@@ -90,18 +92,22 @@ def test_the_peak_probe_reaches_the_recipe_s_peak_on_the_run_s_shards_and_report
     assert all(window["learning_rate"] == pytest.approx(5e-4) for window in windows[5:-1])
     at_peak = [window["loss"] for window in windows if window["step"] > 15]
     assert found["loss_at_peak"] == [at_peak[0], at_peak[-1]] and at_peak[-1] < at_peak[0] and found["stable"]
+    assert found["passes_over_the_shards"] < 1 and report["warnings"] == []
     assert found["gradient_norm_at_peak"][1] == max(w["gradient_norm"] for w in windows if w["step"] > 15)
 
 
 def test_a_peak_the_loss_does_not_fall_at_is_a_failed_verdict_that_says_what_to_try(tmp_path, embedded_shards):
     """Adam's steps are about the learning rate in size: at 2 the tiny model's loss climbs from the warmup on, to
     hundreds (far from a threshold: the run's own noise cannot change the verdict)."""
-    report = probe(tmp_path, embedded_shards, steps=20, learning_rate=2.0)
+    report = probe(tmp_path, embedded_shards, steps=20, batch=64, learning_rate=2.0)
     found = report["stages"]["peak probe"]
     assert not found["stable"] and report["verdict"] == "fail"
+    samples = read_manifest(embedded_shards["train"])["num_records"]
+    assert found["passes_over_the_shards"] == pytest.approx(20 * 64 / samples) and samples < 20 * 64
+    assert any(warning.startswith("the probe read its shards 1.") for warning in report["warnings"])
     (problem,) = report["problems"]
     assert problem.startswith("at the peak learning rate 2 the loss did not fall at the peak (") and "rose" in problem
-    assert problem.endswith("try --clip_norm 1.0 or a lower --learning_rate, and probe again before the long run")
+    assert "try --clip_norm 1.0 or a lower --learning_rate, and probe again before the long run" in problem
 
 
 @pytest.mark.parametrize(
@@ -195,6 +201,12 @@ def test_the_smoke_job_is_a_custom_job_on_the_tpu_with_a_hard_limit_no_retries_a
     assert job.job_spec.base_output_directory.output_uri_prefix == run.scratch
     assert job.job_spec.service_account == "trainer@my-project-123.iam.gserviceaccount.com"
     assert printed["cost_limit"].startswith("at most $0.33: 20 min of a v5e-4 at $0.98 an hour Spot")
+    # a peak probe the job's time limit cannot hold, by the estimate, is refused before anything is sent
+    long = [*SMOKE_JOB, "--scratch", "gs://b/s"]  # a v5e-1
+    assert submit_smoke.main([*long, "--peak_probe_steps", "600", "--dry_run"]) == 2
+    refusal = capsys.readouterr().err.strip().splitlines()[-1]
+    assert refusal.startswith("error: --timeout-minutes=20: cannot hold the 630 steps (the smoke's and the peak")
+    assert "min at 40% MFU before any compile: raise it (at most 120)" in refusal
 
 
 def test_the_run_s_own_shards_its_recipe_and_the_peak_probe_reach_the_smoke_job(gcs, embedded_shards, capsys):

@@ -80,15 +80,23 @@ def select_strategy(accelerator: str, tpu: str = "local", replicas: int = 0) -> 
     return _cpu_strategy(replicas), "cpu"
 
 
+_TPU_STRATEGIES: dict[str, Any] = {}  # by TPU address: a process connects to and initialises a TPU once
+
+
 def _tpu_strategy(accelerator: str, tpu: str) -> tuple[Any, str] | None:
-    """``TPUStrategy`` on the TPU at ``tpu``; None where ``auto`` found none (an explicit ``tpu`` refuses)."""
+    """``TPUStrategy`` on the TPU at ``tpu``; None where ``auto`` found none (an explicit ``tpu`` refuses). A second
+    training in the same process (the smoke test's peak probe) gets the same strategy: initialising the TPU again
+    would reset it, and on a slice connect to every host again."""
     import tensorflow as tf
 
+    if tpu in _TPU_STRATEGIES:
+        return _TPU_STRATEGIES[tpu], "tpu"
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu)
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver), "tpu"
+        _TPU_STRATEGIES[tpu] = tf.distribute.TPUStrategy(resolver)
+        return _TPU_STRATEGIES[tpu], "tpu"
     except (ValueError, tf.errors.UnavailableError) as error:  # no TPU by that name, or none answering
         if accelerator == "tpu":
             raise InvalidParameter(

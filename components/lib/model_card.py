@@ -28,8 +28,14 @@ def model_card(
         key: train_arguments[key] for key in CARD_HYPERPARAMETERS if key in train_arguments
     }  # older runs had fewer
     hyperparameters["model_config"] = public_name(hyperparameters["model_config"])
-    if hyperparameters.get("dropout") == MODEL_DROPOUT:  # the config's, which config.json holds
-        hyperparameters["dropout"] = f"the config's ({config.get('hidden_dropout_prob')})"
+    if "dropout" in hyperparameters:  # config.json holds the config's, for fine-tuning, whatever pre-training had
+        own = config.get("hidden_dropout_prob")
+        pretraining = hyperparameters["dropout"]
+        hyperparameters["dropout"] = (
+            f"the config's ({own})"
+            if pretraining == MODEL_DROPOUT
+            else f"{pretraining} while pre-training (config.json: {own}, for fine-tuning)"
+        )
     hyperparameters.update(global_batch_size=summary["global_batch_size"], total_steps=summary["total_steps"])
     source = summary["corpus"]["source"]
     metadata = ModelCardData(
