@@ -308,7 +308,8 @@ def table(rows: list[dict[str, Any]], steps: int, long_steps: int) -> str:
     lines = [
         "| recipe | steps to the reference's final loss: mean, worst (each seed) | FLOPs to it (a step's FLOPs "
         "/ the reference's) | the reference's steps to this "
-        f"recipe's final loss (at a {long_steps:,}-step budget, first seed) | final validation loss | held-out loss "
+        f"recipe's final loss ({f'at a {long_steps:,}-step budget, first seed' if long_steps else 'no longer run'}) | "
+        "final validation loss | held-out loss "
         "(spread) | held-out masked accuracy | held-out perplexity / unigram | training samples/s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
