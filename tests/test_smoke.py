@@ -71,6 +71,7 @@ def probe(tmp_path, shards: dict, steps: int = 60, batch: int = 16, **settings) 
         train_shards=shards["train"],
         tokenizer=shards["tokenizer"],
         peak_probe_steps=steps,
+        bf16=False,  # in this process: bf16 would be the process's Keras policy after it (the CPU's float32 here)
         exit_zero=True,
         **settings,
     )

@@ -106,8 +106,9 @@ def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM
 
-    if settings.bf16:
-        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    # set either way: a process that trained in bf16 before (the smoke test's probe after its run) must not
+    # build this model in it
+    tf.keras.mixed_precision.set_global_policy("mixed_bfloat16" if settings.bf16 else "float32")
     tf.keras.utils.set_random_seed(settings.seed)
     with strategy.scope():
         model = TFAutoModelForMaskedLM.from_config(pretraining_config(plan.config, settings.dropout))
