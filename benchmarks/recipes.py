@@ -65,8 +65,12 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 
 # The second size: 4 layers of 256 (twice mini's depth and width, about 5x its training FLOPs a sample), with
 # roberta-base's dropout, 0.1; mini has none
-MODELS = {"l4-h256": {**PRESETS["roberta-base"], "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4}}
-MODELS["l4-h256"]["intermediate_size"] = 1024
+MODELS = {
+    "l4-h256": {
+        **PRESETS["roberta-base"],
+        **{"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024},
+    }
+}
 
 
 @dataclass

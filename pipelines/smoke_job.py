@@ -276,13 +276,13 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
     """A tokenizer of ``vocab_size`` pieces, and training and validation shards holding a few global batches
     each (the same text: the validation is there to be compiled and run, not to measure), under scratch; or the
     run's own tokenizer and shards, where given."""
+    if arguments.train_shards:  # the run's own: the validation is there to be compiled and run
+        return arguments.tokenizer, arguments.train_shards, arguments.train_shards
     from transformers import PreTrainedTokenizerFast
 
     from components.shards import ShardArguments, write_shards
     from components.tokenizer import TokenizerArguments, train_tokenizer
 
-    if arguments.train_shards:  # the run's own: the validation is there to be compiled and run
-        return arguments.tokenizer, arguments.train_shards, arguments.train_shards
     tokenizer_uri = storage.join(arguments.scratch, "tokenizer")
     shards_uri = storage.join(arguments.scratch, "shards")
     with tempfile.TemporaryDirectory() as local:
