@@ -1,3 +1,4 @@
+import itertools
 import json
 import os
 import signal
@@ -355,8 +356,12 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     # learning: a perplexity well below predicting each masked token by its training frequency (1.0 for a model
     # that learnt only the frequencies; pipeline runs at these defaults measured 0.48 to 0.69, docs/benchmarks.md)
     assert metrics["perplexity"] <= 0.8 * metrics["unigram_perplexity"], metrics
-    predictions = [[p["token"] for p in example["predictions"]] for example in metrics["fill_mask"]]
-    assert len({tuple(tokens) for tokens in predictions}) == len(predictions), "the same guesses for every sentence"
+    # context: each sentence's guesses weighed apart from every other's (a model of the pieces' frequencies alone
+    # weighs them alike everywhere; the top pieces themselves may agree, as a short run's frequent ones do)
+    guesses = [{p["token"]: p["score"] for p in example["predictions"]} for example in metrics["fill_mask"]]
+    for first, second in itertools.combinations(guesses, 2):
+        apart = sum(abs(first.get(token, 0.0) - second.get(token, 0.0)) for token in first.keys() | second.keys())
+        assert apart > 0.02, f"the same guesses for two sentences: {metrics['fill_mask']}"
     assert "masked-token accuracy" in Path(artifacts["evaluation report"]).read_text()
     run_report = Path(artifacts["run report"]).read_text()
     assert "data:image/png;base64," in run_report and f"{metrics['perplexity']:.2f}" in run_report
