@@ -1,5 +1,6 @@
 """Training recipes side by side: the steps each needs to reach the reference recipe's validation loss, and its
-held-out loss at the same step budget (and in FLOPs: a head sized for more masking costs more a step).
+held-out loss at the same step budget (and in FLOPs: a head sized for more masking costs more a step, a batch
+warm-up's first steps read fewer samples).
 
 Every run trains the same small RoBERTa on the same WikiText-2 shards, at the same global batch and step budget,
 with the train step's own command (``python -m components.train``), and is scored by the evaluate step's command
@@ -31,6 +32,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy
 from transformers import HfArgumentParser
 
 from components.lib.masked_lm import max_predictions
@@ -53,6 +55,13 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # the levers over the default (docs/recipes.md): clipping, and no dropout (a model whose config has some)
     "roberta-2019 + masking 30%->15% + clip 1.0": {"recipe": "roberta-2019-mask-decay", "clip_norm": 1.0},
     "roberta-2019 + masking 30%->15% + dropout 0": {"recipe": "roberta-2019-mask-decay", "dropout": 0.0},
+    # the global batch as 4 micro-batches (``micro_batches``, this benchmark's: per_replica_batch_size is the batch
+    # over 4), a quarter of the steps at 1 then 2 of them
+    "roberta-2019 + masking 30%->15% + batch warm-up": {
+        "recipe": "roberta-2019-mask-decay",
+        "batch_warmup_fraction": 0.25,
+        "micro_batches": 4,
+    },
     "roberta-2019 + masking 30%->15% + wsd": {
         "recipe": "roberta-2019",
         "mlm_probability": 0.3,
@@ -115,6 +124,8 @@ class RecipeBenchmarkArguments:
         for name in self.names:
             if "dropout" in CANDIDATES[name] and dropout == 0:
                 raise SystemExit(f"{name!r} sets dropout, which {self.model_config} has none of: nothing to compare")
+            if self.batch_size % CANDIDATES[name].get("micro_batches", 1):
+                raise SystemExit(f"{name!r} splits the batch in {CANDIDATES[name]['micro_batches']}: --batch_size")
 
     @property
     def names(self) -> list[str]:
@@ -195,15 +206,21 @@ def model_config_flag(arguments: RecipeBenchmarkArguments, work: Path) -> str:
     return str(path)
 
 
-def flops_per_step(model_folder: Path, summary: dict[str, Any]) -> float:
-    """The training FLOPs of one optimizer step as the train step computed them, its LM head sized for the run's
-    highest masking rate (modeling.executed_flops_per_sample)."""
+def flops_per_sample(model_folder: Path, summary: dict[str, Any]) -> float:
+    """The training FLOPs of one sample as the train step computes them, its LM head sized for the run's highest
+    masking rate (modeling.executed_flops_per_sample)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_folder)
     max_length = summary["tokens"] // summary["samples"]
     predictions = max_predictions(max_length, highest_mlm_probability(SimpleNamespace(**summary["arguments"])))
-    return executed_flops_per_sample(config, max_length, predictions) * summary["global_batch_size"]
+    return executed_flops_per_sample(config, max_length, predictions)
+
+
+def samples_at(run: dict[str, Any], step: float) -> float:
+    """The samples a run had read by ``step`` (a fractional one between its log points: linearly)."""
+    steps, samples = zip(*[(0, 0), *run["samples_curve"]], strict=True)
+    return float(numpy.interp(step, steps, samples))
 
 
 def train_and_score(
@@ -214,19 +231,22 @@ def train_and_score(
     folder = work / shape / f"{re.sub('[^a-z0-9]+', '-', name.lower())}-{seed}"
     summary_file = folder / "model" / "training_summary.json"
     every = steps // arguments.validations
+    candidate = dict(CANDIDATES[name])
+    micro_batches = candidate.pop("micro_batches", 1)
     settings = {
         "tokenizer": data["tokenizer"],
         "train_shards": data["train"],
         "eval_shards": data["validation"],
         "model_config": model_config_flag(arguments, work),
-        "per_replica_batch_size": arguments.batch_size,
+        "per_replica_batch_size": arguments.batch_size // micro_batches,
+        "gradient_accumulation_steps": micro_batches,
         "max_steps": steps,
         "seed": seed,
         "checkpoint_every_steps": every,
         "log_every_steps": every,
         "eval_batches": arguments.eval_batches,
         "output": str(folder / "model"),
-        **CANDIDATES[name],
+        **candidate,
     }
     if not summary_file.exists():  # a benchmark stopped half-way goes on from its last finished run
         folder.mkdir(parents=True, exist_ok=True)
@@ -257,7 +277,11 @@ def train_and_score(
         "held_out_masked_accuracy": metrics["masked_accuracy"],
         "unigram_perplexity": metrics["unigram_perplexity"],
         "samples_per_second": statistics.median(point["samples_per_second"] for point in summary["history"]),
-        "flops_per_step": flops_per_step(folder / "model", summary),
+        "samples_curve": [
+            (point["step"], point.get("samples", point["step"] * summary["global_batch_size"]))
+            for point in summary["history"]
+        ],
+        "flops_per_sample": flops_per_sample(folder / "model", summary),
     }
 
 
@@ -265,16 +289,24 @@ def compare(runs: list[dict[str, Any]], names: list[str], steps: int, long: dict
     """Each recipe's steps to the reference's final validation loss (of the same seed) as a share of the budget,
     its held-out figures, and the steps the reference run over a longer budget needs to reach the recipe's final
     validation loss (``long``, the first seed's); means over seeds."""
-    reference = {run["seed"]: run["curve"][-1][1] for run in runs if run["recipe"] == names[0]}
-    reference_flops = next(run["flops_per_step"] for run in runs if run["recipe"] == names[0])
+    references = {run["seed"]: run for run in runs if run["recipe"] == names[0]}
+
+    def flops(run: dict[str, Any], step: float) -> float:
+        return run["flops_per_sample"] * samples_at(run, step)
+
     rows = []
     for name in names:
         mine = [run for run in runs if run["recipe"] == name]
-        reached = [steps_to_reach(run["curve"], reference[run["seed"]]) for run in mine]
+        reached = [steps_to_reach(run["curve"], references[run["seed"]]["curve"][-1][1]) for run in mine]
         ratios = [None if value is None else value / steps for value in reached]
         known = [ratio for ratio in ratios if ratio is not None]
-        # FLOPs against the reference's budget: a head sized for more masking costs more a step
-        flops_ratio = mine[0]["flops_per_step"] / reference_flops
+        # FLOPs against the reference's budget: a head sized for more masking costs more a sample, a batch warm-up's
+        # first steps read fewer samples
+        flops_ratios = [
+            None if value is None else flops(run, value) / flops(references[run["seed"]], steps)
+            for run, value in zip(mine, reached, strict=True)
+        ]
+        per_sample = mine[0]["flops_per_sample"] / references[mine[0]["seed"]]["flops_per_sample"]
         first = next(run for run in mine if run["seed"] == mine[0]["seed"])
         reference_needs = None if long is None else steps_to_reach(long["curve"], first["curve"][-1][1])
         rows.append(
@@ -284,8 +316,8 @@ def compare(runs: list[dict[str, Any]], names: list[str], steps: int, long: dict
                 "steps_ratio_mean": statistics.mean(known) if len(known) == len(mine) else None,
                 "steps_ratio_worst": max(known) if len(known) == len(mine) else None,
                 "steps_ratios": ratios,
-                "flops_ratio_mean": statistics.mean(known) * flops_ratio if len(known) == len(mine) else None,
-                "flops_per_step_over_reference": flops_ratio,
+                "flops_ratio_mean": statistics.mean(flops_ratios) if len(known) == len(mine) else None,
+                "flops_per_sample_over_reference": per_sample,
                 "reference_steps_ratio": None if reference_needs is None else reference_needs / steps,
                 "final_validation_loss_mean": statistics.mean(run["curve"][-1][1] for run in mine),
                 "held_out_loss_mean": statistics.mean(run["held_out_loss"] for run in mine),
@@ -310,7 +342,7 @@ def table(rows: list[dict[str, Any]], steps: int, long_steps: int) -> str:
         return f"more than {long_steps / steps:.0f}x" if value is None else f"{value:.2f}x"
 
     lines = [
-        "| recipe | steps to the reference's final loss: mean, worst (each seed) | FLOPs to it (a step's FLOPs "
+        "| recipe | steps to the reference's final loss: mean, worst (each seed) | FLOPs to it (a sample's FLOPs "
         "/ the reference's) | the reference's steps to this "
         f"recipe's final loss ({f'at a {long_steps:,}-step budget, first seed' if long_steps else 'no longer run'}) | "
         "final validation loss | held-out loss "
@@ -321,7 +353,7 @@ def table(rows: list[dict[str, Any]], steps: int, long_steps: int) -> str:
         each = ", ".join(ratio(value) for value in row["steps_ratios"])
         lines.append(
             f"| `{row['recipe']}` | {ratio(row['steps_ratio_mean'])}, {ratio(row['steps_ratio_worst'])} ({each}) | "
-            f"{ratio(row['flops_ratio_mean'])} ({row['flops_per_step_over_reference']:.3f}) | "
+            f"{ratio(row['flops_ratio_mean'])} ({row['flops_per_sample_over_reference']:.3f}) | "
             f"{reference_needs(row['reference_steps_ratio'])} | "
             f"{row['final_validation_loss_mean']:.3f} | {row['held_out_loss_mean']:.3f} "
             f"({row['held_out_loss_spread']:.3f}) | {row['held_out_masked_accuracy_mean']:.3f} | "

@@ -124,6 +124,9 @@ def _train(
         arguments.per_replica_batch_size,
         plan.total_steps,
     )
+    if len(plan.shape.batch_stages) > 1:
+        stages = ", ".join(f"{micro} from step {start}" for start, micro in plan.shape.batch_stages)
+        log.info("batch warm-up: micro-batches a step %s", stages)
     if arguments.price_per_hour:
         log.info("cost at $%.2f an hour: %s", arguments.price_per_hour, arguments.price_source or "--price_per_hour")
     state = start_or_resume(arguments, plan, strategy, arguments.checkpoint_dir)
@@ -161,30 +164,28 @@ class TrainingRun:
 
 
 def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
-    """Runs the steps left in chunks that end at log and checkpoint boundaries."""
+    """Runs the steps left in chunks that end at log and checkpoint boundaries and at the batch warm-up's stages
+    (a step function for each stage's micro-batches)."""
     import tensorflow as tf
 
     arguments, plan, strategy, state, stop = run.arguments, run.plan, run.strategy, run.state, run.stop
+    shape = plan.shape
     iterator, validation_stream, masking = streams
     max_length = plan.manifest["max_length"]
     scorer = MaskedLMScorer(state.model, strategy, max_predictions(max_length, EVALUATION_MLM_PROBABILITY))
     validation = None if validation_stream is None else (validation_stream, scorer)
-    train_steps = train_function(
-        state.model,
-        state.optimizer,
-        strategy,
-        _use_xla(arguments.xla, run.kind),
-        max_predictions(max_length, highest_mlm_probability(arguments)),
-        plan.accumulation,
-        arguments.clip_norm,
-    )
+    predictions = max_predictions(max_length, highest_mlm_probability(arguments))
+    xla = _use_xla(arguments.xla, run.kind)
+    train_steps = {  # by micro-batches a step; each compiles on its first call
+        micro: train_function(state.model, state.optimizer, strategy, xla, predictions, micro, arguments.clip_norm)
+        for micro in sorted({micro for _, micro in shape.batch_stages})
+    }
     shard_sources = (
         ("train_shards", arguments.train_shards, plan.manifest),
         ("eval_shards", arguments.eval_shards, plan.eval_manifest),
     )
     window = LogWindow(
         plan,
-        plan.shape.model_flops_per_step,
         peak_tflops_per_replica(run.kind, arguments.peak_tflops or None),
         strategy.num_replicas_in_sync,
         arguments.price_per_hour,
@@ -192,7 +193,7 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
     storage.makedirs(arguments.tensorboard_dir)  # in a bucket: its marker, where the writer's own walk stops
     run.writer = writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
     step = state.start_step
-    skipped = 0  # steps' batches the stream went past in rewinds
+    skipped = 0  # micro-batches the stream went past in rewinds
     pace = CallPace()
     stop.in_loop = True  # a SIGTERM from here on is acted on between calls: checkpoint, then exit
     try:
@@ -202,23 +203,27 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
                 _next_multiple(step, arguments.checkpoint_every_steps),
                 _next_multiple(step, arguments.log_every_steps),
                 step + arguments.steps_per_execution,
+                shape.next_stage_start(step),
             )
             steps = min(min(boundaries) - step, pace.steps_per_call())
+            run_steps = train_steps[shape.accumulation_at(step)]
             with naming_corrupt_shards(*shard_sources):
                 pace.start()
-                loss, gradient_norm = (float(value) for value in train_steps(iterator, tf.constant(steps, tf.int32)))
+                loss, gradient_norm = (float(value) for value in run_steps(iterator, tf.constant(steps, tf.int32)))
                 pace.done(steps)
+            samples = shape.samples_before(step + steps) - shape.samples_before(step)
             step += steps
             if not (math.isfinite(loss) and math.isfinite(gradient_norm)):
                 rewound_to = _rewind_or_stop(run, step, loss, gradient_norm)
-                skipped, step = skipped + step - rewound_to, rewound_to
+                skipped += shape.micro_batches_before(step) - shape.micro_batches_before(rewound_to)
+                step = rewound_to
                 window.restart()
                 continue
-            window.add(steps, loss, gradient_norm)
+            window.add(steps, samples, loss, gradient_norm)
             if step % arguments.log_every_steps == 0 or step == plan.total_steps:
                 # of the stream's next batch, which rewinds moved on past the batches they skipped
-                rate = masking.rate((step - state.start_step + skipped) * plan.accumulation)
-                point = window.point(step, float(state.schedule(step)), float(rate))
+                read = shape.micro_batches_before(step) - shape.micro_batches_before(state.start_step) + skipped
+                point = window.point(step, float(state.schedule(step)), float(masking.rate(read)))
                 state.history.append(point)
                 write_summaries(writer, point)
                 log.info(format_point(point, plan.total_steps))

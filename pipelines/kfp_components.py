@@ -99,6 +99,7 @@ def preflight_step(
     recipe: str = 'roberta-2019-mask-decay',
     mlm_probability: float = -1.0,
     final_mlm_probability: float = -1.0,
+    batch_warmup_fraction: float = -1.0,
     learning_rate: float = -1.0,
     adam_beta2: float = -1.0,
     adam_epsilon: float = -1.0,
@@ -147,6 +148,7 @@ def preflight_step(
         recipe: The recipe whose values the knobs left at -1 take, one of ['hf-2023', 'roberta-2019', 'roberta-2019-mask-decay']; hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).
         mlm_probability: Share of tokens masked in training (at the start); -1: the recipe's.
         final_mlm_probability: The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the recipe's. Validation masks a fixed share (0.15) whatever this is.
+        batch_warmup_fraction: Share of the steps over which the global batch grows to its full size: those steps sum fewer micro-batches (1, 2, 4, ... below gradient_accumulation_steps, an equal share each), at a learning rate scaled by the square root of their batch over the full one; needs gradient_accumulation_steps above 1. 0: none; -1: the recipe's.
         learning_rate: Peak learning rate; -1: the recipe's.
         adam_beta2: Adam's beta2; -1: the recipe's.
         adam_epsilon: Adam's epsilon; -1: the recipe's.
@@ -207,6 +209,7 @@ def train_step(
     recipe: str = 'roberta-2019-mask-decay',
     mlm_probability: float = -1.0,
     final_mlm_probability: float = -1.0,
+    batch_warmup_fraction: float = -1.0,
     learning_rate: float = -1.0,
     adam_beta2: float = -1.0,
     adam_epsilon: float = -1.0,
@@ -252,6 +255,7 @@ def train_step(
         recipe: The recipe whose values the knobs left at -1 take, one of ['hf-2023', 'roberta-2019', 'roberta-2019-mask-decay']; hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).
         mlm_probability: Share of tokens masked in training (at the start); -1: the recipe's.
         final_mlm_probability: The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the recipe's. Validation masks a fixed share (0.15) whatever this is.
+        batch_warmup_fraction: Share of the steps over which the global batch grows to its full size: those steps sum fewer micro-batches (1, 2, 4, ... below gradient_accumulation_steps, an equal share each), at a learning rate scaled by the square root of their batch over the full one; needs gradient_accumulation_steps above 1. 0: none; -1: the recipe's.
         learning_rate: Peak learning rate; -1: the recipe's.
         adam_beta2: Adam's beta2; -1: the recipe's.
         adam_epsilon: Adam's epsilon; -1: the recipe's.

@@ -23,6 +23,7 @@ ROUTES = {
     'recipe': {'preflight': 'recipe', 'train': 'recipe'},
     'mlm_probability': {'preflight': 'mlm_probability', 'train': 'mlm_probability'},
     'final_mlm_probability': {'preflight': 'final_mlm_probability', 'train': 'final_mlm_probability'},
+    'batch_warmup_fraction': {'preflight': 'batch_warmup_fraction', 'train': 'batch_warmup_fraction'},
     'learning_rate': {'preflight': 'learning_rate', 'train': 'learning_rate'},
     'adam_beta2': {'preflight': 'adam_beta2', 'train': 'adam_beta2'},
     'adam_epsilon': {'preflight': 'adam_epsilon', 'train': 'adam_epsilon'},

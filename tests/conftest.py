@@ -150,13 +150,22 @@ def train_tiny(output: Path | str, shards: dict, **settings) -> dict:
 
 def scheduled_rates(summary: dict) -> list[float]:
     """The learning rate the run's schedule gives at each point of its summary's history, by the point's step: a
-    resumed run's must go on from its checkpoint's step, not from 0."""
+    resumed run's must go on from its checkpoint's step, not from 0; in a batch warm-up's stage, scaled by the square
+    root of the stage's micro-batches over the full batch's."""
+    import math
     from types import SimpleNamespace
 
     from components.lib.recipe import learning_rate_schedule
 
     schedule = learning_rate_schedule(SimpleNamespace(**summary["arguments"]), summary["total_steps"])
-    return [float(schedule(point["step"])) for point in summary["history"]]
+    full = summary["arguments"]["gradient_accumulation_steps"]
+
+    def micro_batches(step: int) -> int:
+        return next(micro for start, micro in reversed(summary["batch_stages"]) if step >= start)
+
+    return [
+        float(schedule(point["step"])) * math.sqrt(micro_batches(point["step"]) / full) for point in summary["history"]
+    ]
 
 
 @pytest.fixture(scope="session")

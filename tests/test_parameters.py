@@ -86,7 +86,7 @@ def test_the_drift_check_catches_a_default_changed_in_one_place():
 
 
 def test_the_recipe_s_knobs_are_declared_once():
-    assert {cls.__name__ for cls, _, _ in declarations()["mlm_probability"]} == {"MaskingKnobs"}
+    assert {cls.__name__ for cls, _, _ in declarations()["mlm_probability"]} == {"ShapeKnobs"}
     assert {cls.__name__ for cls, _, _ in declarations()["learning_rate"]} == {"Recipe"}
 
 
@@ -135,7 +135,8 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("vocab_size", "lowercase"),
         *("tokenizer_sample_bytes", "max_length", "records_per_shard", "num_parts", "model_config"),
         *("per_replica_batch_size", "gradient_accumulation_steps", "num_epochs", "max_steps", "recipe"),
-        *("mlm_probability", "final_mlm_probability", "learning_rate", "adam_beta2", "adam_epsilon", "clip_norm"),
+        *("mlm_probability", "final_mlm_probability", "batch_warmup_fraction", "learning_rate", "adam_beta2"),
+        *("adam_epsilon", "clip_norm"),
         *("warmup_fraction", "warmup_steps", "lr_schedule", "decay_fraction", "weight_decay", "dropout"),
         *("bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),
         *("checkpoint_every_steps", "log_every_steps", "eval_batches", "on_divergence", "max_rewinds"),

@@ -43,6 +43,7 @@ def test_the_reference_recipe_is_the_settings_the_train_step_had_before_recipes(
         dropout=MODEL_DROPOUT,
         mlm_probability=0.15,
         final_mlm_probability=0.0,
+        batch_warmup_fraction=0.0,
     )
 
 
@@ -64,6 +65,7 @@ def test_roberta_recipes_are_fairseq_s_and_the_default_adds_the_measured_masking
         dropout=MODEL_DROPOUT,
         mlm_probability=0.15,
         final_mlm_probability=0.0,
+        batch_warmup_fraction=0.0,
     )
     default = resolve_recipe({})
     assert default.recipe == "roberta-2019-mask-decay"
@@ -109,6 +111,7 @@ def test_a_knob_given_beside_the_recipe_overrides_it_and_the_rest_are_the_recipe
         ({"weight_decay": -0.01}, "weight_decay"),
         ({"dropout": 1.0}, "dropout"),
         ({"dropout": -0.5}, "dropout"),
+        ({"batch_warmup_fraction": 1.0}, "batch_warmup_fraction"),
         ({"mlm_probability": 1.5}, "mlm_probability"),
         ({"final_mlm_probability": 1.0}, "final_mlm_probability"),
         ({"learning_rate": float("nan")}, "learning_rate"),
@@ -138,6 +141,17 @@ def test_warmup_stable_decay_holds_the_peak_then_decays_to_zero_at_the_end():
     np.testing.assert_allclose(rates[:11], np.linspace(0, 1e-3, 11), rtol=1e-6)
     np.testing.assert_allclose(rates[10:81], 1e-3, rtol=1e-6)  # stable: a run can be cut or extended here
     np.testing.assert_allclose(rates[80:], np.linspace(1e-3, 0, 21), rtol=1e-5, atol=1e-12)
+
+
+def test_a_batch_warm_up_s_stages_scale_the_schedule_from_their_first_step():
+    settings = resolve_recipe({"learning_rate": 1e-3, "warmup_steps": 10, "lr_schedule": "wsd", "decay_fraction": 0.2})
+    plain = learning_rate_schedule(settings, 100)(tf.range(0, 100)).numpy()
+    scales = ((0, 0.5), (20, 0.75), (40, 1.0))
+    staged = learning_rate_schedule(settings, 100, scales)(tf.range(0, 100)).numpy()
+    np.testing.assert_allclose(staged[:20], 0.5 * plain[:20], rtol=1e-6)
+    np.testing.assert_allclose(staged[20:40], 0.75 * plain[20:40], rtol=1e-6)
+    np.testing.assert_allclose(staged[40:], plain[40:], rtol=1e-6)
+    assert resolve_recipe({}).batch_warmup_fraction == 0.0  # no named recipe warms the batch up
 
 
 def test_the_masking_rate_decays_linearly_and_a_resumed_stream_goes_on_where_it_was():

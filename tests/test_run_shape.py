@@ -52,6 +52,34 @@ def test_a_global_batch_larger_than_the_data_is_refused_naming_its_factors():
         run_shape(**common, accumulation=2, samples=79)
 
 
+def test_a_batch_warm_up_doubles_the_micro_batches_over_equal_shares_and_reads_fewer_samples():
+    # 100 steps of 8 micro-batches of 2 x 4 samples, a quarter of them warming up: 1, 2, 4 micro-batches a step
+    common = {"per_replica_batch_size": 4, "accumulation": 8, "max_length": 32, "replicas": 2, "max_steps": 100}
+    shape = run_shape(**common, samples=None, batch_warmup_fraction=0.25)
+    assert shape.batch_stages == ((0, 1), (8, 2), (17, 4), (25, 8))  # 25 steps in thirds, rounded
+    assert [shape.accumulation_at(step) for step in (0, 7, 8, 16, 17, 24, 25, 99)] == [1, 1, 2, 2, 4, 4, 8, 8]
+    assert [shape.next_stage_start(step) for step in (0, 8, 20, 25, 99)] == [8, 17, 25, 100, 100]
+    per_step = [shape.accumulation_at(step) for step in range(100)]
+    assert [shape.micro_batches_before(step) for step in (0, 10, 100)] == [0, sum(per_step[:10]), sum(per_step)]
+    assert shape.samples == sum(per_step) * 8 == (8 * 1 + 9 * 2 + 8 * 4 + 75 * 8) * 8
+    assert shape.tokens == shape.samples * 32 and shape.global_batch_size == 64  # the full batch stays the setting
+    # the learning rate at a stage's batch: the square root of its share of the full batch
+    starts, scales = zip(*shape.learning_rate_scales, strict=True)
+    assert starts == (0, 8, 17, 25) and scales == pytest.approx((8**-0.5, 0.5, 0.5**0.5, 1.0))
+    # none: one stage at the full batch
+    assert run_shape(**common, samples=None).batch_stages == ((0, 8),)
+    # an accumulation that is no power of two ends the ramp below it: 1, 2, then 3
+    odd = run_shape(**{**common, "accumulation": 3}, samples=None, batch_warmup_fraction=0.2)
+    assert odd.batch_stages == ((0, 1), (10, 2), (20, 3))
+
+
+def test_a_batch_warm_up_with_one_micro_batch_a_step_is_refused_saying_what_to_change():
+    common = {"per_replica_batch_size": 8, "max_length": 64, "replicas": 1, "max_steps": 10, "samples": None}
+    with pytest.raises(InvalidParameter, match=r"--batch-warmup-fraction=0\.1: grows the batch by summing more micro-"):
+        run_shape(**common, accumulation=1, batch_warmup_fraction=0.1)
+    assert len(run_shape(**common, accumulation=2, batch_warmup_fraction=0.1).batch_stages) == 2
+
+
 def test_a_tpu_gives_its_replicas_peak_memory_and_list_price():
     tpu = TPU_TYPES["v5e-8"]
     shape = run_shape(

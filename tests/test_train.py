@@ -140,7 +140,10 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
     checkpoint at 2: tests/test_replicas.py."""
     output = f"{gcs}/model"
     data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
-    job = ["components.train", *data, *RESUME_ARGS, "--output", output]
+    # in a batch warm-up (the same global batch of 16 as 4 micro-batches of 4): 1 micro-batch a step to step 15, 2 to
+    # step 30, then 4; the kill at step 20 is in the second stage
+    warmup = ["--per_replica_batch_size", "4", "--gradient_accumulation_steps", "4", "--batch_warmup_fraction", "0.5"]
+    job = ["components.train", *data, *RESUME_ARGS, *warmup, "--output", output]
     save = "tensorflow.python.checkpoint.checkpoint_management:CheckpointManager.save"
     killed = run_at(["--function", save, "--after"], *job)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
@@ -162,6 +165,14 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
     # schedule went on where it was, not from the start
     assert [point["step"] for point in summary["history"]] == list(range(10, 61, 10))
     assert [point["learning_rate"] for point in summary["history"]] == pytest.approx(scheduled_rates(summary))
+    # the warm-up's stages, and the samples read by each point's step: the stream's place, which the masking rate's
+    # decay (30% to 15%, the default recipe's) follows through the kill
+    assert summary["batch_stages"] == [[0, 1], [15, 2], [30, 4]]
+    step_samples = [4 if step < 15 else 8 if step < 30 else 16 for step in range(60)]
+    read = [sum(step_samples[: point["step"]]) for point in summary["history"]]
+    assert [point["samples"] for point in summary["history"]] == read and summary["samples"] == sum(step_samples)
+    expected_masking = [0.3 - 0.15 * samples / sum(step_samples) for samples in read]
+    assert [point["mlm_probability"] for point in summary["history"]] == pytest.approx(expected_masking)
 
 
 @pytest.mark.slow  # three trainings in subprocesses

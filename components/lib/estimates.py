@@ -13,7 +13,7 @@ from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.modeling import model_config
-from components.lib.recipe import MaskingKnobs
+from components.lib.recipe import ShapeKnobs
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import DEFAULT_MFU, RunShape, settings_shape
 from components.lib.shard_set import read_manifest
@@ -32,7 +32,7 @@ DEFAULT_TOKENS_PER_BYTE = 0.312
 
 
 @dataclass
-class EstimateArguments(MaskingKnobs, TpuBatch):
+class EstimateArguments(ShapeKnobs, TpuBatch):
     model_config: str = field(default="roberta-base", metadata={"help": "As for the train step."})
     tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {list(TPU_TYPES)}."})
     num_epochs: int = field(default=1, metadata={"help": "As for the train step."})
@@ -175,6 +175,7 @@ def describe_estimate(
         "global_batch_size": shape.global_batch_size,
         "per_replica_batch_size": shape.per_replica_batch_size,
         "gradient_accumulation_steps": shape.accumulation,
+        "batch_stages": shape.batch_stages,
         "steps": shape.steps,
         "samples": shape.samples,
         "tokens": shape.tokens,
@@ -279,6 +280,12 @@ def estimate_table(result: dict[str, Any]) -> str:
             f"{result['gradient_accumulation_steps']} micro-batch(es) of {result['per_replica_batch_size']})",
         ),
         ("steps", f"{result['steps']:,}"),
+    ]
+    if len(result["batch_stages"]) > 1:
+        micro_batch = result["global_batch_size"] // result["gradient_accumulation_steps"]
+        stages = ", ".join(f"{micro * micro_batch:,} from step {start:,}" for start, micro in result["batch_stages"])
+        rows.append(("batch warm-up", f"global batch {stages}"))
+    rows += [
         ("samples", f"{result['samples']:,} of {data['max_length']} tokens"),
         ("tokens", f"{result['tokens']:,}"),
         ("parameters", f"{result['parameters']:,}"),

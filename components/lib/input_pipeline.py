@@ -324,8 +324,8 @@ def training_streams(settings: Any, plan: Any, strategy: Any, start_step: int) -
         plan.manifest,
         settings.mlm_probability,
         final_probability=settings.final_mlm_probability,
-        decay_batches=plan.total_steps * plan.accumulation,
-        first_batch=start_step * plan.accumulation,
+        decay_batches=plan.shape.micro_batches_before(plan.total_steps),
+        first_batch=plan.shape.micro_batches_before(start_step),
     )
     stream = functools.partial(
         training_dataset,

@@ -1,6 +1,7 @@
 """The recipe's optimization: the settings a pre-training recipe fixes (peak learning rate, Adam's beta2 and
 epsilon, gradient clipping, warmup, the schedule's shape, weight decay, dropout, the masking rate and its decay),
-the named recipes, the learning-rate schedule and the optimizer (the training step that applies it: ``train_function``).
+the batch warm-up, the named recipes, the learning-rate schedule and the optimizer (the training step that applies
+it: ``train_function``).
 
 A knob left at ``RECIPE_VALUE`` (-1, or "" for the schedule) takes the value of the run's ``--recipe``; any knob
 given beside the recipe overrides it. ``hf-2023`` is the reference recipe this project started from: Hugging
@@ -43,6 +44,7 @@ RECIPES = {
         dropout=MODEL_DROPOUT,  # roberta-base's config: 0.1
         mlm_probability=0.15,
         final_mlm_probability=0.0,
+        batch_warmup_fraction=0.0,
     ),
     # RoBERTa's own (fairseq's examples/roberta pre-training config for roberta-base at a batch of 2,048): 5e-4,
     # beta2 0.98, epsilon 1e-6, no clipping, 10k warmup updates of 125k (8%), linear decay (polynomial, power 1),
@@ -60,6 +62,7 @@ RECIPES = {
         dropout=MODEL_DROPOUT,  # fairseq's dropout and attention_dropout 0.1, as roberta-base's config has them
         mlm_probability=0.15,
         final_mlm_probability=0.0,
+        batch_warmup_fraction=0.0,
     ),
 }
 # the default: roberta-2019 with a masking rate that decays linearly from 30% to 15% over the run (Ankner et al.
@@ -69,9 +72,9 @@ DEFAULT_RECIPE = "roberta-2019-mask-decay"
 
 
 @dataclass(kw_only=True)
-class MaskingKnobs:
-    """The recipe, and its knobs that size the LM head (the most positions a sample masks): the training's
-    settings and the estimate's."""
+class ShapeKnobs:
+    """The recipe, and its knobs that change the run's shape: the masking rates size the LM head (the most
+    positions a sample masks), the batch warm-up the samples read. The training's settings and the estimate's."""
 
     recipe: str = field(
         default=DEFAULT_RECIPE,
@@ -92,10 +95,19 @@ class MaskingKnobs:
             "recipe's. Validation masks a fixed share (0.15) whatever this is."
         },
     )
+    batch_warmup_fraction: float = field(
+        default=float(RECIPE_VALUE),
+        metadata={
+            "help": "Share of the steps over which the global batch grows to its full size: those steps sum fewer "
+            "micro-batches (1, 2, 4, ... below gradient_accumulation_steps, an equal share each), at a learning "
+            "rate scaled by the square root of their batch over the full one; needs gradient_accumulation_steps "
+            "above 1. 0: none; -1: the recipe's."
+        },
+    )
 
 
 @dataclass(kw_only=True)
-class Recipe(MaskingKnobs):
+class Recipe(ShapeKnobs):
     """A run's recipe and knobs, declared here once: the training's settings are these fields, and
     ``resolve_recipe`` gives every knob its value (the recipe's for one left at ``RECIPE_VALUE``)."""
 
@@ -212,6 +224,10 @@ def check_knobs(settings: Any) -> None:
         raise InvalidParameter(
             "dropout", settings.dropout, "must be -1 (the model config's), or at least 0 and below 1"
         )
+    if not 0 <= settings.batch_warmup_fraction < 1:
+        raise InvalidParameter(
+            "batch_warmup_fraction", settings.batch_warmup_fraction, "must be at least 0 (none) and below 1"
+        )
     check_probability(settings.mlm_probability)
     if settings.final_mlm_probability:
         check_probability(settings.final_mlm_probability, "final_mlm_probability")
@@ -226,11 +242,14 @@ def warmup_steps(settings: Any, total_steps: int) -> int:
     return settings.warmup_steps or int(settings.warmup_fraction * total_steps)
 
 
-def learning_rate_schedule(settings: Any, total_steps: int) -> Any:
+def learning_rate_schedule(
+    settings: Any, total_steps: int, batch_scales: tuple[tuple[int, float], ...] = ((0, 1.0),)
+) -> Any:
     """The learning rate at an optimizer step: linear warmup from 0 to the peak, then a linear decay to 0 over the
     rest of the run (``linear``: the reference's, as ``transformers.create_optimizer`` makes it), or a stable
     phase at the peak and a linear decay to 0 over the last ``decay_fraction`` of the steps (``wsd``: a run can
-    be extended or cut in its stable phase without training again)."""
+    be extended or cut in its stable phase without training again). ``batch_scales``: (first step, factor) of
+    each stage of the batch warm-up (``RunShape.learning_rate_scales``), the factor multiplying the rate there."""
     import tensorflow as tf
     from transformers.modeling_tf_utils import keras
 
@@ -246,21 +265,33 @@ def learning_rate_schedule(settings: Any, total_steps: int) -> Any:
             step = tf.cast(step, tf.float32)
             warming = peak * (step / max(warmup, 1))
             decaying = peak * (1 - tf.minimum(step - decay_start, decay_steps) / decay_steps)
-            return tf.where(step < warmup, warming, tf.where(step < decay_start, peak, decaying))
+            rate = tf.where(step < warmup, warming, tf.where(step < decay_start, peak, decaying))
+            scale = tf.constant(1.0, tf.float32)
+            for first_step, factor in batch_scales:
+                scale = tf.where(step >= first_step, tf.constant(factor, tf.float32), scale)
+            return rate * scale
 
         def get_config(self) -> dict[str, Any]:
-            return {"peak": peak, "warmup": warmup, "decay_start": decay_start, "total_steps": total_steps}
+            return {
+                "peak": peak,
+                "warmup": warmup,
+                "decay_start": decay_start,
+                "total_steps": total_steps,
+                "batch_scales": batch_scales,
+            }
 
     return Schedule()
 
 
-def create_optimizer(settings: Any, total_steps: int) -> tuple[Any, Any]:
+def create_optimizer(
+    settings: Any, total_steps: int, batch_scales: tuple[tuple[int, float], ...] = ((0, 1.0),)
+) -> tuple[Any, Any]:
     """(optimizer, schedule): AdamWeightDecay (beta1 0.9) with the recipe's beta2, epsilon and weight decay,
     LayerNorm and biases excluded from decay, as ``transformers.create_optimizer`` makes it. Clipping is the
     training step's (``train_function``): it must see the gradient summed over micro-batches and replicas."""
     from transformers import AdamWeightDecay
 
-    schedule = learning_rate_schedule(settings, total_steps)
+    schedule = learning_rate_schedule(settings, total_steps, batch_scales)
     optimizer = AdamWeightDecay(
         learning_rate=schedule,
         weight_decay_rate=settings.weight_decay,

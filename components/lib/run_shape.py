@@ -1,10 +1,12 @@
-"""A run's shape: its replicas and batch, the steps it takes, the samples and tokens it reads, the model FLOPs
-they cost, one replica's memory, and the hours and cost on a known accelerator. Pure arithmetic (no TensorFlow,
-no I/O), built by ``run_shape`` alone (from a run's settings: ``settings_shape``): the train step, preflight, the
-estimate, submit and the smoke test read it, so that no two of them can count a run differently."""
+"""A run's shape: its replicas and batch (and the batch warm-up's stages), the steps it takes, the samples and
+tokens it reads, the model FLOPs they cost, one replica's memory, and the hours and cost on a known accelerator.
+Pure arithmetic (no TensorFlow, no I/O), built by ``run_shape`` alone (from a run's settings: ``settings_shape``): the
+train step, preflight, the estimate, submit and the smoke test read it, so that no two of them can count a run
+differently."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,11 +36,50 @@ class RunShape:
     peak_flops_per_second: float | None = None  # all replicas' dense bf16 peak, when the accelerator is known
     mfu: float = DEFAULT_MFU  # model FLOPs utilization assumed for the hours
     price_per_hour: float = 0.0  # of the accelerator; 0: not known
+    batch_warmup_fraction: float = 0.0  # share of the steps at a smaller global batch (batch_stages)
 
     @property
     def global_batch_size(self) -> int:
-        """Samples per optimizer step."""
+        """Samples per optimizer step (at the full batch, after any batch warm-up)."""
         return self.per_replica_batch_size * self.replicas * self.accumulation
+
+    @property
+    def batch_stages(self) -> tuple[tuple[int, int], ...]:
+        """(first step, micro-batches a step) of each stage of the run: with a batch warm-up, 1, 2, 4, ... micro-
+        batches below ``accumulation`` over equal shares of its first ``batch_warmup_fraction`` of the steps, then
+        ``accumulation``; one stage without."""
+        warmup = round(self.batch_warmup_fraction * self.steps)
+        ramp = [2**power for power in range(math.ceil(math.log2(self.accumulation)))]
+        if not (warmup and ramp):
+            return ((0, self.accumulation),)
+        starts = [round(warmup * index / len(ramp)) for index in range(len(ramp))]
+        ends = [*starts[1:], warmup]
+        stages = [(start, micro) for start, micro, end in zip(starts, ramp, ends, strict=True) if end > start]
+        return (*stages, (warmup, self.accumulation))
+
+    def accumulation_at(self, step: int) -> int:
+        """Micro-batches summed into optimizer step ``step`` (0-based)."""
+        return next(micro for start, micro in reversed(self.batch_stages) if step >= start)
+
+    def next_stage_start(self, step: int) -> int:
+        """The first step of the next stage after ``step`` (the run's end after the last)."""
+        return next((start for start, _ in self.batch_stages if start > step), self.steps)
+
+    def micro_batches_before(self, step: int) -> int:
+        """Micro-batches the first ``step`` optimizer steps read: where the training stream stands at ``step``."""
+        ends = [start for start, _ in self.batch_stages[1:]] + [max(step, self.steps)]
+        return sum(
+            micro * max(0, min(step, end) - start) for (start, micro), end in zip(self.batch_stages, ends, strict=True)
+        )
+
+    def samples_before(self, step: int) -> int:
+        return self.micro_batches_before(step) * self.micro_batch_size
+
+    @property
+    def learning_rate_scales(self) -> tuple[tuple[int, float], ...]:
+        """(first step, learning-rate factor) of each stage: the square root of its batch over the full one (the
+        square-root rule for Adam, Malladi et al. 2022), 1 at the full batch."""
+        return tuple((start, math.sqrt(micro / self.accumulation)) for start, micro in self.batch_stages)
 
     @property
     def micro_batch_size(self) -> int:
@@ -47,19 +88,26 @@ class RunShape:
 
     @property
     def samples(self) -> int:
-        """Samples the run reads (an epoch's remainder that fills no global batch is not read)."""
-        return self.steps * self.global_batch_size
+        """Samples the run reads (an epoch's remainder that fills no global batch is not read; a batch warm-up
+        reads fewer)."""
+        return self.samples_before(self.steps)
 
     @property
     def tokens_per_step(self) -> int:
+        """At the full batch."""
         return self.global_batch_size * self.max_length
 
     @property
     def tokens(self) -> int:
-        return self.steps * self.tokens_per_step
+        return self.samples * self.max_length
+
+    @property
+    def model_flops_per_sample(self) -> float:
+        return self.flops_per_token * self.max_length
 
     @property
     def model_flops_per_step(self) -> float:
+        """At the full batch."""
         return self.flops_per_token * self.tokens_per_step
 
     @property
@@ -100,13 +148,14 @@ def run_shape(
     config: Any = None,
     bf16: bool = True,
     mlm_probability: float = 0.15,
+    batch_warmup_fraction: float = 0.0,
     mfu: float = DEFAULT_MFU,
     price_per_hour: float = 0.0,
 ) -> RunShape:
     """The shape of a run of ``max_steps`` steps, else of ``num_epochs`` over ``samples`` training samples (None:
     not known, with ``max_steps`` given), on ``tpu`` (its replicas, peak, memory and list price) or on
     ``replicas`` of an accelerator; with a model ``config`` also its FLOPs and memory. A global batch larger than
-    the data is refused."""
+    the data is refused, and so is a batch warm-up that has no smaller batch to start from."""
     if tpu is not None:
         if replicas and replicas != tpu.replicas:
             raise InvalidParameter("replicas", replicas, f"a {tpu.name} has {tpu.replicas} replicas")
@@ -123,6 +172,13 @@ def run_shape(
             f"x {replicas} replica(s)"
             + (f" x {accumulation} micro-batches" if accumulation > 1 else "")
             + f" = global batch {shape.global_batch_size}, more than the {samples:,} training samples",
+        )
+    if batch_warmup_fraction and accumulation == 1:
+        raise InvalidParameter(
+            "batch_warmup_fraction",
+            batch_warmup_fraction,
+            "grows the batch by summing more micro-batches, and this run sums 1 a step: give a smaller "
+            "per_replica_batch_size and more gradient_accumulation_steps (the same global batch)",
         )
     steps = max_steps or num_epochs * (samples // shape.global_batch_size)
     parameters, flops_per_token, memory = 0, 0.0, None
@@ -151,6 +207,7 @@ def run_shape(
         tpu.replicas * tpu.peak_tflops_per_replica * 1e12 if tpu else None,
         mfu,
         price_per_hour,
+        batch_warmup_fraction,
     )
 
 
@@ -170,7 +227,9 @@ SHAPE_SETTINGS = {
 def settings_shape(settings: Mapping[str, Any], **known: Any) -> RunShape:
     """``run_shape`` of a run's settings (``vars`` of the train step's, the estimate's, the smoke test's: those of
     ``SHAPE_SETTINGS`` they have, and the highest masking rate of their recipe), with what only the caller knows
-    (the data, the accelerator, the model) and any of run_shape's keywords given as ``known``, which win."""
+    (the data, the accelerator, the model) and any of run_shape's keywords given as ``known``, which win. The
+    recipe's knobs that change the shape (``ShapeKnobs``) are read resolved."""
     given = {keyword: settings[name] for name, keyword in SHAPE_SETTINGS.items() if name in settings}
-    masking = highest_mlm_probability(resolve_recipe(settings))
-    return run_shape(**{**given, "mlm_probability": masking, **known})
+    recipe = resolve_recipe(settings)
+    knobs = {"mlm_probability": highest_mlm_probability(recipe), "batch_warmup_fraction": recipe.batch_warmup_fraction}
+    return run_shape(**{**given, **knobs, **known})

@@ -17,38 +17,44 @@ class LogWindow:
     where the peak is known, time left and, with a price, the cost so far and projected."""
 
     plan: TrainingPlan
-    flops_per_step: float
     peak_tflops: float | None
     replicas: int
     price_per_hour: float
     run_started: float = field(default_factory=time.perf_counter)
     started: float = field(default_factory=time.perf_counter)
     steps: int = 0
+    samples: int = 0
     loss_sum: float = 0.0
     norm_sum: float = 0.0
 
-    def add(self, steps: int, loss: float, gradient_norm: float) -> None:
-        self.steps, self.loss_sum = self.steps + steps, self.loss_sum + loss * steps
+    def add(self, steps: int, samples: int, loss: float, gradient_norm: float) -> None:
+        self.steps, self.samples, self.loss_sum = (
+            self.steps + steps,
+            self.samples + samples,
+            self.loss_sum + loss * steps,
+        )
         self.norm_sum += gradient_norm * steps
 
     def restart(self) -> None:
         """Forgets the steps since the last point (a rewind goes back before them)."""
-        self.started, self.steps, self.loss_sum, self.norm_sum = time.perf_counter(), 0, 0.0, 0.0
+        self.started, self.steps, self.samples, self.loss_sum, self.norm_sum = time.perf_counter(), 0, 0, 0.0, 0.0
 
     def point(self, step: int, learning_rate: float, mlm_probability: float) -> dict[str, float]:
+        shape = self.plan.shape
         seconds = time.perf_counter() - self.started
-        samples_per_second = self.steps * self.plan.global_batch_size / seconds
-        flops_per_second = self.flops_per_step * self.steps / seconds
+        samples_per_second = self.samples / seconds
+        flops_per_second = shape.model_flops_per_sample * samples_per_second
         point = {
             "step": step,
+            "samples": shape.samples_before(step),  # read by the run's steps so far (fewer in a batch warm-up)
             "loss": self.loss_sum / self.steps,
             "gradient_norm": self.norm_sum / self.steps,
             "learning_rate": learning_rate,
             "mlm_probability": mlm_probability,
             "samples_per_second": samples_per_second,
-            "tokens_per_second": samples_per_second * self.plan.shape.max_length,
+            "tokens_per_second": samples_per_second * shape.max_length,
             "model_tflops_per_second": flops_per_second / 1e12,
-            "eta_seconds": (self.plan.total_steps - step) * seconds / self.steps,
+            "eta_seconds": (shape.samples - shape.samples_before(step)) / samples_per_second,
         }
         if self.peak_tflops:
             point["mfu"] = flops_per_second / (self.peak_tflops * 1e12 * self.replicas)

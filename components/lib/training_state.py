@@ -66,6 +66,7 @@ class TrainingState:
             "resumed_from_step": self.start_step,
             "steps_this_run": plan.total_steps - self.start_step,
             "global_batch_size": plan.global_batch_size,
+            "batch_stages": plan.shape.batch_stages,  # (first step, micro-batches a step): a batch warm-up's
             "replicas": plan.shape.replicas,
             "accelerator": accelerator,
             "samples": plan.shape.samples,
@@ -114,7 +115,7 @@ def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint
         model = TFAutoModelForMaskedLM.from_config(pretraining_config(plan.config, settings.dropout))
         model.config = plan.config  # its layers keep the pre-training dropout; what it saves is the config's
         model(model.dummy_inputs, training=False)  # create the variables, so a checkpoint can restore them
-        optimizer, schedule = create_optimizer(settings, plan.total_steps)
+        optimizer, schedule = create_optimizer(settings, plan.total_steps, plan.shape.learning_rate_scales)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir, max_to_keep=3)
     identity_uri = storage.join(checkpoint_dir, CHECKPOINT_IDENTITY_FILE)  # plan_training checked it
