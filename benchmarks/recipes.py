@@ -21,6 +21,7 @@ are levers over it).
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -32,12 +33,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy
 from transformers import HfArgumentParser
 
 from components.lib.masked_lm import max_predictions
 from components.lib.modeling import PRESETS, executed_flops_per_sample
 from components.lib.recipe import KNOBS, highest_mlm_probability
+from components.lib.run_shape import run_shape
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 REFERENCE = "hf-2023"
@@ -218,9 +219,12 @@ def flops_per_sample(model_folder: Path, summary: dict[str, Any]) -> float:
 
 
 def samples_at(run: dict[str, Any], step: float) -> float:
-    """The samples a run had read by ``step`` (a fractional one between its log points: linearly)."""
-    steps, samples = zip(*[(0, 0), *run["samples_curve"]], strict=True)
-    return float(numpy.interp(step, steps, samples))
+    """The samples a run had read by ``step``, a fractional one in the step it falls in (its batch warm-up's stages
+    counted as the train step counts them)."""
+    shape = run_shape(**run["shape"], samples=None)
+    whole = math.floor(step)
+    before = shape.samples_before(whole)
+    return before + (step - whole) * (shape.samples_before(whole + 1) - before)
 
 
 def train_and_score(
@@ -277,10 +281,15 @@ def train_and_score(
         "held_out_masked_accuracy": metrics["masked_accuracy"],
         "unigram_perplexity": metrics["unigram_perplexity"],
         "samples_per_second": statistics.median(point["samples_per_second"] for point in summary["history"]),
-        "samples_curve": [
-            (point["step"], point.get("samples", point["step"] * summary["global_batch_size"]))
-            for point in summary["history"]
-        ],
+        # what counts the samples read by each step (run_shape's keywords)
+        "shape": {
+            "per_replica_batch_size": summary["arguments"]["per_replica_batch_size"],
+            "accumulation": summary["arguments"]["gradient_accumulation_steps"],
+            "replicas": summary["replicas"],
+            "max_length": summary["tokens"] // summary["samples"],
+            "max_steps": summary["total_steps"],
+            "batch_warmup_fraction": summary["arguments"]["batch_warmup_fraction"],
+        },
         "flops_per_sample": flops_per_sample(folder / "model", summary),
     }
 

@@ -24,6 +24,7 @@ from components.lib.estimates import check_memory_fit, describe_estimate, estima
 from components.lib.hub import HubToken, check_secret_name, hub_token
 from components.lib.job_runner import run_job
 from components.lib.memory_model import MemoryEstimate
+from components.lib.run_shape import describe_batch_stages
 from components.lib.tpu_catalogue import ON_DEMAND, TPU_PROVISIONING, TPU_TYPES, check_tpu_provisioning, tpu_type
 from components.lib.training_plan import TrainingSettings, plan_training
 
@@ -156,6 +157,7 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         "replicas": replicas,
         "total_steps": plan.total_steps,
         "global_batch_size": plan.global_batch_size,
+        "batch_warmup": describe_batch_stages(plan.shape.batch_stages, plan.global_batch_size),
         "train_samples": plan.manifest["num_records"],
         "vocab_size": plan.config.vocab_size,
         "max_length": plan.manifest["max_length"],
@@ -192,6 +194,8 @@ def summary_for_people(report: dict[str, Any]) -> str:
         f"{report['global_batch_size']:,} on {report['replicas']} replica(s), {report['total_steps']:,} steps",
         f"memory per replica: {memory['low_gib']:.1f}-{memory['high_gib']:.1f} GiB, {memory['verdict']}",
     ]
+    if report["batch_warmup"]:
+        lines.insert(1, f"batch warm-up: {report['batch_warmup']}")
     if "estimate" in report:
         estimate = report["estimate"]
         lines.append(

@@ -16,6 +16,7 @@ from typing import Any
 from components.lib import storage
 from components.lib.job_runner import run_job
 from components.lib.results import METRICS_FILE, SUMMARY_FILE, display_token, loss_summary
+from components.lib.run_shape import describe_batch_stages
 
 
 @dataclass
@@ -72,6 +73,10 @@ def build_report(summary: dict[str, Any], metrics: dict[str, Any]) -> str:
         ("masked-token accuracy", f"{metrics['masked_accuracy']:.2%}"),
         ("masked tokens evaluated", f"{metrics['masked_tokens']:,}"),
         ("training steps", f"{summary['total_steps']:,} (global batch {summary['global_batch_size']})"),
+        (
+            "batch warm-up",
+            describe_batch_stages(summary.get("batch_stages", ()), summary["global_batch_size"]) or "none",
+        ),
         ("training loss", loss_summary(summary)),
         (
             "throughput (last log)",

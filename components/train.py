@@ -165,7 +165,8 @@ class TrainingRun:
 
 def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
     """Runs the steps left in chunks that end at log and checkpoint boundaries and at the batch warm-up's stages
-    (a step function for each stage's micro-batches)."""
+    (a step function for each stage's micro-batches). A stage after the first compiles its function mid-run, longer
+    than a preemption's notice: a checkpoint comes first, and that call runs one step (its pace is not known)."""
     import tensorflow as tf
 
     arguments, plan, strategy, state, stop = run.arguments, run.plan, run.strategy, run.state, run.stop
@@ -192,8 +193,9 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
     )
     storage.makedirs(arguments.tensorboard_dir)  # in a bucket: its marker, where the writer's own walk stops
     run.writer = writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
-    step = state.start_step
+    step = saved = state.start_step  # saved: the step of the last checkpoint this loop knows of
     skipped = 0  # micro-batches the stream went past in rewinds
+    compiled: set[int] = set()  # the step functions called so far, by micro-batches
     pace = CallPace()
     stop.in_loop = True  # a SIGTERM from here on is acted on between calls: checkpoint, then exit
     try:
@@ -206,7 +208,15 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
                 shape.next_stage_start(step),
             )
             steps = min(min(boundaries) - step, pace.steps_per_call())
-            run_steps = train_steps[shape.accumulation_at(step)]
+            micro = shape.accumulation_at(step)
+            if compiled and micro not in compiled:
+                if saved != step:
+                    state.save(step)
+                    saved = step
+                log.info("step %d: the batch warm-up's next stage, %d micro-batch(es) a step, compiles", step, micro)
+                steps = 1
+            compiled.add(micro)
+            run_steps = train_steps[micro]
             with naming_corrupt_shards(*shard_sources):
                 pace.start()
                 loss, gradient_norm = (float(value) for value in run_steps(iterator, tf.constant(steps, tf.int32)))
@@ -216,7 +226,7 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
             if not (math.isfinite(loss) and math.isfinite(gradient_norm)):
                 rewound_to = _rewind_or_stop(run, step, loss, gradient_norm)
                 skipped += shape.micro_batches_before(step) - shape.micro_batches_before(rewound_to)
-                step = rewound_to
+                step = saved = rewound_to
                 window.restart()
                 continue
             window.add(steps, samples, loss, gradient_norm)
@@ -237,6 +247,7 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
             if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
                 with naming_corrupt_shards(*shard_sources):
                     _at_checkpoint(run, step, validation)
+                saved = step
     finally:
         stop.in_loop = False
     state.first_call_seconds = pace.first_call_seconds

@@ -51,6 +51,9 @@ REPORT_FILE = "smoke.json"
 # of it the shards need
 TOKENS_PER_BYTE_LOW = 0.2
 GLOBAL_BATCHES_OF_DATA = 2  # shards of at least this many global batches (the stream repeats them)
+# The smoke test and its probe train at the run's full batch, whatever its batch warm-up: what must fit, what a step
+# costs and the peak are the full batch's (a warm-up's stages sum fewer of the same micro-batches)
+FULL_BATCH = {"batch_warmup_fraction": 0.0}
 PROBE_WINDOWS = 20  # log windows of the peak probe: 5 in its warmup, 15 at the peak
 # The peak probe's verdict: at the peak, the loss must go on falling, and no window's loss rise above the lowest
 # before it by more than this share (a spike the run might not come back from)
@@ -296,7 +299,11 @@ def make_data(arguments: SmokeArguments) -> tuple[str, str, str]:
         lines = embedded_lines()
         text_bytes = sum(len(line.encode("utf-8")) + 1 for line in lines)
         shape = settings_shape(
-            vars(arguments), replicas=max(arguments.replicas, 1), samples=None, max_steps=GLOBAL_BATCHES_OF_DATA
+            vars(arguments),
+            replicas=max(arguments.replicas, 1),
+            samples=None,
+            max_steps=GLOBAL_BATCHES_OF_DATA,
+            **FULL_BATCH,
         )
         needed_tokens = shape.tokens  # shards of GLOBAL_BATCHES_OF_DATA global batches
         copies = math.ceil(needed_tokens / (TOKENS_PER_BYTE_LOW * text_bytes))
@@ -368,6 +375,7 @@ def train_here(arguments: SmokeArguments, folder: str, **settings: Any) -> dict[
                 "accelerator": arguments.accelerator,
                 "replicas": arguments.replicas,
                 "peak_tflops": tpu.peak_tflops_per_replica if tpu else 0.0,
+                **FULL_BATCH,
                 **settings,
             }
         )
@@ -501,6 +509,7 @@ def memory_estimate(arguments: SmokeArguments, shards: str) -> dict[str, float]:
         max_steps=arguments.steps,
         max_length=manifest["max_length"],  # the run's own shards' length, where given
         config=model_config(arguments.model_config, manifest),
+        **FULL_BATCH,
     ).memory
     return {"estimate_low_gib": memory.low_gib, "estimate_high_gib": memory.high_gib}
 

@@ -13,6 +13,7 @@ from transformers import TFAutoModelForMaskedLM
 from components.lib.errors import InvalidParameter
 from components.lib.modeling import count_parameters, model_config
 from components.lib.shard_set import read_manifest
+from components.lib.training_plan import CHECKPOINT_IDENTITY_FILE, plan_training
 from components.preflight import PreflightArguments, preflight
 from components.train import TrainArguments
 
@@ -151,6 +152,28 @@ def test_preflight_refuses_every_bad_training_setting_the_train_step_refuses(tmp
     if setting in {f.name for f in dataclasses.fields(TrainArguments)}:  # and the train step says the same
         with pytest.raises(InvalidParameter, match=re.escape(message)):
             TrainArguments(**values)
+
+
+def test_a_resume_that_would_move_a_batch_warm_up_s_stages_or_add_one_is_refused(tmp_path, wikitext_shards):
+    """The stages follow max_steps and the micro-batches, which are no recipe knobs: a resume with others would train
+    the steps left at another batch and read the stream from another place."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    warm = {"per_replica_batch_size": 4, "gradient_accumulation_steps": 4, "batch_warmup_fraction": 0.5}
+    warm.update(eval_shards="", checkpoint_dir=str(checkpoints))
+    first = arguments(wikitext_shards, tmp_path / "first", **warm, max_steps=60)
+    identity = plan_training(first, 1).checkpoint_identity
+    (checkpoints / CHECKPOINT_IDENTITY_FILE).write_text(json.dumps(identity))  # as the train step writes it
+    preflight(arguments(wikitext_shards, tmp_path / "same", **warm, max_steps=60))
+    moved = "stages (first step, micro-batches) [[0, 1], [15, 2], [30, 4]], and these settings make [[0, 1], [20, 2]"
+    with pytest.raises(InvalidParameter, match=re.escape(moved)):
+        preflight(arguments(wikitext_shards, tmp_path / "longer", **warm, max_steps=80))
+    # checkpoints from before the knob trained at their recipe's value of it, none
+    del identity["recipe"]["batch_warmup_fraction"], identity["batch_stages"]
+    (checkpoints / CHECKPOINT_IDENTITY_FILE).write_text(json.dumps(identity))
+    with pytest.raises(InvalidParameter, match=r"resume them with --batch_warmup_fraction 0\.0"):
+        preflight(arguments(wikitext_shards, tmp_path / "older", **warm, max_steps=60))
+    assert not any((tmp_path / name).exists() for name in ("longer", "older"))
 
 
 def test_preflight_for_a_tpu_estimates_that_run(tmp_path, wikitext_shards):

@@ -141,11 +141,12 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
     output = f"{gcs}/model"
     data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
     # in a batch warm-up (the same global batch of 16 as 4 micro-batches of 4): 1 micro-batch a step to step 15, 2 to
-    # step 30, then 4; the kill at step 20 is in the second stage
+    # step 30, then 4; each later stage checkpoints before it compiles (15, 30), and the kill after the checkpoint of
+    # step 20 is in the second stage
     warmup = ["--per_replica_batch_size", "4", "--gradient_accumulation_steps", "4", "--batch_warmup_fraction", "0.5"]
     job = ["components.train", *data, *RESUME_ARGS, *warmup, "--output", output]
     save = "tensorflow.python.checkpoint.checkpoint_management:CheckpointManager.save"
-    killed = run_at(["--function", save, "--after"], *job)
+    killed = run_at(["--function", save, "--after", "--nth", "2"], *job)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-20")
     assert not tf.io.gfile.exists(f"{output}/{SUMMARY_FILE}")
@@ -157,6 +158,8 @@ def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_plann
     assert summary["resumed_from_step"] == 20
     assert summary["total_steps"] == 60 and summary["steps_this_run"] == 40
     assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-60")
+    kept = tf.train.get_checkpoint_state(f"{output}/checkpoints").all_model_checkpoint_paths
+    assert [path.rsplit("-", 1)[1] for path in kept] == ["30", "40", "60"]  # the third stage's before its compile
     assert tf.io.gfile.exists(f"{output}/tf_model.h5")
     # the killed attempt stays "running" in the record (it counts as a failure), the rerun from step 20 is done
     attempts = json.loads(tf.io.gfile.GFile(f"{output}/checkpoints/attempts.json").read())

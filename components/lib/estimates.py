@@ -15,7 +15,7 @@ from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.modeling import model_config
 from components.lib.recipe import ShapeKnobs
 from components.lib.results import SUMMARY_FILE
-from components.lib.run_shape import DEFAULT_MFU, RunShape, settings_shape
+from components.lib.run_shape import DEFAULT_MFU, RunShape, describe_batch_stages, settings_shape
 from components.lib.shard_set import read_manifest
 from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, load_tokenizer
 from components.lib.tpu_catalogue import (
@@ -281,10 +281,8 @@ def estimate_table(result: dict[str, Any]) -> str:
         ),
         ("steps", f"{result['steps']:,}"),
     ]
-    if len(result["batch_stages"]) > 1:
-        micro_batch = result["global_batch_size"] // result["gradient_accumulation_steps"]
-        stages = ", ".join(f"{micro * micro_batch:,} from step {start:,}" for start, micro in result["batch_stages"])
-        rows.append(("batch warm-up", f"global batch {stages}"))
+    if warmup := describe_batch_stages(result["batch_stages"], result["global_batch_size"]):
+        rows.append(("batch warm-up", warmup))
     rows += [
         ("samples", f"{result['samples']:,} of {data['max_length']} tokens"),
         ("tokens", f"{result['tokens']:,}"),

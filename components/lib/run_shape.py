@@ -211,6 +211,14 @@ def run_shape(
     )
 
 
+def describe_batch_stages(stages: Any, global_batch_size: int) -> str:
+    """A batch warm-up's stages for people ("" for none): "global batch 512 from step 0, ..., 2,048 from step N"."""
+    if len(stages) < 2:
+        return ""
+    micro_batch = global_batch_size // stages[-1][1]
+    return "global batch " + ", ".join(f"{micro * micro_batch:,} from step {start:,}" for start, micro in stages)
+
+
 # The settings run_shape reads of a run's (the training settings' names): setting -> run_shape's keyword
 SHAPE_SETTINGS = {
     "per_replica_batch_size": "per_replica_batch_size",

@@ -12,7 +12,7 @@ from components.lib.devices import ACCELERATORS, check_accelerator
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id
 from components.lib.modeling import PRESETS, model_config, pretraining_config
-from components.lib.recipe import KNOBS, Recipe, apply_recipe
+from components.lib.recipe import KNOBS, RECIPES, Recipe, apply_recipe
 from components.lib.run_shape import RunShape, settings_shape
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import load_tokenizer
@@ -236,6 +236,8 @@ def plan_training(
         )
     knobs = {knob: getattr(arguments, knob) for knob in KNOBS}
     identity = checkpoint_identity(config, tokenizer_fingerprint, {"recipe": arguments.recipe, **knobs})
+    if len(shape.batch_stages) > 1:  # where they are follows the steps and micro-batches, which a resume may change
+        identity["batch_stages"] = [list(stage) for stage in shape.batch_stages]
     if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
         check_checkpoints_match(arguments.checkpoint_dir, identity)
     return TrainingPlan(manifest, eval_manifest, config, tokenizer, shape, identity)
@@ -282,6 +284,8 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
             "config and tokenizer, or use an empty folder",
         )
     trained = existing.get("recipe", identity["recipe"])  # checkpoints from before recipes were recorded: unknown
+    if trained.get("recipe") in RECIPES:  # a knob newer than the checkpoints: they trained at their recipe's value
+        trained = {**RECIPES[trained["recipe"]], **trained}
     changed = {knob: value for knob, value in trained.items() if identity["recipe"].get(knob) != value}
     if changed:
         flags = " ".join(f"--{knob} {value}" for knob, value in changed.items())
@@ -289,4 +293,12 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
             "checkpoint_dir",
             checkpoint_dir,
             f"holds checkpoints trained with other recipe knobs; resume them with {flags}, or use an empty folder",
+        )
+    if existing.get("batch_stages") != identity.get("batch_stages"):
+        raise InvalidParameter(
+            "checkpoint_dir",
+            checkpoint_dir,
+            f"holds checkpoints of batch warm-up stages (first step, micro-batches) {existing.get('batch_stages')}, "
+            f"and these settings make {identity.get('batch_stages')}: resume with the max_steps and micro-batches "
+            "that made them, or use an empty folder",
         )
