@@ -18,6 +18,7 @@ from components import shards
         "components.merge_shards",
         "components.train",
         "components.evaluate",
+        "components.downstream",
         "components.preflight",
         "components.push",
         "components.report",
@@ -55,7 +56,7 @@ def test_every_benchmark_explains_its_flags(script, monkeypatch, capsys):
 def test_importing_the_components_does_not_import_tensorflow():
     probe = (
         "import sys, components.shards, components.tokenizer, components.train, components.evaluate, "
-        "pipelines.pipeline; print('tensorflow' in sys.modules)"
+        "components.downstream, pipelines.pipeline; print('tensorflow' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr

@@ -1,0 +1,253 @@
+"""Is the model any good? Fine-tune it on labelled classification tasks, and its randomly initialised twin (the same
+config) the same way, and score both on each task's validation split: what pre-training gained.
+
+Each task (``lib/downstream_tasks.py``: the built-in ``word-order``, a Hub dataset such as GLUE's, or a folder of
+labelled files) is fine-tuned with the same budget and seeds for both models: a classification head on the
+encoder (``TFAutoModelForSequenceClassification``), AdamW with warmup and linear decay, a few epochs. The
+validation split is only scored, never trained on or tuned on. Writes ``downstream.json`` and ``report.md``.
+
+    python -m components.downstream --model runs/.../train-step/model --tasks word-order --output /tmp/downstream
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.lib import storage
+from components.lib.downstream_tasks import WORD_ORDER, Task, parse_tasks
+from components.lib.errors import InvalidParameter
+from components.lib.job_runner import run_job
+from components.lib.pytorch_weights import TF_LOADING, check_model_folder
+
+log = logging.getLogger("tpu_mlm.downstream")
+RESULTS_FILE = "downstream.json"
+REPORT_FILE = "report.md"
+MODELS = ("pre-trained", "random init")
+
+
+@dataclass
+class DownstreamArguments:
+    model: str = field(metadata={"help": "Model folder from components.train (local or gs://)."})
+    output: str = field(metadata={"help": "Folder for downstream.json and report.md."})
+    tasks: str = field(
+        default=WORD_ORDER,
+        metadata={
+            "help": "Comma-separated tasks: word-order (from the embedded corpus, no network), hf:NAME[:CONFIG] "
+            "(GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and "
+            "validation .jsonl/.csv/.parquet files."
+        },
+    )
+    text_columns: str = field(
+        default="",
+        metadata={"help": "Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's."},
+    )
+    label_column: str = field(default="label", metadata={"help": "Label column of tasks that are not GLUE's."})
+    epochs: int = field(default=3, metadata={"help": "Passes over each task's training split."})
+    max_steps: int = field(default=0, metadata={"help": "Optimizer steps per task and seed; overrides epochs if > 0."})
+    max_train_samples: int = field(default=0, metadata={"help": "Fine-tune on at most this many samples; 0: all."})
+    max_eval_samples: int = field(default=0, metadata={"help": "Score at most this many samples; 0: all."})
+    batch_size: int = field(default=32, metadata={"help": "Samples per fine-tuning step."})
+    learning_rate: float = field(
+        default=2e-5, metadata={"help": "Peak learning rate of fine-tuning (RoBERTa's GLUE runs: 1e-5 to 3e-5)."}
+    )
+    warmup_fraction: float = field(default=0.06, metadata={"help": "Share of the steps of linear warmup."})
+    weight_decay: float = field(default=0.1, metadata={"help": "Decoupled weight decay (RoBERTa's GLUE runs: 0.1)."})
+    max_length: int = field(default=0, metadata={"help": "Tokens per sample; 0: the length the model trained at."})
+    seeds: str = field(default="1", metadata={"help": "Comma-separated seeds; each model fine-tunes once a seed."})
+
+    def __post_init__(self) -> None:
+        for parameter in ("model", "output"):
+            storage.check_uri(parameter, getattr(self, parameter))
+        if not parse_tasks(self.tasks, self.text_columns, self.label_column):
+            raise InvalidParameter("tasks", self.tasks, "name at least one task")
+        for parameter in ("epochs", "batch_size"):
+            if getattr(self, parameter) < 1:
+                raise InvalidParameter(parameter, getattr(self, parameter), "must be a positive whole number")
+        for parameter in ("max_steps", "max_train_samples", "max_eval_samples", "max_length"):
+            if getattr(self, parameter) < 0:
+                raise InvalidParameter(parameter, getattr(self, parameter), "must be 0 or a positive whole number")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise InvalidParameter("learning_rate", self.learning_rate, "must be a positive number (2e-5 is usual)")
+        if not 0 <= self.warmup_fraction < 1:
+            raise InvalidParameter("warmup_fraction", self.warmup_fraction, "must be at least 0 and below 1")
+        if self.weight_decay < 0:
+            raise InvalidParameter("weight_decay", self.weight_decay, "must be 0 or positive")
+        if not re.fullmatch(r"\d+(,\d+)*", self.seeds.replace(" ", "")):
+            raise InvalidParameter("seeds", self.seeds, "must be comma-separated whole numbers (1,2,3)")
+
+    @property
+    def seed_list(self) -> list[int]:
+        return [int(seed) for seed in self.seeds.split(",")]
+
+
+def scores(predicted: Sequence[int], labels: Sequence[int], classes: int) -> dict[str, float]:
+    """Accuracy, F1 (of class 1 with two classes, else the classes' mean) and Matthews correlation."""
+    import numpy as np
+
+    confusion = np.zeros((classes, classes))
+    np.add.at(confusion, (np.asarray(labels), np.asarray(predicted)), 1)
+    total, correct = confusion.sum(), np.trace(confusion)
+    predicted_counts, true_counts = confusion.sum(axis=0), confusion.sum(axis=1)
+    precision = np.divide(np.diag(confusion), predicted_counts, out=np.zeros(classes), where=predicted_counts > 0)
+    recall = np.diag(confusion) / np.maximum(true_counts, 1)
+    both = precision + recall
+    f1 = np.divide(2 * precision * recall, both, out=np.zeros(classes), where=both > 0)
+    # Gorodkin's multi-class form, the binary MCC for two classes
+    covariance = correct * total - predicted_counts @ true_counts
+    scale = math.sqrt((total**2 - predicted_counts @ predicted_counts) * (total**2 - true_counts @ true_counts))
+    return {
+        "accuracy": float(correct / total),
+        "f1": float(f1[1] if classes == 2 else f1.mean()),
+        "mcc": float(covariance / scale) if scale else 0.0,
+    }
+
+
+def fine_tune(model_dir: Path, task: Task, arguments: DownstreamArguments, seed: int, pretrained: bool) -> dict:
+    """One fine-tuning of the pre-trained model (or of a new one of its config) on ``task``: its validation scores."""
+    import numpy as np
+    import tensorflow as tf
+    from transformers import AutoConfig, AutoTokenizer, TFAutoModelForSequenceClassification, create_optimizer
+
+    tf.keras.utils.set_random_seed(seed)  # the head's initialisation (and the twin's weights), the batches' order
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    max_length = arguments.max_length or tokenizer.model_max_length
+
+    def encoded(texts: list[tuple[str, ...]]) -> dict[str, Any]:
+        columns = [list(column) for column in zip(*texts, strict=True)]
+        tokens = tokenizer(*columns, truncation=True, max_length=max_length, padding="max_length", return_tensors="np")
+        return {name: tokens[name].astype("int32") for name in ("input_ids", "attention_mask")}
+
+    config = AutoConfig.from_pretrained(model_dir, num_labels=len(task.label_names))
+    if pretrained:  # the encoder's weights; the LM head is dropped, the classification head is new
+        model = TFAutoModelForSequenceClassification.from_pretrained(model_dir, config=config, **TF_LOADING)
+    else:
+        model = TFAutoModelForSequenceClassification.from_config(config)
+    samples = len(task.train.labels)
+    batch_size = min(arguments.batch_size, samples)
+    steps = arguments.max_steps or arguments.epochs * math.ceil(samples / batch_size)
+    optimizer, _ = create_optimizer(
+        init_lr=arguments.learning_rate,
+        num_train_steps=steps,
+        num_warmup_steps=int(arguments.warmup_fraction * steps),
+        weight_decay_rate=arguments.weight_decay,
+    )
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    train = tf.data.Dataset.from_tensor_slices((encoded(task.train.texts), np.asarray(task.train.labels)))
+    train = train.shuffle(samples, seed=seed).repeat().batch(batch_size, drop_remainder=True)
+    started = time.perf_counter()
+    history = model.fit(train, steps_per_epoch=steps, epochs=1, verbose=0)
+    logits = model.predict(encoded(task.validation.texts), batch_size=arguments.batch_size, verbose=0).logits
+    predicted = np.argmax(logits, axis=-1)
+    return {
+        **scores(predicted, task.validation.labels, len(task.label_names)),
+        "steps": steps,
+        "final_train_loss": float(history.history["loss"][-1]),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
+    """Fine-tunes and scores both models on every task; writes downstream.json and report.md; returns the results."""
+    specs = parse_tasks(arguments.tasks, arguments.text_columns, arguments.label_column)
+    check_model_folder("model", arguments.model)
+    tasks = [spec.load(arguments.max_train_samples, arguments.max_eval_samples) for spec in specs]  # bad input first
+    results = []
+    with tempfile.TemporaryDirectory() as local:
+        storage.download_folder(arguments.model, Path(local))
+        for task in tasks:
+            seeds = arguments.seed_list
+            runs = {
+                model: [fine_tune(Path(local), task, arguments, seed, model == MODELS[0]) for seed in seeds]
+                for model in MODELS
+            }
+            result = task_result(task, runs)
+            log.info(
+                "%s: %s %.4f pre-trained, %.4f random init (validation, %d samples, %d seed(s))",
+                task.name,
+                task.metric,
+                result["pre-trained"][task.metric],
+                result["random init"][task.metric],
+                result["validation_samples"],
+                len(arguments.seed_list),
+            )
+            results.append(result)
+    summary = {
+        "tasks": results,
+        # each task's own metric, averaged over the tasks, as GLUE's score is
+        "average": {model: statistics.mean(result[model]["score"] for result in results) for model in MODELS},
+        "arguments": asdict(arguments),
+    }
+    storage.write_text_atomic(storage.join(arguments.output, REPORT_FILE), report_markdown(summary))
+    storage.write_text_atomic(storage.join(arguments.output, RESULTS_FILE), json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def task_result(task: Task, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A task's figures: each model's mean over the seeds of each score, its task metric's as ``score``."""
+    result: dict[str, Any] = {
+        "task": task.name,
+        "metric": task.metric,
+        "labels": list(task.label_names),
+        "train_samples": len(task.train.labels),
+        "validation_samples": len(task.validation.labels),
+        "validation_split": task.validation_split,
+    }
+    for model, model_runs in runs.items():
+        means = {name: statistics.mean(run[name] for run in model_runs) for name in ("accuracy", "f1", "mcc")}
+        result[model] = {**means, "score": means[task.metric], "runs": model_runs}
+    result["gain"] = result[MODELS[0]]["score"] - result[MODELS[1]]["score"]
+    return result
+
+
+def report_markdown(summary: dict[str, Any]) -> str:
+    seeds = summary["arguments"]["seeds"]
+    lines = [
+        "# Downstream probe",
+        "",
+        f"Each task fine-tuned from the pre-trained model and from a randomly initialised twin (the same config, the "
+        f"same budget, seeds {seeds}), scored on its validation split (never trained or tuned on).",
+        "",
+        "| task | metric | pre-trained | random init | gain | fine-tuned on | scored on |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for result in summary["tasks"]:
+        lines.append(
+            f"| `{result['task']}` | {result['metric']} | {result['pre-trained']['score']:.4f} | "
+            f"{result['random init']['score']:.4f} | {result['gain']:+.4f} | {result['train_samples']:,} | "
+            f"{result['validation_samples']:,} ({result['validation_split']}) |"
+        )
+    average = summary["average"]
+    if len(summary["tasks"]) > 1:
+        lines.append(
+            f"| average | | {average['pre-trained']:.4f} | {average['random init']:.4f} | "
+            f"{average['pre-trained'] - average['random init']:+.4f} | | |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def summary_for_people(summary: dict[str, Any]) -> str:
+    lines = [
+        f"{result['task']}: {result['metric']} {result['pre-trained']['score']:.4f} pre-trained against "
+        f"{result['random init']['score']:.4f} from random weights ({result['gain']:+.4f})"
+        for result in summary["tasks"]
+    ]
+    return "\n".join([*lines, f"downstream.json and report.md: {summary['arguments']['output']}"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_job(DownstreamArguments, downstream, argv, description=__doc__, for_people=summary_for_people)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The downstream probe's labelled classification tasks: what a task spec names, its training and validation
+examples, and its metric.
+
+A task is one of:
+
+* ``word-order``: made from the embedded corpus, no network: its prose lines as they are (label 1) or with two
+  neighbouring words swapped (label 0), half each; the validation lines come from other documentation topics than
+  the training lines. A swap leaves the line's words as they were, so only word order tells the two apart;
+* ``hf:NAME[:CONFIG]``, a Hub dataset: GLUE's tasks (``hf:nyu-mll/glue:sst2``, ``hf:glue:mrpc``, ...) with their
+  text columns, validation split and metric (Matthews correlation for CoLA, F1 for MRPC and QQP, accuracy else);
+  any other with ``--text_columns`` and ``--label_column``;
+* a folder (local or ``gs://``) holding ``train`` and ``validation`` files of one format: ``.jsonl``, ``.csv``
+  or ``.parquet``, with ``--text_columns`` and ``--label_column``.
+
+Labels are whole numbers from 0, or text (the training split's values, sorted, become 0, 1, ...)."""
+
+from __future__ import annotations
+
+import random
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.lib import storage
+from components.lib.corpus.spec import HUB_PREFIX
+from components.lib.errors import InvalidParameter
+
+WORD_ORDER = "word-order"
+METRICS = ("accuracy", "f1", "mcc")
+# GLUE's classification tasks: text columns, the metric its papers report (F1 for MRPC and QQP, whose accuracy is
+# reported beside it), the split scored
+GLUE_DATASETS = ("glue", "nyu-mll/glue")
+GLUE_TASKS = {
+    "cola": (("sentence",), "mcc", "validation"),
+    "sst2": (("sentence",), "accuracy", "validation"),
+    "mrpc": (("sentence1", "sentence2"), "f1", "validation"),
+    "qqp": (("question1", "question2"), "f1", "validation"),
+    "mnli": (("premise", "hypothesis"), "accuracy", "validation_matched"),
+    "qnli": (("question", "sentence"), "accuracy", "validation"),
+    "rte": (("sentence1", "sentence2"), "accuracy", "validation"),
+}
+FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+SPLITS = ("train", "validation")
+MOST_CLASSES = 100  # more label values than this: a column of text or of ids given as the label, not classes
+WORD_ORDER_MIN_WORDS = 8  # shorter lines are code, headings and list items more than prose
+WORD_ORDER_VALIDATION_TOPICS = 5  # every fifth topic's lines are validation
+
+
+@dataclass(frozen=True)
+class Examples:
+    texts: list[tuple[str, ...]]  # one or two texts each (a sentence, or a pair)
+    labels: list[int]
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    metric: str
+    label_names: tuple[str, ...]
+    train: Examples
+    validation: Examples
+    validation_split: str = "validation"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task as named: ``source``, and the columns a labelled dataset keeps its texts and labels in."""
+
+    source: str
+    text_columns: tuple[str, ...] = ()
+    label_column: str = "label"
+
+    @property
+    def name(self) -> str:
+        return self.source.rstrip("/").rsplit("/", 1)[-1] if "://" in self.source else self.source
+
+    def load(self, max_train: int = 0, max_validation: int = 0) -> Task:
+        if self.source == WORD_ORDER:
+            task = word_order_task()
+        elif self.source.startswith(HUB_PREFIX):
+            task = self._hub_task()
+        else:
+            task = self._file_task()
+        return Task(
+            task.name,
+            task.metric,
+            task.label_names,
+            _head(task.train, max_train),
+            _head(task.validation, max_validation),
+            task.validation_split,
+        )
+
+    def _hub_task(self) -> Task:
+        import datasets
+
+        name, config = _hub_name(self.source)
+        glue = GLUE_TASKS.get(config or "") if name in GLUE_DATASETS else None
+        columns, metric, validation_split = glue or (self.text_columns, "accuracy", "validation")
+        if not columns:
+            raise InvalidParameter("text_columns", "", f"name the text column(s) of {self.source}")
+        splits = datasets.get_dataset_split_names(name, config)
+        for split in ("train", validation_split):
+            if split not in splits:
+                raise InvalidParameter("tasks", self.source, f"has no {split!r} split (its splits: {splits})")
+        loaded = {split: datasets.load_dataset(name, config, split=split) for split in ("train", validation_split)}
+        label = "label" if glue else self.label_column
+        return _labelled(
+            self.source, metric, loaded["train"], loaded[validation_split], columns, label, validation_split
+        )
+
+    def _file_task(self) -> Task:
+        import datasets
+
+        if not self.text_columns:
+            raise InvalidParameter("text_columns", "", f"name the text column(s) of the files in {self.source}")
+        files = {split: _split_file(self.source, split) for split in SPLITS}
+        formats = {FILE_FORMATS[storage.suffix(uri)] for uri in files.values()}
+        if len(formats) > 1:
+            raise InvalidParameter("tasks", self.source, f"holds train and validation files of two formats: {files}")
+        file_format = formats.pop()
+        loaded = {}
+        with tempfile.TemporaryDirectory() as local:
+            for split, uri in files.items():  # one at a time: splits of other columns are the user's to hear of
+                path = str(Path(local, f"{split}{storage.suffix(uri)}"))
+                storage.copy(uri, path)
+                loaded[split] = datasets.load_dataset(file_format, data_files=path, split="train", cache_dir=local)
+            return _labelled(
+                self.source, "accuracy", loaded["train"], loaded["validation"], self.text_columns, self.label_column
+            )
+
+
+def parse_tasks(tasks: str, text_columns: str = "", label_column: str = "label") -> list[TaskSpec]:
+    """The task specs of ``--tasks`` (comma-separated), each checked for its form; "" gives none."""
+    columns = tuple(column.strip() for column in text_columns.split(",") if column.strip())
+    specs = [TaskSpec(source.strip(), columns, label_column) for source in tasks.split(",") if source.strip()]
+    for spec in specs:
+        if spec.source.startswith(HUB_PREFIX):
+            _hub_name(spec.source)
+        elif spec.source != WORD_ORDER:
+            storage.check_uri("tasks", spec.source)
+    if len(columns) > 2:
+        raise InvalidParameter("text_columns", text_columns, "names one text column, or two for sentence pairs")
+    return specs
+
+
+def word_order_task() -> Task:
+    """Lines of the embedded corpus's prose, half of them with two neighbouring words swapped (the same every
+    time)."""
+    from pydoc_data.topics import topics
+
+    train, validation = Examples([], []), Examples([], [])
+    for index, key in enumerate(sorted(topics)):
+        split = validation if index % WORD_ORDER_VALIDATION_TOPICS == 0 else train
+        for line in topics[key].splitlines():
+            words = line.split()
+            if len(words) < WORD_ORDER_MIN_WORDS or not re.match(r"^[A-Z][a-z]", line.strip()):
+                continue
+            draw = random.Random(f"{key}:{line}")  # the same lines swapped at the same place in every run
+            swapped = draw.random() < 0.5
+            if swapped:
+                at = draw.randrange(len(words) - 1)
+                if words[at] == words[at + 1]:
+                    continue
+                words[at], words[at + 1] = words[at + 1], words[at]
+            split.texts.append((" ".join(words),))
+            split.labels.append(0 if swapped else 1)
+    return Task(WORD_ORDER, "accuracy", ("swapped", "original"), train, validation)
+
+
+def _hub_name(source: str) -> tuple[str, str | None]:
+    parts = source[len(HUB_PREFIX) :].split(":")
+    if not parts[0] or len(parts) > 2 or any(not part for part in parts):
+        raise InvalidParameter("tasks", source, "a Hub dataset task is written hf:NAME[:CONFIG]")
+    return parts[0], parts[1] if len(parts) == 2 else None
+
+
+def _split_file(folder: str, split: str) -> str:
+    found = [uri for uri in storage.glob(storage.join(folder, f"{split}.*")) if storage.suffix(uri) in FILE_FORMATS]
+    if len(found) != 1:
+        what = "no" if not found else "more than one"
+        raise InvalidParameter(
+            "tasks", folder, f"holds {what} {split} file ({split}.jsonl, {split}.csv or {split}.parquet)"
+        )
+    return found[0]
+
+
+def _labelled(
+    source: str,
+    metric: str,
+    train: Any,
+    validation: Any,
+    columns: tuple[str, ...],
+    label: str,
+    validation_split: str = "validation",
+) -> Task:
+    """The examples of two ``datasets.Dataset`` splits, their columns checked and their labels made 0, 1, ..."""
+    for split, dataset in (("train", train), (validation_split, validation)):
+        missing = [column for column in (*columns, label) if column not in dataset.column_names]
+        if missing:
+            raise InvalidParameter(
+                "tasks", source, f"its {split} split has no column {missing[0]!r} (its columns: {dataset.column_names})"
+            )
+    names = _label_names(source, train[label])
+    ids = {name: index for index, name in enumerate(names)}
+    unknown = sorted({str(value) for value in validation[label]} - set(ids))
+    if unknown:
+        raise InvalidParameter("tasks", source, f"its validation labels {unknown[:3]} are not among training's {names}")
+
+    def examples(dataset: Any) -> Examples:
+        texts = [tuple(row) for row in zip(*(dataset[column] for column in columns), strict=True)]
+        return Examples(texts, [ids[str(value)] for value in dataset[label]])
+
+    return Task(source, metric, names, examples(train), examples(validation), validation_split)
+
+
+def _label_names(source: str, values: list[Any]) -> tuple[str, ...]:
+    """The labels in id order: whole numbers 0..N-1 as they are, text sorted; at least two of them."""
+    distinct = sorted({str(value) for value in values})
+    if len(distinct) < 2:
+        raise InvalidParameter("tasks", source, f"its training labels take {len(distinct)} value(s): nothing to learn")
+    if len(distinct) > MOST_CLASSES:
+        raise InvalidParameter(
+            "tasks",
+            source,
+            f"its labels take {len(distinct):,} values in {len(values):,} rows: a text column, not classes? Name the "
+            "label column with --label_column",
+        )
+    if all(isinstance(value, int) and not isinstance(value, bool) for value in values):
+        numbers = sorted({int(value) for value in values})
+        if numbers[0] < 0:
+            raise InvalidParameter("tasks", source, f"has label {numbers[0]} (unlabelled rows?): labels start at 0")
+        return tuple(str(number) for number in range(numbers[-1] + 1))
+    if any(isinstance(value, float) for value in values):
+        raise InvalidParameter("tasks", source, "has labels that are fractions: a classification task's are classes")
+    return tuple(distinct)
+
+
+def _head(examples: Examples, most: int) -> Examples:
+    """At most ``most`` examples (0: all), spread over the split: a head of a sorted file could be one class."""
+    if not most or len(examples.labels) <= most:
+        return examples
+    chosen = sorted(random.Random(0).sample(range(len(examples.labels)), most))
+    return Examples([examples.texts[i] for i in chosen], [examples.labels[i] for i in chosen])

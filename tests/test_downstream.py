@@ -1,0 +1,152 @@
+"""The downstream probe: its tasks (the built-in one, labelled files, bad specs refused in one line), its scores,
+and a fine-tuning of the trained model against its randomly initialised twin through the command."""
+
+import json
+import math
+import re
+
+import pytest
+from conftest import run_module
+
+from components.downstream import DownstreamArguments, scores
+from components.lib.downstream_tasks import GLUE_TASKS, TaskSpec, parse_tasks, word_order_task
+from components.lib.errors import InvalidParameter
+
+
+def test_scores_are_accuracy_f1_of_the_positive_class_and_matthews_correlation():
+    labels = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    predicted = [1, 1, 1, 0, 1, 0, 0, 0, 0, 0]
+    tp, fn, fp, tn = 3, 1, 1, 5
+    got = scores(predicted, labels, 2)
+    assert got["accuracy"] == pytest.approx(0.8)
+    assert got["f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn))
+    assert got["mcc"] == pytest.approx((tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)))
+    assert scores(labels, labels, 2) == {"accuracy": 1.0, "f1": 1.0, "mcc": 1.0}
+    assert scores([0] * 10, labels, 2)["mcc"] == 0.0  # one class always: no correlation, not a division by zero
+    three = scores([0, 1, 2, 2], [0, 1, 2, 1], 3)
+    assert three["accuracy"] == 0.75 and three["f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+
+
+def test_the_word_order_task_is_balanced_reproducible_and_its_validation_lines_come_from_other_topics():
+    from pydoc_data.topics import topics
+
+    task = word_order_task()
+    assert task == word_order_task() and task.label_names == ("swapped", "original")
+    for split in (task.train, task.validation):
+        assert 0.4 < sum(split.labels) / len(split.labels) < 0.6
+    keys = sorted(topics)
+    validation_lines = {
+        line.strip() for index, key in enumerate(keys) if index % 5 == 0 for line in topics[key].splitlines()
+    }
+    originals = [
+        text for (text,), label in zip(task.validation.texts, task.validation.labels, strict=True) if label == 1
+    ]
+    assert all(" ".join(text.split()) in {" ".join(line.split()) for line in validation_lines} for text in originals)
+    # a swapped line: the same words, two neighbours in each other's place
+    train_lines = {
+        " ".join(line.split()) for index, key in enumerate(keys) if index % 5 for line in topics[key].splitlines()
+    }
+    for (text,), label in list(zip(task.train.texts, task.train.labels, strict=True))[:200]:
+        words = text.split()
+        if label == 0:
+            assert text not in train_lines
+            assert any(
+                " ".join([*words[:i], words[i + 1], words[i], *words[i + 2 :]]) in train_lines
+                for i in range(len(words) - 1)
+            )
+
+
+def test_a_folder_of_labelled_files_gives_its_splits_with_text_labels_numbered_in_order(tmp_path):
+    rows = [("a fine film", "pos"), ("dull and long", "neg"), ("loved it", "pos")]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"review": t, "stars": s}) + "\n" for t, s in rows))
+    (tmp_path / "validation.jsonl").write_text(json.dumps({"review": "not good", "stars": "neg"}) + "\n")
+    (spec,) = parse_tasks(str(tmp_path), "review", "stars")
+    task = spec.load()
+    assert task.label_names == ("neg", "pos") and task.train.labels == [1, 0, 1] and task.validation.labels == [0]
+    assert task.train.texts[0] == ("a fine film",) and task.metric == "accuracy"
+    # sentence pairs from CSV
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    for split in ("train", "validation"):
+        (pairs / f"{split}.csv").write_text(
+            "first,second,label\nIt rains.,The street is wet.,1\nIt rains.,Cats fly.,0\n"
+        )
+    pair_task = parse_tasks(str(pairs), "first,second")[0].load()
+    assert pair_task.train.texts[0] == ("It rains.", "The street is wet.") and pair_task.label_names == ("0", "1")
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no validation file", "holds no validation file"),
+        ("a missing column", "its train split has no column 'stars'"),
+        ("a label column of text", "its labels take 150 values in 150 rows: a text column, not classes?"),
+        ("validation labels unseen", "its validation labels ['meh'] are not among training's"),
+        ("one label", "its training labels take 1 value(s): nothing to learn"),
+    ],
+)
+def test_a_bad_task_is_refused_in_one_line_naming_it(tmp_path, case, message):
+    train = [{"review": f"text {i}", "stars": "pos" if i % 2 else "neg"} for i in range(10)]
+    validation = [{"review": "x", "stars": "pos"}]
+    if case == "a missing column":
+        train = [{"review": row["review"], "rating": row["stars"]} for row in train]
+    if case == "a label column of text":
+        train = [{"review": f"text {i}", "stars": f"label {i}"} for i in range(150)]
+    if case == "validation labels unseen":
+        validation = [{"review": "x", "stars": "meh"}]
+    if case == "one label":
+        train = [{"review": row["review"], "stars": "pos"} for row in train]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in train))
+    if case != "no validation file":
+        (tmp_path / "validation.jsonl").write_text("".join(json.dumps(row) + "\n" for row in validation))
+    with pytest.raises(InvalidParameter) as refused:
+        parse_tasks(str(tmp_path), "review", "stars")[0].load()
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_task_specs_and_the_probe_s_settings_are_checked_before_anything_loads():
+    for tasks, message in (
+        ("hf:", "a Hub dataset task is written hf:NAME[:CONFIG]"),
+        ("hf:glue:sst2:train", "a Hub dataset task is written hf:NAME[:CONFIG]"),
+        (",", "name at least one task"),
+    ):
+        with pytest.raises(InvalidParameter, match=re.escape(message)):
+            DownstreamArguments(model="m", output="o", tasks=tasks)
+    with pytest.raises(InvalidParameter, match="names one text column, or two for sentence pairs"):
+        parse_tasks("some/folder", "a,b,c")
+    with pytest.raises(InvalidParameter, match=re.escape("--seeds='1;2': must be comma-separated whole numbers")):
+        DownstreamArguments(model="m", output="o", seeds="1;2")
+    assert DownstreamArguments(model="m", output="o", seeds="1, 2,3").seed_list == [1, 2, 3]
+    # GLUE's tasks name their columns and metric themselves; another Hub dataset needs its text column named
+    assert GLUE_TASKS["mrpc"][:2] == (("sentence1", "sentence2"), "f1") and GLUE_TASKS["cola"][1] == "mcc"
+    assert TaskSpec("hf:glue:sst2").name == "hf:glue:sst2"
+
+
+@pytest.mark.xdist_group("trained")  # reads the tiny model, made once
+@pytest.mark.slow
+def test_the_probe_fine_tunes_the_model_and_its_random_twin_and_reports_both(tmp_path, tiny_model):
+    output = tmp_path / "downstream"
+    done = run_module(
+        "components.downstream",
+        *("--model", str(tiny_model), "--output", str(output), "--max_steps", "20", "--learning_rate", "5e-4"),
+        *("--max_train_samples", "256", "--max_eval_samples", "128", "--max_length", "32"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((output / "downstream.json").read_text())
+    (task,) = results["tasks"]
+    assert task["task"] == "word-order" and task["train_samples"] == 256 and task["validation_samples"] == 128
+    for model in ("pre-trained", "random init"):
+        (run,) = task[model]["runs"]
+        assert run["steps"] == 20 and 0 <= run["accuracy"] <= 1 and math.isfinite(run["final_train_loss"])
+    assert task["gain"] == pytest.approx(task["pre-trained"]["score"] - task["random init"]["score"])
+    report = (output / "report.md").read_text()
+    assert (
+        f"| `word-order` | accuracy | {task['pre-trained']['score']:.4f} | {task['random init']['score']:.4f} |"
+        in report
+    )
+    assert "word-order: accuracy" in done.stdout
+    refused = run_module(
+        "components.downstream", "--model", str(tiny_model), "--output", str(tmp_path / "x"), "--tasks", "hf:"
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error: --tasks='hf:'")
+    assert not (tmp_path / "x").exists()
