@@ -11,6 +11,8 @@
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipelines), while working
 # make bench     the sharding, training, parts-reading and recipe benchmarks on WikiText-2 (../shared/data;
 #                the recipes' side by side takes about 45 minutes: benchmarks/recipes.py --quick, about 15)
+# make bench-levers  the levers over the default recipe side by side (clipping, no dropout, batch warm-up), 3 seeds,
+#                  at both sizes: mini 1,000 steps, l4-h256 300 (about 40 and 75 minutes here; docs/benchmarks.md)
 # make images    build and tag the CPU image and both TPU images (make cpu-image, make tpu-image: one alone;
 #                make tpu-image TPU_RUNTIME=tf2.19: the TPU image on tensorflow-tpu 2.19.1 + libtpu 0.0.10)
 PYTHON ?= python3.11
@@ -37,7 +39,7 @@ TPU_IMAGE_TARGETS := $(addprefix tpu-image-,$(TPU_RUNTIMES))
 TEST_WORKERS ?= 2
 PYTEST_PROCESSES := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install pytorch-env run prepare components docs compile test test-fast lint bench images cpu-image tpu-image $(TPU_IMAGE_TARGETS) clean
+.PHONY: install pytorch-env run prepare components docs compile test test-fast lint bench bench-levers images cpu-image tpu-image $(TPU_IMAGE_TARGETS) clean
 
 install: $(VENV)/.installed
 
@@ -93,6 +95,16 @@ bench: install
 	$(BIN)/python benchmarks/train_throughput.py
 	$(BIN)/python benchmarks/parts_read.py
 	$(BIN)/python benchmarks/recipes.py
+
+DEFAULT_RECIPE := roberta-2019 + masking 30%->15%
+CLIP := $(DEFAULT_RECIPE),$(DEFAULT_RECIPE) + clip 1.0
+WARMUP := $(DEFAULT_RECIPE) + batch warm-up
+bench-levers: install
+	$(BIN)/python benchmarks/recipes.py --candidates "$(CLIP),$(WARMUP)" --long_reference_steps 0 \
+		--output benchmarks/results/recipes-levers-mini.json --plot docs/images/recipes-levers-mini.png
+	$(BIN)/python benchmarks/recipes.py --model_config l4-h256 --steps 300 --validations 10 --long_reference_steps 0 \
+		--candidates "$(CLIP),$(DEFAULT_RECIPE) + dropout 0,$(WARMUP)" \
+		--output benchmarks/results/recipes-levers-l4-h256.json --plot docs/images/recipes-levers-l4-h256.png
 
 clean:
 	rm -rf $(OUT) $(RUNS) .pytest_cache .ruff_cache

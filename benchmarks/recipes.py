@@ -248,7 +248,7 @@ def train_and_score(
         "seed": seed,
         "checkpoint_every_steps": every,
         "log_every_steps": every,
-        "eval_batches": arguments.eval_batches,
+        "eval_batches": arguments.eval_batches * micro_batches,  # the same validation samples at any micro-batch
         "output": str(folder / "model"),
         **candidate,
     }

@@ -61,6 +61,13 @@ class DownstreamArguments:
     learning_rate: float = field(
         default=2e-5, metadata={"help": "Peak learning rate of fine-tuning (RoBERTa's GLUE runs: 1e-5 to 3e-5)."}
     )
+    random_init_learning_rate: float = field(
+        default=0.0,
+        metadata={
+            "help": "Peak learning rate of the random twin's fine-tuning; 0: learning_rate. A model trained from "
+            "scratch wants more than a pre-trained one: a rate too low for it overstates the gain."
+        },
+    )
     warmup_fraction: float = field(default=0.06, metadata={"help": "Share of the steps of linear warmup."})
     weight_decay: float = field(default=0.1, metadata={"help": "Decoupled weight decay (RoBERTa's GLUE runs: 0.1)."})
     max_length: int = field(default=0, metadata={"help": "Tokens per sample; 0: the length the model trained at."})
@@ -79,6 +86,10 @@ class DownstreamArguments:
                 raise InvalidParameter(parameter, getattr(self, parameter), "must be 0 or a positive whole number")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise InvalidParameter("learning_rate", self.learning_rate, "must be a positive number (2e-5 is usual)")
+        if not (self.random_init_learning_rate >= 0 and math.isfinite(self.random_init_learning_rate)):
+            raise InvalidParameter(
+                "random_init_learning_rate", self.random_init_learning_rate, "must be 0 (learning_rate) or positive"
+            )
         if not 0 <= self.warmup_fraction < 1:
             raise InvalidParameter("warmup_fraction", self.warmup_fraction, "must be at least 0 and below 1")
         if self.weight_decay < 0:
@@ -92,7 +103,8 @@ class DownstreamArguments:
 
 
 def scores(predicted: Sequence[int], labels: Sequence[int], classes: int) -> dict[str, float]:
-    """Accuracy, F1 (of class 1 with two classes, else the classes' mean) and Matthews correlation."""
+    """Accuracy, F1 (of class 1 with two classes, else the mean over the classes that occur in the labels or the
+    predictions, as scikit-learn's macro F1) and Matthews correlation."""
     import numpy as np
 
     confusion = np.zeros((classes, classes))
@@ -106,28 +118,51 @@ def scores(predicted: Sequence[int], labels: Sequence[int], classes: int) -> dic
     # Gorodkin's multi-class form, the binary MCC for two classes
     covariance = correct * total - predicted_counts @ true_counts
     scale = math.sqrt((total**2 - predicted_counts @ predicted_counts) * (total**2 - true_counts @ true_counts))
+    occurring = (predicted_counts + true_counts) > 0
     return {
         "accuracy": float(correct / total),
-        "f1": float(f1[1] if classes == 2 else f1.mean()),
+        "f1": float(f1[1] if classes == 2 else f1[occurring].mean()),
         "mcc": float(covariance / scale) if scale else 0.0,
     }
 
 
-def fine_tune(model_dir: Path, task: Task, arguments: DownstreamArguments, seed: int, pretrained: bool) -> dict:
-    """One fine-tuning of the pre-trained model (or of a new one of its config) on ``task``: its validation scores."""
-    import numpy as np
-    import tensorflow as tf
-    from transformers import AutoConfig, AutoTokenizer, TFAutoModelForSequenceClassification, create_optimizer
+@dataclass
+class EncodedTask:
+    """A task's splits as the model's token ids, each split padded to its longest sample (at most max_length)."""
 
-    tf.keras.utils.set_random_seed(seed)  # the head's initialisation (and the twin's weights), the batches' order
+    task: Task
+    train: dict[str, Any]
+    validation: dict[str, Any]
+
+
+def encode_task(model_dir: Path, task: Task, max_length: int) -> EncodedTask:
+    from transformers import AutoConfig, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    max_length = arguments.max_length or tokenizer.model_max_length
+    # RoBERTa's positions start after the padding id: two fewer than its position table holds
+    longest = AutoConfig.from_pretrained(model_dir).max_position_embeddings - 2
+    if max_length > longest:
+        raise InvalidParameter("max_length", max_length, f"must be at most {longest}, the model's longest input")
+    max_length = max_length or min(tokenizer.model_max_length, longest)
 
     def encoded(texts: list[tuple[str, ...]]) -> dict[str, Any]:
         columns = [list(column) for column in zip(*texts, strict=True)]
-        tokens = tokenizer(*columns, truncation=True, max_length=max_length, padding="max_length", return_tensors="np")
+        tokens = tokenizer(*columns, truncation=True, max_length=max_length, padding="longest", return_tensors="np")
         return {name: tokens[name].astype("int32") for name in ("input_ids", "attention_mask")}
 
+    return EncodedTask(task, encoded(task.train.texts), encoded(task.validation.texts))
+
+
+def fine_tune(
+    model_dir: Path, encoded: EncodedTask, arguments: DownstreamArguments, seed: int, pretrained: bool
+) -> dict:
+    """One fine-tuning of the pre-trained model (or of a new one of its config) on a task: its validation scores."""
+    import numpy as np
+    import tensorflow as tf
+    from transformers import AutoConfig, TFAutoModelForSequenceClassification, create_optimizer
+
+    tf.keras.utils.set_random_seed(seed)  # the head's initialisation (and the twin's weights), the batches' order
+    task = encoded.task
     config = AutoConfig.from_pretrained(model_dir, num_labels=len(task.label_names))
     if pretrained:  # the encoder's weights; the LM head is dropped, the classification head is new
         model = TFAutoModelForSequenceClassification.from_pretrained(model_dir, config=config, **TF_LOADING)
@@ -136,23 +171,24 @@ def fine_tune(model_dir: Path, task: Task, arguments: DownstreamArguments, seed:
     samples = len(task.train.labels)
     batch_size = min(arguments.batch_size, samples)
     steps = arguments.max_steps or arguments.epochs * math.ceil(samples / batch_size)
+    learning_rate = arguments.learning_rate if pretrained else arguments.random_init_learning_rate
     optimizer, _ = create_optimizer(
-        init_lr=arguments.learning_rate,
+        init_lr=learning_rate or arguments.learning_rate,
         num_train_steps=steps,
         num_warmup_steps=int(arguments.warmup_fraction * steps),
         weight_decay_rate=arguments.weight_decay,
     )
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    train = tf.data.Dataset.from_tensor_slices((encoded(task.train.texts), np.asarray(task.train.labels)))
+    train = tf.data.Dataset.from_tensor_slices((encoded.train, np.asarray(task.train.labels)))
     train = train.shuffle(samples, seed=seed).repeat().batch(batch_size, drop_remainder=True)
     started = time.perf_counter()
     history = model.fit(train, steps_per_epoch=steps, epochs=1, verbose=0)
-    logits = model.predict(encoded(task.validation.texts), batch_size=arguments.batch_size, verbose=0).logits
+    logits = model.predict(encoded.validation, batch_size=arguments.batch_size, verbose=0).logits
     predicted = np.argmax(logits, axis=-1)
     return {
         **scores(predicted, task.validation.labels, len(task.label_names)),
         "steps": steps,
-        "final_train_loss": float(history.history["loss"][-1]),
+        "mean_train_loss": float(history.history["loss"][-1]),  # over all the steps (one Keras epoch)
         "seconds": round(time.perf_counter() - started, 3),
     }
 
@@ -165,10 +201,11 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
     results = []
     with tempfile.TemporaryDirectory() as local:
         storage.download_folder(arguments.model, Path(local))
-        for task in tasks:
+        encoded = [encode_task(Path(local), task, arguments.max_length) for task in tasks]  # refusals first
+        for task, tokens in zip(tasks, encoded, strict=True):
             seeds = arguments.seed_list
             runs = {
-                model: [fine_tune(Path(local), task, arguments, seed, model == MODELS[0]) for seed in seeds]
+                model: [fine_tune(Path(local), tokens, arguments, seed, model == MODELS[0]) for seed in seeds]
                 for model in MODELS
             }
             result = task_result(task, runs)
@@ -184,7 +221,8 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
             results.append(result)
     summary = {
         "tasks": results,
-        # each task's own metric, averaged over the tasks, as GLUE's score is
+        # each task's own metric, averaged over the tasks (GLUE's score averages F1 and accuracy where it reports
+        # both: MRPC and QQP count F1 alone here)
         "average": {model: statistics.mean(result[model]["score"] for result in results) for model in MODELS},
         "arguments": asdict(arguments),
     }

@@ -25,35 +25,35 @@ def test_scores_are_accuracy_f1_of_the_positive_class_and_matthews_correlation()
     assert scores([0] * 10, labels, 2)["mcc"] == 0.0  # one class always: no correlation, not a division by zero
     three = scores([0, 1, 2, 2], [0, 1, 2, 1], 3)
     assert three["accuracy"] == 0.75 and three["f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+    # a class neither in the labels nor predicted does not count in the mean (scikit-learn's macro F1: 0.733)
+    assert scores([0, 1, 1, 0], [0, 1, 0, 0], 3)["f1"] == pytest.approx((0.8 + 2 / 3) / 2)
 
 
-def test_the_word_order_task_is_balanced_reproducible_and_its_validation_lines_come_from_other_topics():
-    from pydoc_data.topics import topics
+def test_the_word_order_task_is_balanced_reproducible_and_no_line_is_in_both_splits():
+    from components.lib.corpus.embedded import embedded_lines
 
     task = word_order_task()
     assert task == word_order_task() and task.label_names == ("swapped", "original")
     for split in (task.train, task.validation):
         assert 0.4 < sum(split.labels) / len(split.labels) < 0.6
-    keys = sorted(topics)
-    validation_lines = {
-        line.strip() for index, key in enumerate(keys) if index % 5 == 0 for line in topics[key].splitlines()
-    }
-    originals = [
-        text for (text,), label in zip(task.validation.texts, task.validation.labels, strict=True) if label == 1
-    ]
-    assert all(" ".join(text.split()) in {" ".join(line.split()) for line in validation_lines} for text in originals)
-    # a swapped line: the same words, two neighbours in each other's place
-    train_lines = {
-        " ".join(line.split()) for index, key in enumerate(keys) if index % 5 for line in topics[key].splitlines()
-    }
-    for (text,), label in list(zip(task.train.texts, task.train.labels, strict=True))[:200]:
-        words = text.split()
-        if label == 0:
-            assert text not in train_lines
-            assert any(
-                " ".join([*words[:i], words[i + 1], words[i], *words[i + 2 :]]) in train_lines
-                for i in range(len(words) - 1)
-            )
+    corpus = {" ".join(line.split()) for line in embedded_lines()}
+
+    def originals(split):  # the corpus line each example is made from
+        lines = set()
+        for (text,), label in zip(split.texts, split.labels, strict=True):
+            words = text.split()
+            if label == 1:
+                assert text in corpus
+                lines.add(text)
+                continue
+            assert text not in corpus  # a swapped line: its words, two neighbours in each other's place
+            (line,) = {
+                " ".join([*words[:i], words[i + 1], words[i], *words[i + 2 :]]) for i in range(len(words) - 1)
+            } & corpus
+            lines.add(line)
+        return lines
+
+    assert not originals(task.train) & originals(task.validation)  # the corpus repeats lines across its topics
 
 
 def test_a_folder_of_labelled_files_gives_its_splits_with_text_labels_numbered_in_order(tmp_path):
@@ -73,6 +73,17 @@ def test_a_folder_of_labelled_files_gives_its_splits_with_text_labels_numbered_i
         )
     pair_task = parse_tasks(str(pairs), "first,second")[0].load()
     assert pair_task.train.texts[0] == ("It rains.", "The street is wet.") and pair_task.label_names == ("0", "1")
+    # ratings 1 to 5 as classes 0 to 4, stored as numbers however the format keeps them (1.0 from a CSV with gaps)
+    ratings = tmp_path / "ratings"
+    ratings.mkdir()
+    (ratings / "train.jsonl").write_text(
+        "".join(json.dumps({"t": f"r{r}", "y": float(r)}) + "\n" for r in (1, 3, 5, 3))
+    )
+    (ratings / "validation.jsonl").write_text(json.dumps({"t": "x", "y": 5}) + "\n")
+    rated = parse_tasks(str(ratings), "t", "y")[0].load()
+    assert (
+        rated.label_names == ("1", "3", "5") and rated.train.labels == [0, 1, 2, 1] and rated.validation.labels == [2]
+    )
 
 
 @pytest.mark.parametrize(
@@ -83,6 +94,7 @@ def test_a_folder_of_labelled_files_gives_its_splits_with_text_labels_numbered_i
         ("a label column of text", "its labels take 150 values in 150 rows: a text column, not classes?"),
         ("validation labels unseen", "its validation labels ['meh'] are not among training's"),
         ("one label", "its training labels take 1 value(s): nothing to learn"),
+        ("empty cells", "its train split has 2 empty 'review' cell(s), the first in row 3"),
     ],
 )
 def test_a_bad_task_is_refused_in_one_line_naming_it(tmp_path, case, message):
@@ -96,6 +108,8 @@ def test_a_bad_task_is_refused_in_one_line_naming_it(tmp_path, case, message):
         validation = [{"review": "x", "stars": "meh"}]
     if case == "one label":
         train = [{"review": row["review"], "stars": "pos"} for row in train]
+    if case == "empty cells":
+        train[3]["review"] = train[7]["review"] = None
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in train))
     if case != "no validation file":
         (tmp_path / "validation.jsonl").write_text("".join(json.dumps(row) + "\n" for row in validation))
@@ -137,7 +151,7 @@ def test_the_probe_fine_tunes_the_model_and_its_random_twin_and_reports_both(tmp
     assert task["task"] == "word-order" and task["train_samples"] == 256 and task["validation_samples"] == 128
     for model in ("pre-trained", "random init"):
         (run,) = task[model]["runs"]
-        assert run["steps"] == 20 and 0 <= run["accuracy"] <= 1 and math.isfinite(run["final_train_loss"])
+        assert run["steps"] == 20 and 0 <= run["accuracy"] <= 1 and math.isfinite(run["mean_train_loss"])
     assert task["gain"] == pytest.approx(task["pre-trained"]["score"] - task["random init"]["score"])
     report = (output / "report.md").read_text()
     assert (

@@ -3,9 +3,11 @@ examples, and its metric.
 
 A task is one of:
 
-* ``word-order``: made from the embedded corpus, no network: its prose lines as they are (label 1) or with two
-  neighbouring words swapped (label 0), half each; the validation lines come from other documentation topics than
-  the training lines. A swap leaves the line's words as they were, so only word order tells the two apart;
+* ``word-order``: made from the embedded corpus, no network: its distinct prose lines as they are (label 1) or with
+  two neighbouring words swapped (label 0), half each; a line is in one split only (every fifth, by a hash of the
+  line: the corpus repeats lines across its topics). A swap leaves the line's words as they were, so only word
+  order tells the two apart. The embedded corpus is also ``make run``'s pre-training corpus: its model has read the
+  original lines, which a random twin has not;
 * ``hf:NAME[:CONFIG]``, a Hub dataset: GLUE's tasks (``hf:nyu-mll/glue:sst2``, ``hf:glue:mrpc``, ...) with their
   text columns, validation split and metric (Matthews correlation for CoLA, F1 for MRPC and QQP, accuracy else);
   any other with ``--text_columns`` and ``--label_column``;
@@ -19,6 +21,7 @@ from __future__ import annotations
 import random
 import re
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +48,7 @@ FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "p
 SPLITS = ("train", "validation")
 MOST_CLASSES = 100  # more label values than this: a column of text or of ids given as the label, not classes
 WORD_ORDER_MIN_WORDS = 8  # shorter lines are code, headings and list items more than prose
-WORD_ORDER_VALIDATION_TOPICS = 5  # every fifth topic's lines are validation
+WORD_ORDER_VALIDATION_SHARE = 5  # one line in five (by a hash of the line) is validation
 
 
 @dataclass(frozen=True)
@@ -100,11 +103,17 @@ class TaskSpec:
         columns, metric, validation_split = glue or (self.text_columns, "accuracy", "validation")
         if not columns:
             raise InvalidParameter("text_columns", "", f"name the text column(s) of {self.source}")
-        splits = datasets.get_dataset_split_names(name, config)
-        for split in ("train", validation_split):
-            if split not in splits:
-                raise InvalidParameter("tasks", self.source, f"has no {split!r} split (its splits: {splits})")
-        loaded = {split: datasets.load_dataset(name, config, split=split) for split in ("train", validation_split)}
+        try:
+            splits = datasets.get_dataset_split_names(name, config)
+            for split in ("train", validation_split):
+                if split not in splits:
+                    raise InvalidParameter("tasks", self.source, f"has no {split!r} split (its splits: {splits})")
+            loaded = {split: datasets.load_dataset(name, config, split=split) for split in ("train", validation_split)}
+        except InvalidParameter:
+            raise
+        except (ValueError, FileNotFoundError, ConnectionError) as error:  # no such dataset or config, no Hub
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise InvalidParameter("tasks", self.source, f"cannot be loaded: {first_line}") from None
         label = "label" if glue else self.label_column
         return _labelled(
             self.source, metric, loaded["train"], loaded[validation_split], columns, label, validation_split
@@ -146,26 +155,26 @@ def parse_tasks(tasks: str, text_columns: str = "", label_column: str = "label")
 
 
 def word_order_task() -> Task:
-    """Lines of the embedded corpus's prose, half of them with two neighbouring words swapped (the same every
-    time)."""
-    from pydoc_data.topics import topics
+    """The embedded corpus's distinct prose lines, half of them with two neighbouring words swapped, each line in one
+    split (the same every time)."""
+    from components.lib.corpus.embedded import embedded_lines
 
     train, validation = Examples([], []), Examples([], [])
-    for index, key in enumerate(sorted(topics)):
-        split = validation if index % WORD_ORDER_VALIDATION_TOPICS == 0 else train
-        for line in topics[key].splitlines():
-            words = line.split()
-            if len(words) < WORD_ORDER_MIN_WORDS or not re.match(r"^[A-Z][a-z]", line.strip()):
+    prose = {" ".join(line.split()) for line in embedded_lines() if re.match(r"^\s*[A-Z][a-z]", line)}
+    for line in sorted(prose):
+        words = line.split()
+        if len(words) < WORD_ORDER_MIN_WORDS:
+            continue
+        draw = random.Random(line)  # the same lines swapped at the same place in every run
+        split = validation if zlib.crc32(line.encode()) % WORD_ORDER_VALIDATION_SHARE == 0 else train
+        swapped = draw.random() < 0.5
+        if swapped:
+            at = draw.randrange(len(words) - 1)
+            if words[at] == words[at + 1]:
                 continue
-            draw = random.Random(f"{key}:{line}")  # the same lines swapped at the same place in every run
-            swapped = draw.random() < 0.5
-            if swapped:
-                at = draw.randrange(len(words) - 1)
-                if words[at] == words[at + 1]:
-                    continue
-                words[at], words[at + 1] = words[at + 1], words[at]
-            split.texts.append((" ".join(words),))
-            split.labels.append(0 if swapped else 1)
+            words[at], words[at + 1] = words[at + 1], words[at]
+        split.texts.append((" ".join(words),))
+        split.labels.append(0 if swapped else 1)
     return Task(WORD_ORDER, "accuracy", ("swapped", "original"), train, validation)
 
 
@@ -202,22 +211,41 @@ def _labelled(
             raise InvalidParameter(
                 "tasks", source, f"its {split} split has no column {missing[0]!r} (its columns: {dataset.column_names})"
             )
+    for split, dataset in (("train", train), (validation_split, validation)):
+        for column in (*columns, label):
+            empty = [row for row, value in enumerate(dataset[column]) if value is None or value != value]  # NaN
+            if empty:
+                raise InvalidParameter(
+                    "tasks",
+                    source,
+                    f"its {split} split has {len(empty):,} empty {column!r} cell(s), the first in row {empty[0]}",
+                )
     names = _label_names(source, train[label])
     ids = {name: index for index, name in enumerate(names)}
-    unknown = sorted({str(value) for value in validation[label]} - set(ids))
+    unknown = sorted({_label(value) for value in validation[label]} - set(ids))
     if unknown:
         raise InvalidParameter("tasks", source, f"its validation labels {unknown[:3]} are not among training's {names}")
 
     def examples(dataset: Any) -> Examples:
-        texts = [tuple(row) for row in zip(*(dataset[column] for column in columns), strict=True)]
-        return Examples(texts, [ids[str(value)] for value in dataset[label]])
+        texts = [tuple(map(str, row)) for row in zip(*(dataset[column] for column in columns), strict=True)]
+        return Examples(texts, [ids[_label(value)] for value in dataset[label]])
 
     return Task(source, metric, names, examples(train), examples(validation), validation_split)
 
 
+def _label(value: Any) -> str:
+    """A label as its class's name: a whole number however stored (1, 1.0, True), else its text."""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def _label_names(source: str, values: list[Any]) -> tuple[str, ...]:
-    """The labels in id order: whole numbers 0..N-1 as they are, text sorted; at least two of them."""
-    distinct = sorted({str(value) for value in values})
+    """The classes in id order: whole numbers by value (ratings 1 to 5 become ids 0 to 4), text sorted; at least
+    two of them."""
+    distinct = sorted({_label(value) for value in values})
     if len(distinct) < 2:
         raise InvalidParameter("tasks", source, f"its training labels take {len(distinct)} value(s): nothing to learn")
     if len(distinct) > MOST_CLASSES:
@@ -227,13 +255,13 @@ def _label_names(source: str, values: list[Any]) -> tuple[str, ...]:
             f"its labels take {len(distinct):,} values in {len(values):,} rows: a text column, not classes? Name the "
             "label column with --label_column",
         )
-    if all(isinstance(value, int) and not isinstance(value, bool) for value in values):
-        numbers = sorted({int(value) for value in values})
+    if any(isinstance(value, float) and not value.is_integer() for value in values):
+        raise InvalidParameter("tasks", source, "has labels that are fractions: a classification task's are classes")
+    if all(re.fullmatch(r"-?\d+", name) for name in distinct):
+        numbers = sorted(int(name) for name in distinct)
         if numbers[0] < 0:
             raise InvalidParameter("tasks", source, f"has label {numbers[0]} (unlabelled rows?): labels start at 0")
-        return tuple(str(number) for number in range(numbers[-1] + 1))
-    if any(isinstance(value, float) for value in values):
-        raise InvalidParameter("tasks", source, "has labels that are fractions: a classification task's are classes")
+        return tuple(str(number) for number in numbers)
     return tuple(distinct)
 
 
