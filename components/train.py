@@ -306,12 +306,13 @@ def _rewind_or_stop(run: TrainingRun, step: int, loss: float, norm: float) -> in
         stopped = f"stopped ({why})"
     else:
         stopped = "stopped"
+    clip = arguments.clip_norm
+    clipping = f"tighter clipping (--clip_norm {clip / 2:g}" if clip else "clipping (--clip_norm 1.0"
     raise Diverged(
         f"the training diverged: {seen}; {stopped}, with no checkpoint or model written from these weights (the "
         f"last good checkpoint: {latest or 'none'}). Try --on_divergence rewind (back to the last checkpoint, "
         "skipping the batches after it), or, in a new checkpoint_dir (a checkpoint folder keeps its recipe), a lower "
-        f"peak learning rate (--learning_rate, now {arguments.learning_rate:g}) or clipping (--clip_norm 1.0; now "
-        f"{arguments.clip_norm:g})"
+        f"peak learning rate (--learning_rate, now {arguments.learning_rate:g}) or {clipping}; now {clip:g})"
     )
 
 

@@ -71,7 +71,7 @@ def test_an_absurd_peak_rate_stops_the_run_at_once_and_its_tpu_job_is_not_replac
     assert last.endswith(
         "Try --on_divergence rewind (back to the last checkpoint, skipping the batches after it), or, in a new "
         "checkpoint_dir (a checkpoint folder keeps its recipe), a lower peak learning rate (--learning_rate, now "
-        "1e+30) or clipping (--clip_norm 1.0; now 0)"
+        "1e+30) or tighter clipping (--clip_norm 0.5; now 1)"  # the default recipe clips at 1.0
     )
     checkpoints = tmp_path / "checkpoints"
     assert checkpoint_steps_all_finite(checkpoints) == []

@@ -58,7 +58,7 @@ def test_push_uploads_model_tokenizer_and_card_in_one_commit_and_loads_back(tmp_
     card = hub.file("user/tiny-roberta", "README.md").decode()
     metrics = json.loads(Path(evaluation, "metrics.json").read_text())
     assert f"| perplexity | {metrics['perplexity']:.2f} |" in card
-    assert "| recipe | roberta-2019-mask-decay |" in card and "| learning_rate | 0.0005 |" in card  # the default's
+    assert "| recipe | roberta-2019-mask-decay-clip |" in card and "| learning_rate | 0.0005 |" in card  # the default's
     assert "| mlm_probability | 0.3 |" in card and "| final_mlm_probability | 0.15 |" in card
     corpus_line = next(line for line in card.splitlines() if line.startswith("- training corpus: "))
     assert corpus_line == "- training corpus: `valid.txt`"  # the file's name, never its folder or bucket

@@ -47,10 +47,11 @@ def test_the_reference_recipe_is_the_settings_the_train_step_had_before_recipes(
     )
 
 
-def test_roberta_recipes_are_fairseq_s_and_the_default_adds_the_measured_masking_decay():
+def test_roberta_recipes_are_fairseq_s_and_the_default_adds_the_measured_masking_decay_and_clipping():
     """roberta-2019: fairseq's RoBERTa-base pre-training (peak 5e-4, betas 0.9/0.98, epsilon 1e-6, weight decay
     0.01, 10k warmup updates of 125k, linear decay, no clipping, 15%); the default is it with the masking decaying
-    from 30% to 15%, as benchmarks/recipes.py compared it."""
+    from 30% to 15% and each step's gradient clipped to a global norm of 1.0, as benchmarks/recipes.py compared
+    them."""
     assert resolve_recipe({"recipe": "roberta-2019"}) == Recipe(
         recipe="roberta-2019",
         learning_rate=5e-4,
@@ -67,15 +68,17 @@ def test_roberta_recipes_are_fairseq_s_and_the_default_adds_the_measured_masking
         final_mlm_probability=0.0,
         batch_warmup_fraction=0.0,
     )
-    default = resolve_recipe({})
-    assert default.recipe == "roberta-2019-mask-decay"
-    assert default == replace(
+    mask_decay = resolve_recipe({"recipe": "roberta-2019-mask-decay"})
+    assert mask_decay == replace(
         resolve_recipe({"recipe": "roberta-2019"}),
         recipe="roberta-2019-mask-decay",
         mlm_probability=0.3,
         final_mlm_probability=0.15,
     )
-    assert TrainingSettings.__dataclass_fields__["recipe"].default == "roberta-2019-mask-decay"
+    # the default: that, clipped at a global norm of 1.0 (benchmarks/recipes.py's levers, docs/benchmarks.md)
+    default = resolve_recipe({})
+    assert default == replace(mask_decay, recipe="roberta-2019-mask-decay-clip", clip_norm=1.0)
+    assert TrainingSettings.__dataclass_fields__["recipe"].default == "roberta-2019-mask-decay-clip"
 
 
 def test_every_named_recipe_sets_every_knob_and_one_left_unset_is_refused(monkeypatch):

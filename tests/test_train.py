@@ -719,7 +719,9 @@ def test_a_fixed_checkpoint_dir_lets_a_rerun_of_the_train_step_resume_and_refuse
     assert refused.value.code == 2 and re.search(message, capsys.readouterr().err.strip().splitlines()[-1])
     # the same model under another recipe (a default that changed between the runs): refused, with the flags
     # that resume it as it was trained
-    message = "holds checkpoints trained with other recipe knobs; resume them with --recipe roberta-2019-mask-decay "
+    message = (
+        "holds checkpoints trained with other recipe knobs; resume them with --recipe roberta-2019-mask-decay-clip "
+    )
     resume = "--final_mlm_probability 0.15 --adam_beta2 0.98 --adam_epsilon 1e-06"
     with pytest.raises(InvalidParameter, match=message + resume):
         preflight(
