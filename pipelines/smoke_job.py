@@ -474,7 +474,8 @@ def judge(arguments: SmokeArguments, stages: dict[str, Any]) -> dict[str, Any]:
         problems.append("the model's training_summary.json read back does not match the run")
     probe = stages.get("peak probe", {})
     if "stable" in probe and not probe["stable"]:
-        remedy = "a lower --learning_rate" if probe["clip_norm"] else "--clip_norm 1.0 or a lower --learning_rate"
+        clip = probe["clip_norm"]
+        remedy = f"--clip_norm {clip / 2 if clip else 1.0:g} or a lower --learning_rate"
         problems.append(
             f"at the peak learning rate {probe['peak_learning_rate']:g} the loss {' and '.join(probe['problems'])}: "
             f"try {remedy}, and probe again before the long run (a loss still on the unigram plateau does not fall "

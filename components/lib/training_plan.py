@@ -285,7 +285,10 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
         )
     trained = existing.get("recipe", identity["recipe"])  # checkpoints from before recipes were recorded: unknown
     if trained.get("recipe") in RECIPES:  # a knob newer than the checkpoints: they trained at their recipe's value
-        trained = {**RECIPES[trained["recipe"]], **trained}
+        trained = {
+            **trained,
+            **{knob: value for knob, value in RECIPES[trained["recipe"]].items() if knob not in trained},
+        }
     changed = {knob: value for knob, value in trained.items() if identity["recipe"].get(knob) != value}
     if changed:
         flags = " ".join(f"--{knob} {value}" for knob, value in changed.items())
