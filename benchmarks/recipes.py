@@ -38,7 +38,7 @@ from transformers import HfArgumentParser
 from components.lib.masked_lm import max_predictions
 from components.lib.modeling import PRESETS, executed_flops_per_sample
 from components.lib.recipe import KNOBS, highest_mlm_probability
-from components.lib.run_shape import run_shape
+from components.lib.run_shape import settings_shape
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 REFERENCE = "hf-2023"
@@ -220,8 +220,8 @@ def flops_per_sample(model_folder: Path, summary: dict[str, Any]) -> float:
 
 def samples_at(run: dict[str, Any], step: float) -> float:
     """The samples a run had read by ``step``, a fractional one in the step it falls in (its batch warm-up's stages
-    counted as the train step counts them)."""
-    shape = run_shape(**run["shape"], samples=None)
+    counted as the train step counts them: the run's shape from its settings)."""
+    shape = settings_shape(run["arguments"], **run["shape"], samples=None)
     whole = math.floor(step)
     before = shape.samples_before(whole)
     return before + (step - whole) * (shape.samples_before(whole + 1) - before)
@@ -281,15 +281,9 @@ def train_and_score(
         "held_out_masked_accuracy": metrics["masked_accuracy"],
         "unigram_perplexity": metrics["unigram_perplexity"],
         "samples_per_second": statistics.median(point["samples_per_second"] for point in summary["history"]),
-        # what counts the samples read by each step (run_shape's keywords)
-        "shape": {
-            "per_replica_batch_size": summary["arguments"]["per_replica_batch_size"],
-            "accumulation": summary["arguments"]["gradient_accumulation_steps"],
-            "replicas": summary["replicas"],
-            "max_length": summary["tokens"] // summary["samples"],
-            "max_steps": summary["total_steps"],
-            "batch_warmup_fraction": summary["arguments"]["batch_warmup_fraction"],
-        },
+        # what the run's shape is made from (samples_at): its settings, and what only its summary knows
+        "arguments": summary["arguments"],
+        "shape": {"replicas": summary["replicas"], "max_length": summary["tokens"] // summary["samples"]},
         "flops_per_sample": flops_per_sample(folder / "model", summary),
     }
 

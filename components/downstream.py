@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.downstream_tasks import WORD_ORDER, Task, parse_tasks
+from components.lib.downstream_tasks import METRICS, WORD_ORDER, Task, parse_tasks
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from components.lib.pytorch_weights import TF_LOADING, check_model_folder
@@ -242,7 +242,7 @@ def task_result(task: Task, runs: dict[str, list[dict[str, Any]]]) -> dict[str, 
         "validation_split": task.validation_split,
     }
     for model, model_runs in runs.items():
-        means = {name: statistics.mean(run[name] for run in model_runs) for name in ("accuracy", "f1", "mcc")}
+        means = {name: statistics.mean(run[name] for run in model_runs) for name in METRICS}
         result[model] = {**means, "score": means[task.metric], "runs": model_runs}
     result["gain"] = result[MODELS[0]]["score"] - result[MODELS[1]]["score"]
     return result

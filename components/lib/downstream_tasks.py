@@ -205,32 +205,33 @@ def _labelled(
     validation_split: str = "validation",
 ) -> Task:
     """The examples of two ``datasets.Dataset`` splits, their columns checked and their labels made 0, 1, ..."""
+    cells = {}  # split -> column -> its values, each column read once
     for split, dataset in (("train", train), (validation_split, validation)):
         missing = [column for column in (*columns, label) if column not in dataset.column_names]
         if missing:
             raise InvalidParameter(
                 "tasks", source, f"its {split} split has no column {missing[0]!r} (its columns: {dataset.column_names})"
             )
-    for split, dataset in (("train", train), (validation_split, validation)):
-        for column in (*columns, label):
-            empty = [row for row, value in enumerate(dataset[column]) if value is None or value != value]  # NaN
+        cells[split] = {column: list(dataset[column]) for column in (*columns, label)}
+        for column, values in cells[split].items():
+            empty = [row for row, value in enumerate(values) if value is None or value != value]  # NaN
             if empty:
                 raise InvalidParameter(
                     "tasks",
                     source,
                     f"its {split} split has {len(empty):,} empty {column!r} cell(s), the first in row {empty[0]}",
                 )
-    names = _label_names(source, train[label])
+    names = _label_names(source, cells["train"][label])
     ids = {name: index for index, name in enumerate(names)}
-    unknown = sorted({_label(value) for value in validation[label]} - set(ids))
+    unknown = sorted({_label(value) for value in cells[validation_split][label]} - set(ids))
     if unknown:
         raise InvalidParameter("tasks", source, f"its validation labels {unknown[:3]} are not among training's {names}")
 
-    def examples(dataset: Any) -> Examples:
-        texts = [tuple(map(str, row)) for row in zip(*(dataset[column] for column in columns), strict=True)]
-        return Examples(texts, [ids[_label(value)] for value in dataset[label]])
+    def examples(split: str) -> Examples:
+        texts = [tuple(map(str, row)) for row in zip(*(cells[split][column] for column in columns), strict=True)]
+        return Examples(texts, [ids[_label(value)] for value in cells[split][label]])
 
-    return Task(source, metric, names, examples(train), examples(validation), validation_split)
+    return Task(source, metric, names, examples("train"), examples(validation_split), validation_split)
 
 
 def _label(value: Any) -> str:

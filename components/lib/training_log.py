@@ -28,11 +28,9 @@ class LogWindow:
     norm_sum: float = 0.0
 
     def add(self, steps: int, samples: int, loss: float, gradient_norm: float) -> None:
-        self.steps, self.samples, self.loss_sum = (
-            self.steps + steps,
-            self.samples + samples,
-            self.loss_sum + loss * steps,
-        )
+        self.steps += steps
+        self.samples += samples
+        self.loss_sum += loss * steps
         self.norm_sum += gradient_norm * steps
 
     def restart(self) -> None:
