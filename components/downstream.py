@@ -29,11 +29,9 @@ from components.lib.downstream_tasks import METRICS, WORD_ORDER, Task, parse_tas
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from components.lib.pytorch_weights import TF_LOADING, check_model_folder
+from components.lib.results import DOWNSTREAM_FILE, PROBE_MODELS, REPORT_FILE, downstream_table
 
 log = logging.getLogger("tpu_mlm.downstream")
-RESULTS_FILE = "downstream.json"
-REPORT_FILE = "report.md"
-MODELS = ("pre-trained", "random init")
 
 
 @dataclass
@@ -171,9 +169,9 @@ def fine_tune(
     samples = len(task.train.labels)
     batch_size = min(arguments.batch_size, samples)
     steps = arguments.max_steps or arguments.epochs * math.ceil(samples / batch_size)
-    learning_rate = arguments.learning_rate if pretrained else arguments.random_init_learning_rate
+    learning_rate = (arguments.random_init_learning_rate if not pretrained else 0) or arguments.learning_rate
     optimizer, _ = create_optimizer(
-        init_lr=learning_rate or arguments.learning_rate,
+        init_lr=learning_rate,
         num_train_steps=steps,
         num_warmup_steps=int(arguments.warmup_fraction * steps),
         weight_decay_rate=arguments.weight_decay,
@@ -184,6 +182,11 @@ def fine_tune(
     started = time.perf_counter()
     history = model.fit(train, steps_per_epoch=steps, epochs=1, verbose=0)
     logits = model.predict(encoded.validation, batch_size=arguments.batch_size, verbose=0).logits
+    if not (math.isfinite(history.history["loss"][-1]) and np.isfinite(logits).all()):
+        raise FloatingPointError(
+            f"{task.name}: the {'pre-trained' if pretrained else 'random init'} model's fine-tuning (seed {seed}) "
+            f"diverged: its loss or logits are not finite; try a lower learning rate than {learning_rate:g}"
+        )
     predicted = np.argmax(logits, axis=-1)
     return {
         **scores(predicted, task.validation.labels, len(task.label_names)),
@@ -205,8 +208,8 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
         for task, tokens in zip(tasks, encoded, strict=True):
             seeds = arguments.seed_list
             runs = {
-                model: [fine_tune(Path(local), tokens, arguments, seed, model == MODELS[0]) for seed in seeds]
-                for model in MODELS
+                model: [fine_tune(Path(local), tokens, arguments, seed, model == PROBE_MODELS[0]) for seed in seeds]
+                for model in PROBE_MODELS
             }
             result = task_result(task, runs)
             log.info(
@@ -223,11 +226,11 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
         "tasks": results,
         # each task's own metric, averaged over the tasks (GLUE's score averages F1 and accuracy where it reports
         # both: MRPC and QQP count F1 alone here)
-        "average": {model: statistics.mean(result[model]["score"] for result in results) for model in MODELS},
+        "average": {model: statistics.mean(result[model]["score"] for result in results) for model in PROBE_MODELS},
         "arguments": asdict(arguments),
     }
     storage.write_text_atomic(storage.join(arguments.output, REPORT_FILE), report_markdown(summary))
-    storage.write_text_atomic(storage.join(arguments.output, RESULTS_FILE), json.dumps(summary, indent=2) + "\n")
+    storage.write_text_atomic(storage.join(arguments.output, DOWNSTREAM_FILE), json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -244,34 +247,17 @@ def task_result(task: Task, runs: dict[str, list[dict[str, Any]]]) -> dict[str, 
     for model, model_runs in runs.items():
         means = {name: statistics.mean(run[name] for run in model_runs) for name in METRICS}
         result[model] = {**means, "score": means[task.metric], "runs": model_runs}
-    result["gain"] = result[MODELS[0]]["score"] - result[MODELS[1]]["score"]
+    result["gain"] = result[PROBE_MODELS[0]]["score"] - result[PROBE_MODELS[1]]["score"]
     return result
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
     seeds = summary["arguments"]["seeds"]
-    lines = [
-        "# Downstream probe",
-        "",
-        f"Each task fine-tuned from the pre-trained model and from a randomly initialised twin (the same config, the "
-        f"same budget, seeds {seeds}), scored on its validation split (never trained or tuned on).",
-        "",
-        "| task | metric | pre-trained | random init | gain | fine-tuned on | scored on |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for result in summary["tasks"]:
-        lines.append(
-            f"| `{result['task']}` | {result['metric']} | {result['pre-trained']['score']:.4f} | "
-            f"{result['random init']['score']:.4f} | {result['gain']:+.4f} | {result['train_samples']:,} | "
-            f"{result['validation_samples']:,} ({result['validation_split']}) |"
-        )
-    average = summary["average"]
-    if len(summary["tasks"]) > 1:
-        lines.append(
-            f"| average | | {average['pre-trained']:.4f} | {average['random init']:.4f} | "
-            f"{average['pre-trained'] - average['random init']:+.4f} | | |"
-        )
-    return "\n".join(lines) + "\n"
+    intro = (
+        "Each task fine-tuned from the pre-trained model and from a randomly initialised twin (the same config, the "
+        f"same budget, seeds {seeds}), scored on its validation split (never trained or tuned on)."
+    )
+    return "\n".join(["# Downstream probe", "", intro, "", *downstream_table(summary)]) + "\n"
 
 
 def summary_for_people(summary: dict[str, Any]) -> str:

@@ -33,7 +33,7 @@ from components.lib.hub import (
 from components.lib.job_runner import run_job
 from components.lib.model_card import CARD_FILE, model_card
 from components.lib.pytorch_weights import add_pytorch_weights, pytorch_weight_files
-from components.lib.results import METRICS_FILE, SUMMARY_FILE
+from components.lib.results import METRICS_FILE, SUMMARY_FILE, read_downstream
 
 
 @dataclass
@@ -41,6 +41,9 @@ class PushArguments(HubToken):
     model: str = field(metadata={"help": "Model folder from components.train (local or gs://)."})
     repo_id: str = field(metadata={"help": "Hub repository 'namespace/name'."})
     evaluation: str = field(default="", metadata={"help": "Folder with metrics.json from components.evaluate."})
+    downstream: str = field(
+        default="", metadata={"help": "Folder with downstream.json from components.downstream; none if empty."}
+    )
     private: bool = field(
         default=True,
         metadata={
@@ -63,8 +66,9 @@ class PushArguments(HubToken):
         check_repo_id("repo_id", self.repo_id)
         check_retries(self.retries)
         storage.check_uri("model", self.model)
-        if self.evaluation:
-            storage.check_uri("evaluation", self.evaluation)
+        for parameter in ("evaluation", "downstream"):
+            if getattr(self, parameter):
+                storage.check_uri(parameter, getattr(self, parameter))
         if self.hf_token_secret:
             check_secret_name(self.hf_token_secret)
         if self.license and not LICENSE_ID.match(self.license):
@@ -93,7 +97,8 @@ def push(arguments: PushArguments) -> dict[str, Any]:
             add_pytorch_weights(folder, "model", arguments.model)  # a model trained before they were written
         summary = json.loads((folder / SUMMARY_FILE).read_text())
         config = json.loads((folder / "config.json").read_text())
-        card = model_card(arguments.repo_id, summary, config, metrics, arguments.license)
+        probe = read_downstream(arguments.downstream)
+        card = model_card(arguments.repo_id, summary, config, metrics, arguments.license, probe)
         (folder / CARD_FILE).write_text(card)
         create_repo(arguments.repo_id, token, arguments.private, arguments.retries)
         commit = push_folder(folder, arguments.repo_id, token, arguments.commit_message, retries=arguments.retries)

@@ -15,7 +15,14 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.job_runner import run_job
-from components.lib.results import METRICS_FILE, SUMMARY_FILE, display_token, loss_summary
+from components.lib.results import (
+    METRICS_FILE,
+    PROBE_MODELS,
+    SUMMARY_FILE,
+    display_token,
+    loss_summary,
+    read_downstream,
+)
 from components.lib.run_shape import describe_batch_stages
 
 
@@ -24,6 +31,9 @@ class ReportArguments:
     model: str = field(metadata={"help": "Model folder from components.train."})
     evaluation: str = field(metadata={"help": "Folder with metrics.json from components.evaluate."})
     output: str = field(metadata={"help": "HTML file to write (local or gs://)."})
+    downstream: str = field(
+        default="", metadata={"help": "Folder with downstream.json from components.downstream; none if empty."}
+    )
 
 
 def loss_curve_png(history: list[dict[str, float]]) -> bytes:
@@ -59,7 +69,55 @@ def loss_curve_png(history: list[dict[str, float]]) -> bytes:
     return buffer.getvalue()
 
 
-def build_report(summary: dict[str, Any], metrics: dict[str, Any]) -> str:
+def probe_png(results: dict[str, Any]) -> bytes:
+    """Each task's score fine-tuned from the pre-trained model and from its random twin, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    tasks = results["tasks"]
+    figure, axis = pyplot.subplots(figsize=(7, 0.6 + 0.5 * len(tasks)), dpi=110)
+    rows = range(len(tasks))
+    for offset, model, color in ((-0.2, PROBE_MODELS[0], "tab:blue"), (0.2, PROBE_MODELS[1], "tab:gray")):
+        axis.barh(
+            [row + offset for row in rows], [task[model]["score"] for task in tasks], 0.4, color=color, label=model
+        )
+    axis.set_yticks(list(rows), [f"{task['task']} ({task['metric']})" for task in tasks])
+    axis.invert_yaxis()
+    axis.set_xlabel("validation score")
+    axis.legend(loc="lower right")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    pyplot.close(figure)
+    return buffer.getvalue()
+
+
+def probe_section(results: dict[str, Any] | None) -> str:
+    """The downstream probe's table and plot; a failed probe's error."""
+    if results is None:
+        return ""
+    if results.get("failed"):
+        return f"<h2>Downstream probe</h2><p>The probe failed: {html.escape(results['failed'])}</p>"
+    rows = "".join(
+        f"<tr><td><code>{html.escape(task['task'])}</code></td><td>{task['metric']}</td>"
+        f"<td>{task[PROBE_MODELS[0]]['score']:.4f}</td><td>{task[PROBE_MODELS[1]]['score']:.4f}</td>"
+        f"<td>{task['gain']:+.4f}</td><td>{task['train_samples']:,}</td><td>{task['validation_samples']:,}</td></tr>"
+        for task in results["tasks"]
+    )
+    seeds = results["arguments"]["seeds"]
+    plot = base64.b64encode(probe_png(results)).decode()
+    return (
+        "<h2>Downstream probe</h2><p>Each task fine-tuned from the pre-trained model and from a randomly initialised "
+        f"twin (same config, budget and seeds: {html.escape(seeds)}), scored on its validation split.</p><table>"
+        "<tr><th>task</th><th>metric</th><th>pre-trained</th><th>random init</th><th>gain</th>"
+        f"<th>fine-tuned on</th><th>scored on</th></tr>{rows}</table>"
+        f'<img alt="downstream scores" src="data:image/png;base64,{plot}">'
+    )
+
+
+def build_report(summary: dict[str, Any], metrics: dict[str, Any], probe: dict[str, Any] | None = None) -> str:
     history = summary["history"]
     rows = [
         ("evaluation loss (masked tokens)", f"{metrics['loss']:.4f}"),
@@ -112,14 +170,16 @@ def build_report(summary: dict[str, Any], metrics: dict[str, Any]) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>tpu-mlm run report</title><style>"
         "body{font-family:sans-serif;max-width:52em;margin:2em auto}th{text-align:left;padding-right:2em}"
         "</style></head><body><h1>Masked language model pre-training</h1>"
-        f"<table>{table}</table>{plot}<h2>Fill-mask examples</h2>{examples or '<p>none</p>'}</body></html>\n"
+        f"<table>{table}</table>{plot}<h2>Fill-mask examples</h2>{examples or '<p>none</p>'}{probe_section(probe)}"
+        "</body></html>\n"
     )
 
 
 def write_report(arguments: ReportArguments) -> dict[str, Any]:
     summary = json.loads(storage.read_text(storage.join(arguments.model, SUMMARY_FILE)))
     metrics = json.loads(storage.read_text(storage.join(arguments.evaluation, METRICS_FILE)))
-    storage.write_text_atomic(arguments.output, build_report(summary, metrics))
+    probe = read_downstream(arguments.downstream)
+    storage.write_text_atomic(arguments.output, build_report(summary, metrics, probe))
     return {"report": arguments.output}
 
 

@@ -337,9 +337,59 @@ def evaluate_step(
 
 
 
+def downstream_step(
+    model: Input[Model],
+    downstream_results: Output[Artifact],
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+    output_root: str = '',
+    tasks: str = 'word-order',
+    text_columns: str = '',
+    label_column: str = 'label',
+    epochs: int = 3,
+    max_steps: int = 0,
+    max_train_samples: int = 0,
+    max_eval_samples: int = 0,
+    batch_size: int = 32,
+    learning_rate: float = 2e-05,
+    random_init_learning_rate: float = 0.0,
+    warmup_fraction: float = 0.06,
+    weight_decay: float = 0.1,
+    max_length: int = 0,
+    seeds: str = '1',
+):
+    """The downstream step: components.downstream.
+
+    Args:
+        model: Model folder from components.train (local or gs://).
+        tasks: Comma-separated tasks: word-order (from the embedded corpus, no network), hf:NAME[:CONFIG] (GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation .jsonl/.csv/.parquet files.
+        text_columns: Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's.
+        label_column: Label column of tasks that are not GLUE's.
+        epochs: Passes over each task's training split.
+        max_steps: Optimizer steps per task and seed; overrides epochs if > 0.
+        max_train_samples: Fine-tune on at most this many samples; 0: all.
+        max_eval_samples: Score at most this many samples; 0: all.
+        batch_size: Samples per fine-tuning step.
+        learning_rate: Peak learning rate of fine-tuning (RoBERTa's GLUE runs: 1e-5 to 3e-5).
+        random_init_learning_rate: Peak learning rate of the random twin's fine-tuning; 0: learning_rate. A model trained from scratch wants more than a pre-trained one: a rate too low for it overstates the gain.
+        warmup_fraction: Share of the steps of linear warmup.
+        weight_decay: Decoupled weight decay (RoBERTa's GLUE runs: 0.1).
+        max_length: Tokens per sample; 0: the length the model trained at.
+        seeds: Comma-separated seeds; each model fine-tunes once a seed.
+    """
+    values = dict(locals())
+    from components.lib.job_runner import job_exit_status
+    from pipelines.runners import run_downstream
+
+    with job_exit_status(values.values()):  # status 2 and one line for bad input, as the job's command
+        return run_downstream(**values)
+
+
+
 def push_step(
     model: Input[Model],
     evaluation: Input[Artifact],
+    downstream_results: Input[Artifact],
     repo_id: str,
     hf_token_secret: str = '',
     private: bool = True,
@@ -370,6 +420,7 @@ def push_step(
 def report_step(
     model: Input[Model],
     evaluation: Input[Artifact],
+    downstream_results: Input[Artifact],
     report: Output[HTML],
 ):
     """The report step: components.report.

@@ -19,6 +19,7 @@ from typing import Any
 
 from kfp import compiler, dsl
 
+from components.downstream import DownstreamArguments
 from components.evaluate import EvaluateArguments
 from components.lib.corpus import CorpusSpec
 from components.lib.errors import InvalidParameter
@@ -42,6 +43,7 @@ CPU_RESOURCES = {
     "tokenizer": ("8", "32G"),
     "shards": ("8", "32G"),
     "evaluate": ("8", "32G"),
+    "downstream": ("8", "32G"),
     "push": ("2", "8G"),
     "report": ("2", "8G"),
     "preflight": ("2", "8G"),
@@ -186,6 +188,22 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
     ("tpu_provisioning", PreflightArguments, "tpu_provisioning"),
     ("allow_tight_memory", PreflightArguments, "allow_tight_memory"),
     ("eval_batch_size", EvaluateArguments, "batch_size"),
+    *(
+        (f"downstream_{name}", DownstreamArguments, name)
+        for name in (
+            "tasks",
+            "text_columns",
+            "label_column",
+            "epochs",
+            "max_steps",
+            "max_train_samples",
+            "max_eval_samples",
+            "batch_size",
+            "learning_rate",
+            "random_init_learning_rate",
+            "seeds",
+        )
+    ),
     ("hub_repo_id", PipelineSettings, "hub_repo_id"),
     ("hub_private", PushArguments, "private"),
     ("hub_license", PushArguments, "license"),
@@ -243,15 +261,17 @@ def step_inputs(parameters: list[PipelineParameter], values: dict[str, Any]) -> 
     return inputs
 
 
-def routed_values(values: dict[str, Any], settings: type) -> dict[str, Any]:
+def routed_values(values: dict[str, Any], settings: type, skip_steps: tuple[str, ...] = ()) -> dict[str, Any]:
     """The pipeline parameter ``values`` that ``ROUTES`` sends to a field of the dataclass ``settings``, under the
-    field's name and as its type (a compiled template's numbers are floats)."""
+    field's name and as its type (a compiled template's numbers are floats); routes into ``skip_steps`` left out
+    (the downstream probe's fine-tuning settings have pre-training's names: ``max_steps``, ``learning_rate``)."""
     types = {setting.name: PARAMETER_TYPES[type_name(setting)] for setting in fields(settings)}
     return {
         field_name: types[field_name](values[name])
         for name, routes in ROUTES.items()
         if name in values
-        for field_name in set(routes.values()) & set(types)
+        for step, field_name in routes.items()
+        if field_name in types and step not in skip_steps
     }
 
 
@@ -371,12 +391,18 @@ def training_task(tasks: Tasks, data: dict[str, Any], checked: Any) -> Any:
 
 
 def result_tasks(tasks: Tasks, model: Any, data: dict[str, Any]) -> None:
-    """The evaluation on the validation shards, the run report, and the push when a repository is named."""
+    """The evaluation on the validation shards and the downstream probe, side by side; the run report, and the push
+    when a repository is named, with both results (a failed probe's too: it fails neither)."""
     evaluation = tasks("evaluate", model=model, shards=data["eval_shards"], train_shards=data["train_shards"])
     evaluation.set_display_name("evaluate")
-    tasks("report", model=model, evaluation=evaluation.outputs["evaluation"]).set_display_name("run report")
+    probe = tasks("downstream", model=model).set_display_name("downstream probe")
+    results = {
+        "evaluation": evaluation.outputs["evaluation"],
+        "downstream_results": probe.outputs["downstream_results"],
+    }
+    tasks("report", model=model, **results).set_display_name("run report")
     with dsl.If(tasks.inputs["push"]["repo_id"] != "", name="push-requested"):
-        pushed = tasks("push", model=model, evaluation=evaluation.outputs["evaluation"])
+        pushed = tasks("push", model=model, **results)
         pushed.set_display_name("push to the Hub").set_caching_options(False)
 
 

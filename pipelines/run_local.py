@@ -31,7 +31,7 @@ from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, hub_token
 from components.lib.job_runner import run_job
-from components.lib.results import METRICS_FILE, fill_mask_line
+from components.lib.results import METRICS_FILE, PROBE_MODELS, fill_mask_line, read_downstream
 from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline, check_values, pipeline_parameters
 
 # The folder of each artifact inside a run, by task and output name, in the order they are made.
@@ -42,12 +42,13 @@ ARTIFACTS = {
     "model": "train-step/model",
     "evaluation": "evaluate-step/evaluation",
     "evaluation report": "evaluate-step/report",
+    "downstream probe": "downstream-step/downstream_results",
     "run report": "report-step/report",
 }
 # What a push from inside a step's container needs from this environment.
 HUB_ENVIRONMENT = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
 # The ones that move to --output_root when it is set (the reports are KFP's, they stay with the run).
-DATA_ARTIFACTS = ("tokenizer", "validation shards", "train shards", "model", "evaluation")
+DATA_ARTIFACTS = ("tokenizer", "validation shards", "train shards", "model", "evaluation", "downstream probe")
 # A small CPU run's settings, where they differ from the pipeline's defaults (which are a TPU run's): a first run
 # of a few minutes here that shows the recipe learning, its validation perplexity about half the unigram
 # baseline's (0.48 to 0.69 of it measured: README, Quick start). Short samples and a small vocabulary give
@@ -62,6 +63,12 @@ LOCAL_DEFAULTS = {
     "learning_rate": 2e-3,  # higher for a small model
     "warmup_fraction": 0.1,
     "log_every_steps": 50,
+    # the built-in word-order task on a few hundred labelled lines, where pre-training shows (docs/benchmarks.md):
+    # given all of them, the random twin catches up; a small model's rate
+    "downstream_max_train_samples": 256,
+    "downstream_max_steps": 150,
+    "downstream_learning_rate": 1e-3,
+    "downstream_seeds": "1,2,3",
 }
 # The figure a step's line shows: (its output metadata's key, how to show it), by task name without suffix.
 STEP_FIGURES = {
@@ -70,6 +77,7 @@ STEP_FIGURES = {
     "merge-shards-step": ("num_records", "{:,.0f} samples"),
     "train-step": ("last_loss", "loss {:.4f}"),
     "evaluate-step": ("perplexity", "perplexity {:,.1f}"),
+    "downstream-step": ("gain", "gain {:+.3f}"),
 }
 
 
@@ -232,6 +240,7 @@ def run_local(arguments: LocalRunOptions) -> dict[str, Any]:
             for key in ("loss", "perplexity", "unigram_perplexity", "masked_accuracy", "masked_tokens")
         },
         "fill_mask": metrics["fill_mask"][:1],
+        "downstream": read_downstream(artifacts["downstream probe"]),
     }
     print_summary(summary)
     return summary
@@ -280,6 +289,18 @@ def print_summary(summary: dict[str, Any]) -> None:
     ]
     for example in summary["fill_mask"]:
         lines += ["", f"Fill-mask: {example['sentence']}", f"  {fill_mask_line(example['predictions'])}"]
+    probe = summary["downstream"]
+    if probe and probe.get("failed"):
+        lines += ["", f"Downstream probe failed: {probe['failed']}"]
+    elif probe:
+        seeds = len(probe["arguments"]["seeds"].split(","))
+        lines += ["", f"Downstream probe (fine-tuned from the model and from random weights, {seeds} seed(s)):"]
+        lines += [
+            f"  {task['task']}: {task['metric']} {task[PROBE_MODELS[0]]['score']:.3f} pre-trained, "
+            f"{task[PROBE_MODELS[1]]['score']:.3f} random init ({task['gain']:+.3f}) on "
+            f"{task['validation_samples']:,} {task['validation_split']} samples"
+            for task in probe["tasks"]
+        ]
     print("\n".join(lines) + "\n", file=sys.stderr)
 
 

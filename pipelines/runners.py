@@ -3,13 +3,16 @@ from the component's values (so the step's own checks run), places the output un
 given, calls the step and records what KFP shows (artifact metadata, metrics). The component functions
 (``pipelines/kfp_components.py``) import their runner from here."""
 
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
+from components.downstream import DownstreamArguments, downstream
 from components.evaluate import EvaluateArguments, evaluate
 from components.lib import storage
 from components.lib.errors import InvalidParameter
-from components.lib.results import REPORT_FILE
+from components.lib.results import DOWNSTREAM_FILE, PROBE_MODELS, REPORT_FILE
 from components.lib.tpu_catalogue import TPU_TYPES
 from components.preflight import PreflightArguments, preflight
 from components.push import PushArguments, push
@@ -116,9 +119,44 @@ def run_evaluate(
     Path(report.path).write_text(storage.read_text(storage.join(evaluation.uri, REPORT_FILE)))
 
 
-def run_push(model: Any, evaluation: Any, **settings: Any) -> str:
-    return push(PushArguments(model=model.uri, evaluation=evaluation.uri, **settings))["commit_url"]
+def run_downstream(
+    model: Any, downstream_results: Any, metrics: Any, report: Any, output_root: str, **settings: Any
+) -> None:
+    """The probe on the trained model. Its failure fails no later step: the model is pushed whatever the probe does,
+    with the failure in the results (the report and the model card say it), its traceback in this step's log."""
+    downstream_results.uri = storage.relocate(downstream_results.uri, output_root)
+    arguments = DownstreamArguments(model=model.uri, output=downstream_results.uri, **settings)
+    try:
+        results = downstream(arguments)
+    except Exception as error:  # a fine-tuning that diverged, ran out of memory, a dataset gone from the Hub ...
+        logging.getLogger("tpu_mlm.downstream").exception("the downstream probe failed; the pipeline goes on")
+        failed = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        storage.write_text_atomic(storage.join(arguments.output, DOWNSTREAM_FILE), json.dumps({"failed": failed}))
+        metrics.log_metric("downstream_failed", 1)
+        Path(report.path).write_text(f"The downstream probe failed: {failed}\n")
+        return
+    average = results["average"]
+    downstream_results.metadata["gain"] = average[PROBE_MODELS[0]] - average[PROBE_MODELS[1]]
+    for result in results["tasks"]:
+        for model_name in PROBE_MODELS:
+            metrics.log_metric(f"{result['task']} {result['metric']} ({model_name})", result[model_name]["score"])
+        metrics.log_metric(f"{result['task']} gain", result["gain"])
+    Path(report.path).write_text(storage.read_text(storage.join(arguments.output, REPORT_FILE)))
 
 
-def run_report(model: Any, evaluation: Any, report: Any, **settings: Any) -> None:
-    write_report(ReportArguments(model=model.uri, evaluation=evaluation.uri, output=report.path, **settings))
+def run_push(model: Any, evaluation: Any, downstream_results: Any, **settings: Any) -> str:
+    return push(
+        PushArguments(model=model.uri, evaluation=evaluation.uri, downstream=downstream_results.uri, **settings)
+    )["commit_url"]
+
+
+def run_report(model: Any, evaluation: Any, downstream_results: Any, report: Any, **settings: Any) -> None:
+    write_report(
+        ReportArguments(
+            model=model.uri,
+            evaluation=evaluation.uri,
+            downstream=downstream_results.uri,
+            output=report.path,
+            **settings,
+        )
+    )

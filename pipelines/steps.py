@@ -17,6 +17,7 @@ from typing import Any
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Output
 
+from components.downstream import DownstreamArguments
 from components.evaluate import EvaluateArguments
 from components.lib.tpu_catalogue import ON_DEMAND
 from components.preflight import PreflightArguments
@@ -26,6 +27,7 @@ from components.shards import ShardArguments
 from components.tokenizer import TokenizerArguments
 from components.train import TrainArguments
 from pipelines.runners import (
+    run_downstream,
     run_evaluate,
     run_preflight,
     run_push,
@@ -131,13 +133,36 @@ STEPS = {
             OUTPUT_ROOT,
         ),
         Step(
-            "push", PushArguments, run_push, {"model": "Input[Model]", "evaluation": "Input[Artifact]"}, returns="str"
+            "downstream",
+            DownstreamArguments,
+            run_downstream,
+            {
+                "model": "Input[Model]",
+                "downstream_results": "Output[Artifact]",
+                "metrics": "Output[Metrics]",
+                "report": "Output[Markdown]",
+            },
+            OUTPUT_ROOT,
+        ),
+        Step(
+            "push",
+            PushArguments,
+            run_push,
+            {"model": "Input[Model]", "evaluation": "Input[Artifact]", "downstream_results": "Input[Artifact]"},
+            set_by_runner=("downstream",),
+            returns="str",
         ),
         Step(
             "report",
             ReportArguments,
             run_report,
-            {"model": "Input[Model]", "evaluation": "Input[Artifact]", "report": "Output[HTML]"},
+            {
+                "model": "Input[Model]",
+                "evaluation": "Input[Artifact]",
+                "downstream_results": "Input[Artifact]",
+                "report": "Output[HTML]",
+            },
+            set_by_runner=("downstream",),
         ),
     )
 }

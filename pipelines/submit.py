@@ -233,7 +233,7 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
     values = {**defaults, **job.to_dict()["runtimeConfig"].get("parameterValues", {})}
     tpu = template_tpu_type(spec)
     try:
-        settings = routed_values(values, EstimateArguments)
+        settings = routed_values(values, EstimateArguments, skip_steps=("downstream",))
         if values["validation_corpus"]:  # the shards hold nothing of the corpus out
             settings["holdout_fraction"] = 0.0
         result = estimate_run(EstimateArguments(**settings, corpus_bytes=arguments.corpus_bytes, tpu_type=tpu))

@@ -43,6 +43,11 @@ DIFFERENT_ON_PURPOSE = {
     "tpu_type": "preflight also checks runs on no TPU; the estimate is of a TPU",
     "per_replica_batch_size": "a planned TPU run (estimate, smoke): 0 takes the vertex target's micro-batch",
     "gradient_accumulation_steps": "a planned TPU run (estimate, smoke): 0 takes the vertex target's accumulation",
+    # the downstream probe fine-tunes: its optimizer and lengths are a fine-tuning's, not pre-training's
+    "learning_rate": "pre-training's (the recipe's) vs the downstream probe's fine-tuning (2e-5)",
+    "warmup_fraction": "pre-training's (the recipe's) vs the downstream probe's fine-tuning (6%)",
+    "weight_decay": "pre-training's (the recipe's) vs the downstream probe's fine-tuning (0.1)",
+    "max_length": "the samples' tokens vs the probe's (0: the length the model trained at)",
 }
 
 
@@ -87,7 +92,8 @@ def test_the_drift_check_catches_a_default_changed_in_one_place():
 
 def test_the_recipe_s_knobs_are_declared_once():
     assert {cls.__name__ for cls, _, _ in declarations()["mlm_probability"]} == {"ShapeKnobs"}
-    assert {cls.__name__ for cls, _, _ in declarations()["learning_rate"]} == {"Recipe"}
+    # the downstream probe's fine-tuning has a learning rate of its own
+    assert {cls.__name__ for cls, _, _ in declarations()["learning_rate"]} == {"Recipe", "DownstreamArguments"}
 
 
 @pytest.mark.parametrize("name", sorted(STEPS))
@@ -143,6 +149,10 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("accelerator", "replicas"),
         *("tpu_price_per_hour", "checkpoint_dir", "tpu_job_timeout_hours", "tpu_provisioning"),
         *("allow_tight_memory", "eval_batch_size"),
+        *("downstream_tasks", "downstream_text_columns", "downstream_label_column", "downstream_epochs"),
+        *("downstream_max_steps", "downstream_max_train_samples", "downstream_max_eval_samples"),
+        *("downstream_batch_size", "downstream_learning_rate", "downstream_random_init_learning_rate"),
+        *("downstream_seeds",),
         *("hub_repo_id",),
         *("hub_private", "hub_license"),
         *("hf_token_secret", "output_root"),

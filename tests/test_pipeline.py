@@ -246,7 +246,20 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     assert {e["container"]["image"] for e in cpu_steps} == {CPU_IMAGE}
     limited = [e for e in cpu_steps if "resources" in e["container"]]
     cpu_limits = sorted(e["container"]["resources"]["resourceCpuLimit"] for e in limited)
-    assert cpu_limits == ["2", "2", "2", "8", "8", "8", "8"]  # preflight, push, report; tokenizer, shards x2, evaluate
+    # preflight, push, report; tokenizer, shards x2, evaluate, the downstream probe
+    assert cpu_limits == ["2", "2", "2", "8", "8", "8", "8", "8"]
+    probe = dag_tasks(spec)["downstream-step"]
+    assert probe["inputs"]["artifacts"]["model"]["taskOutputArtifact"] == {
+        "outputArtifactKey": "model",
+        "producerTask": "train-step",
+    }
+    probe_inputs = probe["inputs"]["parameters"]
+    assert probe_inputs["tasks"] == {"componentInputParameter": "downstream_tasks"}
+    assert probe_inputs["seeds"] == {"componentInputParameter": "downstream_seeds"}
+    assert parameters["downstream_tasks"]["defaultValue"] == "word-order"
+    probe_resources = executors["exec-downstream-step"]["container"]["resources"]
+    assert probe_resources["resourceCpuLimit"] == "8" and probe_resources["resourceMemoryLimit"] == "32G"
+    assert "from pipelines.runners import run_downstream" in executors["exec-downstream-step"]["container"]["command"][-1]
 
 
 def test_local_target_keeps_auto_accelerator_and_full_precision(tmp_path):
@@ -267,6 +280,7 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
         "merge-shards-step",
         "train-step",
         "evaluate-step",
+        "downstream-step",
         "report-step",
         "condition-2",
         "preflight-step",
@@ -281,8 +295,10 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
     assert upstream("preflight-step") == {"tokenizer-step", "merge-shards-step", "shards-step"}
     assert upstream("train-step") == {"tokenizer-step", "merge-shards-step", "shards-step", "preflight-step"}
     assert upstream("evaluate-step") == {"train-step", "shards-step", "merge-shards-step"}  # its unigram baseline
-    assert upstream("report-step") == {"train-step", "evaluate-step"}
-    assert upstream("condition-2") == {"train-step", "evaluate-step"}
+    assert upstream("downstream-step") == {"train-step"}  # beside the evaluation, not after it
+    assert upstream("report-step") == {"train-step", "evaluate-step", "downstream-step"}
+    assert upstream("condition-2") == {"train-step", "evaluate-step", "downstream-step"}
+    assert tasks["downstream-step"]["cachingOptions"] == {"enableCache": True}  # a rerun of the same model's probe
     condition = tasks["condition-2"]["triggerPolicy"]["condition"]
     assert condition == "inputs.parameter_values['pipelinechannel--hub_repo_id'] != ''"
     push_tasks = spec["components"]["comp-condition-2"]["dag"]["tasks"]

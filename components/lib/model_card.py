@@ -10,14 +10,19 @@ from typing import Any
 
 from components.lib.corpus import HUB_PREFIX, parse_hub_name
 from components.lib.recipe import KNOBS, MODEL_DROPOUT
-from components.lib.results import loss_summary, metrics_table
+from components.lib.results import downstream_table, loss_summary, metrics_table
 
 CARD_FILE = "README.md"
 USAGE_HEADING = "## How to use"
 
 
 def model_card(
-    repo_id: str, summary: dict[str, Any], config: dict[str, Any], metrics: dict | None, license_id: str = ""
+    repo_id: str,
+    summary: dict[str, Any],
+    config: dict[str, Any],
+    metrics: dict | None,
+    license_id: str = "",
+    probe: dict | None = None,
 ) -> str:
     """The repository's README.md: metadata the Hub filters by, what was trained on what, how, with which
     results, and how to use it: transformers 5 (PyTorch) first, then TF with the transformers 4.57 it needs."""
@@ -44,6 +49,8 @@ def model_card(
         license=license_id or None,
         datasets=[hub_dataset_name(source)] if source.startswith(HUB_PREFIX) else None,
         tags=["roberta", "masked-language-modeling", "safetensors", "pytorch", "tensorflow", "tpu-mlm-pipeline"],
+        model_name=repo_id.split("/")[-1],
+        eval_results=probe_results(probe),
     )
     lines = [
         "---",
@@ -80,8 +87,44 @@ def model_card(
     ]
     if metrics:
         lines += ["", f"## Evaluation on `{metrics['split']}`", "", *metrics_table(metrics)]
+    if probe:
+        lines += ["", "## Downstream probe", "", PROBE_NOTE.format(seeds=probe.get("arguments", {}).get("seeds"))]
+        lines += ["", *downstream_table(probe)]
     lines += ["", *usage_section(repo_id)]
     return "\n".join(lines) + "\n"
+
+
+PROBE_NOTE = (
+    "Each task fine-tuned from this model and from a randomly initialised model of the same config, with the same "
+    "short budget and seeds ({seeds}), scored on its validation split: what pre-training gained. A short probe's "
+    "scores are not comparable with published full fine-tunings."
+)
+
+
+def probe_results(probe: dict | None) -> list | None:
+    """The probe's scores of the pre-trained model as the Hub's ``model-index`` results (the model page shows
+    them); none for a failed or absent probe."""
+    from huggingface_hub import EvalResult
+
+    if not probe or probe.get("failed"):
+        return None
+    results = []
+    for task in probe["tasks"]:
+        name = task["task"]
+        dataset, config = (parse_hub_name(name)[:2]) if name.startswith(HUB_PREFIX) else (public_name(name), None)
+        results.append(
+            EvalResult(
+                task_type="text-classification",
+                dataset_type=dataset,
+                dataset_name=dataset,
+                dataset_config=config,
+                dataset_split=task["validation_split"],
+                metric_type=task["metric"],
+                metric_value=round(task["pre-trained"]["score"], 4),
+                metric_name=f"{task['metric']} (short fine-tune, random init: {task['random init']['score']:.4f})",
+            )
+        )
+    return results
 
 
 CARD_HYPERPARAMETERS = (

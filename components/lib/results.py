@@ -57,5 +57,43 @@ def display_token(token: str) -> str:
     return f"{WORD_BOUNDARY} (word boundary)" if not token.strip() else token
 
 
+# the downstream step's output folder
+DOWNSTREAM_FILE = "downstream.json"
+PROBE_MODELS = ("pre-trained", "random init")  # fine-tuned from the trained weights, and from a new model's
+
+
+def read_downstream(folder: str) -> dict[str, Any] | None:
+    """The downstream probe's results in ``folder``; None where no folder is given."""
+    import json
+
+    from components.lib import storage
+
+    return json.loads(storage.read_text(storage.join(folder, DOWNSTREAM_FILE))) if folder else None
+
+
+def downstream_table(results: dict[str, Any]) -> list[str]:
+    """The probe's results as Markdown lines (its report, the model card): a row a task, each model's score on the
+    task's validation split and the gain; the average where there are several; a failed probe's error."""
+    if results.get("failed"):
+        return [f"The downstream probe failed: {results['failed']}"]
+    lines = [
+        "| task | metric | pre-trained | random init | gain | fine-tuned on | scored on |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for result in results["tasks"]:
+        lines.append(
+            f"| `{result['task']}` | {result['metric']} | {result['pre-trained']['score']:.4f} | "
+            f"{result['random init']['score']:.4f} | {result['gain']:+.4f} | {result['train_samples']:,} | "
+            f"{result['validation_samples']:,} ({result['validation_split']}) |"
+        )
+    average = results["average"]
+    if len(results["tasks"]) > 1:
+        lines.append(
+            f"| average | | {average['pre-trained']:.4f} | {average['random init']:.4f} | "
+            f"{average['pre-trained'] - average['random init']:+.4f} | | |"
+        )
+    return lines
+
+
 def fill_mask_line(predictions: list[dict[str, Any]]) -> str:
     return ", ".join(f"{display_token(p['token'])} ({p['score']:.3f})" for p in predictions)
