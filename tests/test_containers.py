@@ -203,6 +203,7 @@ def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner_and_push
         monkeypatch.setenv(name, hub.env[name])
     # the tiny model for a few steps: what this test is about is the image, not the learning (tests/test_pipeline.py)
     boxed = {"model_config": "tiny", "per_replica_batch_size": 16, "max_steps": 20, "hub_repo_id": "user/boxed"}
+    boxed |= {"downstream_max_steps": 2, "downstream_max_train_samples": 32, "downstream_seeds": "1"}
     summary = run_local(RunLocalArguments(pipeline_root=str(tmp_path / "runs"), docker=True, image=TEST_IMAGE, **boxed))
     artifacts = summary["artifacts"]
     manifest = Path(artifacts["train shards"], "manifest.json")
@@ -210,6 +211,8 @@ def test_the_local_pipeline_runs_in_the_cpu_image_through_docker_runner_and_push
     assert summary["metrics"]["masked_tokens"] > 0
     assert "data:image/png;base64," in Path(artifacts["run report"]).read_text()
     assert hub.file("user/boxed", "tf_model.h5") == Path(artifacts["model"], "tf_model.h5").read_bytes()
+    probe = json.loads(Path(artifacts["downstream probe"], "downstream.json").read_text())  # fine-tuned in the image
+    assert probe["tasks"][0]["pre-trained"]["runs"][0]["steps"] == 2
     printed = capsys.readouterr()
     assert HUB_TOKEN not in printed.out + printed.err  # the steps' logs, streamed from the containers
 

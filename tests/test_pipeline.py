@@ -409,11 +409,26 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     assert sum(manifest["token_counts"]) == manifest["num_records"] * manifest["max_length"]
     assert metrics["unigram_perplexity"] > 1 and f"{metrics['unigram_perplexity']:.2f}" in run_report
     assert f"{metrics['unigram_perplexity']:.2f}" in hub.file("user/local-run", "README.md").decode()
-    # quiet: one line per step (11 tasks with 2 parts and the push), each naming its log, then the summary
+    # the downstream probe: the built-in word-order task, the pre-trained model against its random twin on 3 seeds,
+    # where make run's model must beat it (measured: docs/benchmarks.md); in the run report, the model card's text
+    # and its model-index (what the Hub shows on the model's page)
+    probe = json.loads(Path(artifacts["downstream probe"], "downstream.json").read_text())
+    (task,) = probe["tasks"]
+    assert task["task"] == "word-order" and task["train_samples"] == 256 and task["validation_split"] == "validation"
+    assert [len(task[model]["runs"]) for model in ("pre-trained", "random init")] == [3, 3]
+    assert task["gain"] > 0, task
+    assert f"{task['pre-trained']['score']:.4f}" in run_report and "Downstream probe" in run_report
+    card = hub.file("user/local-run", "README.md").decode()
+    assert f"| `word-order` | accuracy | {task['pre-trained']['score']:.4f} |" in card
+    (indexed,) = yaml.safe_load(card.split("---\n")[1])["model-index"][0]["results"]
+    assert indexed["dataset"]["name"] == "word-order" and indexed["metrics"][0]["type"] == "accuracy"
+    assert indexed["metrics"][0]["value"] == round(task["pre-trained"]["score"], 4)
+    # quiet: one line per step (12 tasks with 2 parts and the push), each naming its log, then the summary
     captured = capsys.readouterr()
     printed = captured.out + captured.err
     assert "Pipeline run finished" in printed and artifacts["model"] in printed and "Fill-mask:" in printed
+    assert f"word-order: accuracy {task['pre-trained']['score']:.3f} pre-trained" in printed
     assert len(printed.splitlines()) < 40, printed
     step_lines = [line for line in printed.splitlines() if " SUCCESS " in line]
-    assert len(step_lines) == 11 and all(Path(line.split()[-1]).is_file() for line in step_lines)
+    assert len(step_lines) == 12 and all(Path(line.split()[-1]).is_file() for line in step_lines)
     assert any(line.startswith("push to the Hub") for line in step_lines)

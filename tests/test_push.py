@@ -1,3 +1,4 @@
+import html
 import json
 import re
 import subprocess
@@ -189,3 +190,34 @@ def test_the_card_s_metadata_names_the_license_and_a_hub_corpus():
     assert card.index('pipeline("fill-mask", model="me/roberta")') < card.index('framework="tf"')  # PyTorch first
     with pytest.raises(InvalidParameter, match=r"--license='Apache 2\.0': must be a Hub license id"):
         PushArguments(model="/tmp/m", repo_id="me/m", license="Apache 2.0")
+
+
+@pytest.mark.slow
+def test_a_failed_downstream_probe_is_recorded_and_the_report_and_the_push_still_go(
+    tmp_path, hub, model_and_evaluation
+):
+    """The pipeline's probe step (its runner, as its component calls it) on a probe that fails: the step ends well,
+    its results say why, and the run report and the model card say it too (no model-index results)."""
+    from kfp.dsl import HTML, Artifact, Markdown, Metrics, Model
+
+    from pipelines.runners import run_downstream, run_report
+
+    model, evaluation = model_and_evaluation
+    results = Artifact(uri=str(tmp_path / "downstream"))
+    metrics = Metrics(uri=str(tmp_path / "metrics"))
+    probe_report = Markdown(uri=str(tmp_path / "probe.md"))
+    # a length beyond the model's positions: refused inside the probe, after the step's own checks passed
+    run_downstream(Model(uri=model), results, metrics, probe_report, output_root="", max_length=100_000)
+    failed = json.loads((tmp_path / "downstream" / "downstream.json").read_text())["failed"]
+    assert failed.startswith("InvalidParameter: --max-length=100000: must be at most") and "\n" not in failed
+    assert metrics.metadata == {"downstream_failed": 1} and failed in (tmp_path / "probe.md").read_text()
+    page = HTML(uri=str(tmp_path / "report.html"))
+    run_report(Model(uri=model), Artifact(uri=evaluation), results, page)
+    assert f"The probe failed: {html.escape(failed)}" in (tmp_path / "report.html").read_text()
+    pushed = push(
+        hub, model, evaluation, "--repo_id", "user/probe-failed", "--downstream", str(tmp_path / "downstream")
+    )
+    assert pushed.returncode == 0, pushed.stderr[-2000:]
+    card = hub.file("user/probe-failed", "README.md").decode()
+    assert f"The downstream probe failed: {failed}" in card
+    assert "model-index" not in yaml.safe_load(card.split("---\n")[1])

@@ -88,8 +88,10 @@ def model_card(
     if metrics:
         lines += ["", f"## Evaluation on `{metrics['split']}`", "", *metrics_table(metrics)]
     if probe:
-        lines += ["", "## Downstream probe", "", PROBE_NOTE.format(seeds=probe.get("arguments", {}).get("seeds"))]
-        lines += ["", *downstream_table(probe)]
+        lines += ["", "## Downstream probe", ""]
+        if not probe.get("failed"):
+            lines += [PROBE_NOTE.format(seeds=probe["arguments"]["seeds"]), ""]
+        lines += downstream_table(probe)
     lines += ["", *usage_section(repo_id)]
     return "\n".join(lines) + "\n"
 
