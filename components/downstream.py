@@ -27,6 +27,7 @@ from typing import Any
 from components.lib import storage
 from components.lib.downstream_tasks import METRICS, WORD_ORDER, Task, parse_tasks
 from components.lib.errors import InvalidParameter
+from components.lib.estimates import fine_tuning_steps
 from components.lib.job_runner import run_job
 from components.lib.pytorch_weights import TF_LOADING, check_model_folder
 from components.lib.results import DOWNSTREAM_FILE, PROBE_MODELS, REPORT_FILE, downstream_table
@@ -168,7 +169,7 @@ def fine_tune(
         model = TFAutoModelForSequenceClassification.from_config(config)
     samples = len(task.train.labels)
     batch_size = min(arguments.batch_size, samples)
-    steps = arguments.max_steps or arguments.epochs * math.ceil(samples / batch_size)
+    steps = fine_tuning_steps(samples, arguments.batch_size, arguments.epochs, arguments.max_steps)
     learning_rate = (arguments.random_init_learning_rate if not pretrained else 0) or arguments.learning_rate
     optimizer, _ = create_optimizer(
         init_lr=learning_rate,

@@ -275,6 +275,11 @@ def routed_values(values: dict[str, Any], settings: type, skip_steps: tuple[str,
     }
 
 
+def step_values(values: dict[str, Any], step: str) -> dict[str, Any]:
+    """The pipeline parameter ``values`` that ``ROUTES`` sends to ``step``, under the step's parameter names."""
+    return {routes[step]: values[name] for name, routes in ROUTES.items() if name in values and step in routes}
+
+
 def check_values(values: dict[str, Any]) -> None:
     """Every step's own checks on pipeline parameter values, before any step runs: each step's dataclass is
     built from what the step would get (the defaults for values not given), with placeholders for the

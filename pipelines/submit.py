@@ -27,7 +27,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.job_runner import log, run_job
 from components.lib.tpu_catalogue import TPU_TYPES
-from pipelines.pipeline import check_values, routed_values
+from pipelines.pipeline import check_values, routed_values, step_values
 from pipelines.vertex_jobs import VertexProject
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
@@ -236,7 +236,8 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
         settings = routed_values(values, EstimateArguments, skip_steps=("downstream",))
         if values["validation_corpus"]:  # the shards hold nothing of the corpus out
             settings["holdout_fraction"] = 0.0
-        result = estimate_run(EstimateArguments(**settings, corpus_bytes=arguments.corpus_bytes, tpu_type=tpu))
+        estimated = EstimateArguments(**settings, corpus_bytes=arguments.corpus_bytes, tpu_type=tpu)
+        result = estimate_run(estimated, probe=step_values(values, "downstream"))
     except InvalidParameter as error:
         if error.parameter != "corpus_bytes":
             raise

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 from conftest import run_module
@@ -171,7 +172,27 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
     assert estimate["data"]["samples"] == int(546_500_949 * 0.95 * 0.312 // 128)  # the default 5% held out
     assert estimate["steps"] == estimate["data"]["samples"] // 1024
     assert estimate["cost"] == 4.8 * estimate["hours"]
-    assert "Estimate of the training on a v5e-4" in capsys.readouterr().err
+    printed = capsys.readouterr().err
+    assert "Estimate of the training on a v5e-4" in printed and re.search(r"\ndownstream probe +about", printed)
+    # the downstream probe by default: word-order, fine-tuned from the model and from its twin (one seed), 3 epochs
+    # of 32-sample steps at the training's 128 tokens, and scored, at the CPU rate measured for roberta-base
+    from components.lib.downstream_tasks import word_order_task
+
+    task = word_order_task()
+    train, validation = len(task.train.labels), len(task.validation.labels)
+    samples = 3 * -(-train // 32) * 32 + validation / 3
+    flops = 2 * samples * 128 * estimate["model_flops_per_token"]
+    assert estimate["probe"]["hours"] == pytest.approx(flops / 346e9 / 3600 + 3 / 60)
+    assert estimate["probe"]["cost"] == pytest.approx(estimate["probe"]["hours"] * 2 * 0.2185)
+    # a Hub task's size is read by preflight: not counted unless bounded
+    glue = {**parameters, "downstream_tasks": "word-order,hf:nyu-mll/glue:sst2", "downstream_seeds": "1,2"}
+    unbounded = submit(arguments(template, dry_run=True, corpus_bytes=546_500_949, parameters=json.dumps(glue)))
+    assert unbounded["estimate"]["probe"]["unknown"] == ["hf:nyu-mll/glue:sst2"]
+    assert unbounded["estimate"]["probe"]["hours"] - 3 / 60 == pytest.approx(2 * (estimate["probe"]["hours"] - 3 / 60))
+    assert "not counted: hf:nyu-mll/glue:sst2" in capsys.readouterr().err
+    bounded = {**glue, "downstream_max_train_samples": 1000, "downstream_max_steps": 100}
+    counted = submit(arguments(template, dry_run=True, corpus_bytes=546_500_949, parameters=json.dumps(bounded)))
+    assert counted["estimate"]["probe"]["unknown"] == []
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,8 @@ Nothing here is measured on a TPU."""
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,8 +140,8 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
     }
 
 
-def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
-    """Everything the table shows, as numbers."""
+def estimate_run(arguments: EstimateArguments, probe: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the table shows, as numbers; the downstream probe's too given its settings (``probe_estimate``)."""
     tpu = tpu_type(arguments.tpu_type)
     data = data_size(arguments)
     config = model_config(arguments.model_config, {**data, "max_length": data["max_length"]})
@@ -154,6 +156,7 @@ def estimate_run(arguments: EstimateArguments) -> dict[str, Any]:
         allow_tight_memory=arguments.allow_tight_memory,
         price_given=bool(arguments.price_per_hour),
         from_run=arguments.from_run,
+        probe=probe,
     )
 
 
@@ -166,6 +169,7 @@ def describe_estimate(
     allow_tight_memory: bool,
     price_given: bool,
     from_run: str = "",
+    probe: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything the table shows of a run's shape on ``tpu``, as numbers."""
     result: dict[str, Any] = {
@@ -189,6 +193,8 @@ def describe_estimate(
         **prices(shape, tpu, given=price_given),
         "cpu_steps": cpu_steps(data),
     }
+    if probe is not None:
+        result["probe"] = probe_estimate(shape, probe)
     if from_run:
         result["from_run"] = measured_rate(from_run)
         rate = result["from_run"]["model_flops_per_second_per_replica"] * shape.replicas
@@ -238,6 +244,43 @@ def cpu_steps(data: dict[str, Any]) -> dict[str, Any] | None:
         + min(data["corpus_bytes"], DEFAULT_SAMPLE_BYTES) / TOKENIZER_BYTES_PER_SECOND
     ) / 3600 + CPU_TASKS * CPU_TASK_START_HOURS
     return {"hours": hours, "cost": hours * CPU_MACHINE_PRICE_PER_HOUR, "price_source": CPU_PRICES}
+
+
+# The downstream probe fine-tunes on its CPU step's machine, at the model FLOP/s measured here for roberta-base's
+# fine-tuning (32 x 128 tokens a step: 346 G on 2 cores, counted as the MFU's FLOPs; docs/benchmarks.md), which the
+# step's 8 vCPUs on Vertex AI should at least match.
+PROBE_FLOPS_PER_SECOND = 346e9
+
+
+def fine_tuning_steps(samples: int, batch_size: int, epochs: int, max_steps: int) -> int:
+    """Optimizer steps of one fine-tuning: ``max_steps``, else ``epochs`` passes over the samples."""
+    return max_steps or epochs * math.ceil(samples / min(batch_size, samples))
+
+
+def probe_estimate(shape: RunShape, probe: Mapping[str, Any]) -> dict[str, Any]:
+    """Hours and cost of the downstream probe (the downstream step's settings ``probe``): each task fine-tuned from
+    the model and its random twin once a seed, at the training's length (the most a probe's sample pads to), and
+    scored. A task's size is known here for the built-in one, else only where max_train_samples bounds it."""
+    from components.lib.downstream_tasks import WORD_ORDER, parse_tasks, word_order_task
+
+    seeds = len(str(probe["seeds"]).split(","))
+    batch_size, epochs, max_steps = (int(probe[name]) for name in ("batch_size", "epochs", "max_steps"))
+    most_train, most_eval = int(probe["max_train_samples"]), int(probe["max_eval_samples"])
+    flops, unknown = 0.0, []
+    for spec in parse_tasks(probe["tasks"], probe["text_columns"], probe["label_column"]):
+        if spec.source == WORD_ORDER:
+            task = word_order_task()
+            train, validation = len(task.train.labels), len(task.validation.labels)
+        elif most_train:
+            train, validation = most_train, most_eval or most_train // 4
+        else:
+            unknown.append(spec.name)
+            continue
+        train, validation = min(train, most_train or train), min(validation, most_eval or validation)
+        samples = fine_tuning_steps(train, batch_size, epochs, max_steps) * min(batch_size, train) + validation / 3
+        flops += 2 * seeds * samples * shape.max_length * shape.flops_per_token  # a third: scoring is forward only
+    hours = flops / PROBE_FLOPS_PER_SECOND / 3600 + CPU_TASK_START_HOURS
+    return {"hours": hours, "cost": hours * CPU_MACHINE_PRICE_PER_HOUR, "fine_tunings": 2 * seeds, "unknown": unknown}
 
 
 def prices(shape: RunShape, tpu: TpuType, given: bool) -> dict[str, Any]:
@@ -319,6 +362,21 @@ def estimate_table(result: dict[str, Any]) -> str:
                 f"about {_hours(cpu['hours'])}, ${cpu['cost']:,.2f} (tokenizer and shards at the rates measured on "
                 f"2 cores, {CPU_TASKS} task starts of {CPU_TASK_START_HOURS * 60:.0f} min assumed; "
                 f"{cpu['price_source']})",
+            )
+        )
+    if "probe" in result:
+        probe = result["probe"]
+        rows.append(
+            (
+                "downstream probe",
+                f"about {_hours(probe['hours'])}, ${probe['cost']:,.2f} ({probe['fine_tunings']} fine-tunings a task "
+                f"on the CPU step's 8 vCPUs at the rate measured on 2 cores; {CPU_PRICES})"
+                + (
+                    f"; not counted: {', '.join(probe['unknown'])}, whose size preflight reads (bound it with "
+                    "downstream_max_train_samples)"
+                    if probe["unknown"]
+                    else ""
+                ),
             )
         )
     rows.append(
