@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.downstream_tasks import METRICS, WORD_ORDER, Task, parse_tasks
+from components.lib.downstream_tasks import METRICS, Task, TaskSelection
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import fine_tuning_steps
 from components.lib.job_runner import run_job
@@ -36,22 +36,9 @@ log = logging.getLogger("tpu_mlm.downstream")
 
 
 @dataclass
-class DownstreamArguments:
+class DownstreamArguments(TaskSelection):
     model: str = field(metadata={"help": "Model folder from components.train (local or gs://)."})
     output: str = field(metadata={"help": "Folder for downstream.json and report.md."})
-    tasks: str = field(
-        default=WORD_ORDER,
-        metadata={
-            "help": "Comma-separated tasks: word-order (from the embedded corpus, no network), hf:NAME[:CONFIG] "
-            "(GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and "
-            "validation .jsonl/.csv/.parquet files."
-        },
-    )
-    text_columns: str = field(
-        default="",
-        metadata={"help": "Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's."},
-    )
-    label_column: str = field(default="label", metadata={"help": "Label column of tasks that are not GLUE's."})
     epochs: int = field(default=3, metadata={"help": "Passes over each task's training split."})
     max_steps: int = field(default=0, metadata={"help": "Optimizer steps per task and seed; overrides epochs if > 0."})
     max_train_samples: int = field(default=0, metadata={"help": "Fine-tune on at most this many samples; 0: all."})
@@ -75,7 +62,7 @@ class DownstreamArguments:
     def __post_init__(self) -> None:
         for parameter in ("model", "output"):
             storage.check_uri(parameter, getattr(self, parameter))
-        if not parse_tasks(self.tasks, self.text_columns, self.label_column):
+        if not self.task_specs():
             raise InvalidParameter("tasks", self.tasks, "name at least one task")
         for parameter in ("epochs", "batch_size"):
             if getattr(self, parameter) < 1:
@@ -199,7 +186,7 @@ def fine_tune(
 
 def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
     """Fine-tunes and scores both models on every task; writes downstream.json and report.md; returns the results."""
-    specs = parse_tasks(arguments.tasks, arguments.text_columns, arguments.label_column)
+    specs = arguments.task_specs()
     check_model_folder("model", arguments.model)
     tasks = [spec.load(arguments.max_train_samples, arguments.max_eval_samples) for spec in specs]  # bad input first
     results = []

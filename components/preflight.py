@@ -3,7 +3,8 @@
 Before the train step takes a TPU: every training setting passes the train step's own checks (preflight
 parses the very same arguments), tokenizer, shards and model config agree, with the TPU's replica count for
 the batch arithmetic; the model, optimizer state and activations fit the TPU's memory per replica (estimated);
-the pipeline's storage is writable; and, when a push is asked for, the Hub token is there and may write.
+the downstream probe's tasks load (splits, columns, labels); the pipeline's storage is writable; and, when a push
+is asked for, the Hub token is there and may write.
 Writes ``preflight.json`` with what it checked.
 
     python -m components.preflight --tokenizer T --train_shards S --eval_shards V --tpu_type v3-8 --bf16 true \\
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
+from components.lib.downstream_tasks import TaskSelection
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import check_memory_fit, describe_estimate, estimate_table, memory_fit, shards_size
 from components.lib.hub import HubToken, check_secret_name, hub_token
@@ -39,7 +41,7 @@ TIMEOUT_FLOOR_HOURS, TIMEOUT_CAP_HOURS = 2.0, 168.0
 
 
 @dataclass(kw_only=True)
-class PreflightArguments(TrainingSettings, HubToken):
+class PreflightArguments(TrainingSettings, HubToken, TaskSelection):
     """The training's settings (checked as the train step checks them), with what only preflight needs."""
 
     output: str = field(metadata={"help": "Folder for preflight.json; also the storage checked for writing."})
@@ -132,6 +134,32 @@ def check_memory(arguments: PreflightArguments, estimate: MemoryEstimate) -> dic
     return {key: fit[key] for key in ("low_gib", "high_gib", "verdict", "largest_per_replica_batch")}
 
 
+def check_tasks(arguments: TaskSelection) -> list[dict[str, Any]]:
+    """The downstream probe's tasks loaded as the probe will load them: a missing split or column, labels that are
+    no classes, refused here in one line rather than after the training."""
+    checked = []
+    for spec in arguments.task_specs():
+        task = spec.load()
+        checked.append(
+            {
+                "task": task.name,
+                "labels": list(task.label_names),
+                "train_samples": len(task.train.labels),
+                "validation_samples": len(task.validation.labels),
+                "validation_split": task.validation_split,
+            }
+        )
+        log.info(
+            "downstream task %s: %s classes, %s samples to fine-tune on, %s to score (%s)",
+            task.name,
+            len(task.label_names),
+            f"{len(task.train.labels):,}",
+            f"{len(task.validation.labels):,}",
+            task.validation_split,
+        )
+    return checked
+
+
 def tpu_job_timeout(hours: float, estimated_hours: float) -> int:
     """The TPU job's hard limit in seconds: ``hours`` when given (refused below the estimate), else derived from
     the estimate."""
@@ -175,6 +203,7 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         log.info("estimate of the training on the %s:\n%s", arguments.tpu_type, estimate_table(estimate))
         report["estimate"] = {key: estimate[key] for key in ("steps", "tokens", "model_flops", "hours", "cost")}
         report["tpu_job_timeout_seconds"] = tpu_job_timeout(arguments.tpu_job_timeout_hours, estimate["hours"])
+    report["downstream_tasks"] = check_tasks(arguments)
     if arguments.hub_repo_id:
         token = hub_token("hub_repo_id", arguments.hub_repo_id, arguments.hf_token_secret)
         report["hub_user"] = check_hub_write(arguments.hub_repo_id, token)
@@ -201,6 +230,14 @@ def summary_for_people(report: dict[str, Any]) -> str:
         lines.append(
             f"on the {report['tpu_type']}: about {estimate['hours']:,.2f} h, ${estimate['cost']:,.2f} at list price; "
             f"TPU job timeout {report['tpu_job_timeout_seconds'] / 3600:,.1f} h"
+        )
+    if report["downstream_tasks"]:
+        lines.append(
+            "downstream tasks: "
+            + ", ".join(
+                f"{t['task']} ({t['train_samples']:,} + {t['validation_samples']:,})"
+                for t in report["downstream_tasks"]
+            )
         )
     if "hub_user" in report:
         lines.append(f"the Hub token writes as {report['hub_user']}")

@@ -22,6 +22,7 @@ from kfp import compiler, dsl
 from components.downstream import DownstreamArguments
 from components.evaluate import EvaluateArguments
 from components.lib.corpus import CorpusSpec
+from components.lib.downstream_tasks import TaskSelection
 from components.lib.errors import InvalidParameter
 from components.lib.hub import HubToken
 from components.lib.tpu_catalogue import REPLACEMENT_MARGIN_MINUTES, TPU_RUNTIME_ENV, TPU_TYPES, TpuType, tpu_batch
@@ -188,12 +189,10 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
     ("tpu_provisioning", PreflightArguments, "tpu_provisioning"),
     ("allow_tight_memory", PreflightArguments, "allow_tight_memory"),
     ("eval_batch_size", EvaluateArguments, "batch_size"),
+    *((f"downstream_{name}", TaskSelection, name) for name in ("tasks", "text_columns", "label_column")),
     *(
         (f"downstream_{name}", DownstreamArguments, name)
         for name in (
-            "tasks",
-            "text_columns",
-            "label_column",
             "epochs",
             "max_steps",
             "max_train_samples",

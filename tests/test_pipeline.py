@@ -256,10 +256,14 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     probe_inputs = probe["inputs"]["parameters"]
     assert probe_inputs["tasks"] == {"componentInputParameter": "downstream_tasks"}
     assert probe_inputs["seeds"] == {"componentInputParameter": "downstream_seeds"}
+    preflight = dag_tasks(spec)["preflight-step"]["inputs"]["parameters"]  # loads the tasks before the TPU job
+    assert preflight["tasks"] == {"componentInputParameter": "downstream_tasks"}
     assert parameters["downstream_tasks"]["defaultValue"] == "word-order"
     probe_resources = executors["exec-downstream-step"]["container"]["resources"]
     assert probe_resources["resourceCpuLimit"] == "8" and probe_resources["resourceMemoryLimit"] == "32G"
-    assert "from pipelines.runners import run_downstream" in executors["exec-downstream-step"]["container"]["command"][-1]
+    assert (
+        "from pipelines.runners import run_downstream" in executors["exec-downstream-step"]["container"]["command"][-1]
+    )
 
 
 def test_local_target_keeps_auto_accelerator_and_full_precision(tmp_path):

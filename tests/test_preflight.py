@@ -231,3 +231,47 @@ def test_preflight_for_a_slice_wants_a_shard_file_per_host_at_least_and_no_spot(
     assert preflight(arguments(one_validation_file, tmp_path / "one-validation-file", **slice_run))["replicas"] == 16
     with pytest.raises(InvalidParameter, match=re.escape("--tpu-provisioning='SPOT': Vertex AI has no Spot for TPU")):
         arguments(embedded_shards_in_files, tmp_path / "spot", tpu_provisioning="SPOT", **slice_run)
+
+
+def labelled_folder(folder: Path, case: str) -> str:
+    """A folder of labelled .jsonl files with one flaw, as a downstream task."""
+    train = [{"review": f"text {i}", "stars": "pos" if i % 2 else "neg"} for i in range(20)]
+    if case == "a missing column":
+        train = [{"review": row["review"], "rating": row["stars"]} for row in train]
+    if case == "a label column of text":
+        train = [{"review": f"text {i}", "stars": f"label {i}"} for i in range(150)]
+    folder.mkdir(parents=True)
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in train))
+    if case != "no validation split":
+        (folder / "validation.jsonl").write_text(json.dumps({"review": "x", "stars": "pos"}) + "\n")
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("a missing column", "its train split has no column 'stars'"),
+        ("a label column of text", "its labels take 150 values in 150 rows: a text column, not classes?"),
+        ("no validation split", "holds no validation file"),
+    ],
+)
+def test_preflight_loads_the_downstream_tasks_and_refuses_a_bad_one_in_one_line(
+    tmp_path, wikitext_shards, case, message
+):
+    task = labelled_folder(tmp_path / "task", case)
+    probe = {"tasks": f"word-order,{task}", "text_columns": "review", "label_column": "stars"}
+    with pytest.raises(InvalidParameter) as refused:
+        preflight(arguments(wikitext_shards, tmp_path / "out", **probe))
+    assert str(refused.value).startswith(f"--tasks='{task}': {message}") and "\n" not in str(refused.value)
+    assert not (tmp_path / "out" / "preflight.json").exists()
+    good = labelled_folder(tmp_path / "good", "")
+    report = preflight(arguments(wikitext_shards, tmp_path / "out", **{**probe, "tasks": f"word-order,{good}"}))
+    word_order, labelled = report["downstream_tasks"]
+    assert word_order["task"] == "word-order" and word_order["labels"] == ["reversed", "original"]
+    assert labelled == {
+        "task": good,
+        "labels": ["neg", "pos"],
+        "train_samples": 20,
+        "validation_samples": 1,
+        "validation_split": "validation",
+    }

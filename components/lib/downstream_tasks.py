@@ -23,7 +23,8 @@ import random
 import re
 import tempfile
 import zlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,28 @@ class TaskSpec:
             )
 
 
+@dataclass(kw_only=True)
+class TaskSelection:
+    """The downstream probe's tasks as named: the probe's, and preflight's, which loads them before any TPU time."""
+
+    tasks: str = field(
+        default=WORD_ORDER,
+        metadata={
+            "help": "The downstream probe's tasks, comma-separated: word-order (from the embedded corpus, no "
+            "network), hf:NAME[:CONFIG] (GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local "
+            "or gs://) of train and validation .jsonl/.csv/.parquet files."
+        },
+    )
+    text_columns: str = field(
+        default="",
+        metadata={"help": "Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's."},
+    )
+    label_column: str = field(default="label", metadata={"help": "Label column of tasks that are not GLUE's."})
+
+    def task_specs(self) -> list[TaskSpec]:
+        return parse_tasks(self.tasks, self.text_columns, self.label_column)
+
+
 def parse_tasks(tasks: str, text_columns: str = "", label_column: str = "label") -> list[TaskSpec]:
     """The task specs of ``--tasks`` (comma-separated), each checked for its form; "" gives none."""
     columns = tuple(column.strip() for column in text_columns.split(",") if column.strip())
@@ -155,9 +178,14 @@ def parse_tasks(tasks: str, text_columns: str = "", label_column: str = "label")
     return specs
 
 
-def word_order_task() -> Task:
-    """The embedded corpus's distinct prose lines, half of them with their words in reverse order, each line in one
-    split (the same every time)."""
+def reversed_words(words: list[str], draw: random.Random) -> list[str] | None:
+    """A line's words last first; None for a line that reads the same both ways."""
+    return None if words == words[::-1] else words[::-1]
+
+
+def word_order_task(negative: Callable[[list[str], random.Random], list[str] | None] = reversed_words) -> Task:
+    """The embedded corpus's distinct prose lines, half of them (label 0) with their words reordered by ``negative``
+    (reversed; ``benchmarks/downstream.py`` compares others), each line in one split (the same every time)."""
     from components.lib.corpus.embedded import embedded_lines
 
     train, validation = Examples([], []), Examples([], [])
@@ -167,11 +195,12 @@ def word_order_task() -> Task:
         if len(words) < WORD_ORDER_MIN_WORDS:
             continue
         split = validation if zlib.crc32(line.encode()) % WORD_ORDER_VALIDATION_SHARE == 0 else train
-        reverse = random.Random(line).random() < 0.5  # the same lines reversed in every run
-        if reverse and words == words[::-1]:
+        draw = random.Random(line)  # the same lines reordered the same way in every run
+        reordered = negative(words, draw) if draw.random() < 0.5 else words
+        if reordered is None:
             continue
-        split.texts.append((" ".join(words[::-1] if reverse else words),))
-        split.labels.append(0 if reverse else 1)
+        split.texts.append((" ".join(reordered),))
+        split.labels.append(0 if reordered is not words else 1)
     return Task(WORD_ORDER, "accuracy", ("reversed", "original"), train, validation)
 
 
