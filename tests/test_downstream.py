@@ -118,8 +118,10 @@ def test_a_bad_task_is_refused_in_one_line_naming_it(tmp_path, case, message):
 
 def test_task_specs_and_the_probe_s_settings_are_checked_before_anything_loads():
     for tasks, message in (
-        ("hf:", "a Hub dataset task is written hf:NAME[:CONFIG]"),
-        ("hf:glue:sst2:train", "a Hub dataset task is written hf:NAME[:CONFIG]"),
+        ("hf:", "a Hub dataset task is written hf:NAME[:CONFIG[:SPLIT]]"),
+        ("hf:glue:sst2:dev:x", "a Hub dataset task is written hf:NAME[:CONFIG[:SPLIT]]"),
+        ("hf:user/reviews::dev", "a Hub dataset task is written hf:NAME[:CONFIG[:SPLIT]]"),
+        ("hf:glue:sst2:train", "is scored on the split it fine-tunes on: name another split"),
         (",", "name at least one task"),
     ):
         with pytest.raises(InvalidParameter, match=re.escape(message)):

@@ -5,11 +5,13 @@ configs declared in the README's YAML)."""
 import io
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from conftest import LONG_TEST_SECONDS, run_module
 from test_gcs import bucket_objects
 from test_shards import assert_parts_write_the_token_stream_of_one_part
@@ -33,9 +35,62 @@ configs:
 
 
 def parquet(texts: list[str], row_groups: int) -> bytes:
+    return parquet_table({"text": texts}, row_groups)
+
+
+def parquet_table(columns: dict[str, list], row_groups: int = 1) -> bytes:
     buffer = io.BytesIO()
-    pq.write_table(pa.table({"text": texts}), buffer, row_group_size=-(-len(texts) // row_groups))
+    rows = len(next(iter(columns.values())))
+    pq.write_table(pa.table(columns), buffer, row_group_size=-(-rows // row_groups))
     return buffer.getvalue()
+
+
+def configs_readme(splits: dict[str, tuple[str, ...]]) -> bytes:
+    """A dataset card whose YAML declares each config's splits, as GLUE's on the Hub does."""
+    lines = ["---", "configs:"]
+    for config, names in splits.items():
+        lines += [f"- config_name: {config}", "  data_files:"]
+        lines += [f"  - split: {name}\n    path: {config}/{name}-*" for name in names]
+    return ("\n".join([*lines, "---", "# labelled text laid out as GLUE is on the Hub", ""])).encode()
+
+
+def add_labelled_datasets(hub) -> None:
+    """GLUE's layout with two of its tasks (SST-2, single sentences; MRPC, pairs; test splits unlabelled: -1, as
+    GLUE's are), and a dataset of another layout (text labels, its held-out split named ``dev``), made of real
+    sentences: the embedded corpus's prose lines."""
+    lines = [line.strip() for line in embedded_lines() if len(line.split()) > 6][:240]
+
+    def sst2(rows: range, labelled: bool = True) -> bytes:
+        labels = [len(lines[i]) % 2 if labelled else -1 for i in rows]
+        return parquet_table({"sentence": [lines[i] for i in rows], "label": labels, "idx": list(rows)})
+
+    def mrpc(rows: range, labelled: bool = True) -> bytes:
+        labels = [i % 2 if labelled else -1 for i in rows]
+        first, second = [lines[i] for i in rows], [lines[i + 1] for i in rows]
+        return parquet_table({"sentence1": first, "sentence2": second, "label": labels, "idx": list(rows)})
+
+    glue_splits = ("train", "validation", "test")
+    hub.add_dataset(
+        "nyu-mll/glue",
+        {
+            "README.md": configs_readme({"sst2": glue_splits, "mrpc": glue_splits}),
+            "sst2/train-00000-of-00001.parquet": sst2(range(0, 96)),
+            "sst2/validation-00000-of-00001.parquet": sst2(range(96, 128)),
+            "sst2/test-00000-of-00001.parquet": sst2(range(128, 160), labelled=False),
+            "mrpc/train-00000-of-00001.parquet": mrpc(range(0, 96)),
+            "mrpc/validation-00000-of-00001.parquet": mrpc(range(96, 128)),
+            "mrpc/test-00000-of-00001.parquet": mrpc(range(128, 160), labelled=False),
+        },
+    )
+    reviews = {"review": lines[160:240], "stars": ["good" if i % 3 else "bad" for i in range(80)]}
+    hub.add_dataset(
+        "user/reviews",
+        {
+            "README.md": configs_readme({"default": ("train", "dev")}),
+            "default/train-00000-of-00001.parquet": parquet_table({k: v[:60] for k, v in reviews.items()}),
+            "default/dev-00000-of-00001.parquet": parquet_table({k: v[60:] for k, v in reviews.items()}),
+        },
+    )
 
 
 @pytest.fixture
@@ -52,6 +107,7 @@ def hub_dataset(hub, tmp_path):
     }
     hub.add_dataset(DATASET, files)
     hub.add_dataset("user/private-text", files, private=True)
+    add_labelled_datasets(hub)
     hub.env = {**hub.env, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
     hub.train_lines = [line for line in lines[:-400] if line.strip()]
     return hub
@@ -122,6 +178,58 @@ def test_a_private_hub_dataset_needs_the_token(tmp_path, hub_dataset):
     assert read.returncode == 0, read.stderr[-3000:]
 
 
+LOAD_TASKS = """
+import json, sys
+from components.lib.downstream_tasks import parse_tasks
+from components.lib.errors import InvalidParameter
+
+loaded = []
+for source, columns, label in json.loads(sys.argv[1]):
+    try:
+        task = parse_tasks(source, columns, label)[0].load()
+        loaded.append({
+            "metric": task.metric, "labels": list(task.label_names), "validation_split": task.validation_split,
+            "train": [task.train.texts[0], len(task.train.labels)],
+            "validation": [task.validation.labels[:3], len(task.validation.labels)],
+        })
+    except InvalidParameter as error:
+        loaded.append({"refused": str(error)})
+print(json.dumps(loaded))
+"""
+
+
+@pytest.mark.slow  # a datasets load against the stand-in each
+def test_downstream_tasks_load_from_the_hub_by_glue_s_conventions_or_named_columns_and_splits(hub_dataset):
+    """The probe's Hub tasks through the real ``datasets`` client: GLUE's single-sentence and pair tasks with their
+    columns, metric and validation split (never the unlabelled test split), another dataset's columns and its own
+    held-out split, and what cannot be loaded refused in one line naming the task."""
+    specs = [
+        ("hf:nyu-mll/glue:sst2", "", "label"),
+        ("hf:nyu-mll/glue:mrpc", "", "label"),
+        ("hf:user/reviews:default:dev", "review", "stars"),
+        ("hf:user/reviews", "review", "stars"),  # no validation split
+        ("hf:user/reviews:default:dev", "review", "rating"),
+        ("hf:nyu-mll/glue:no-such-task", "sentence", "label"),
+        ("hf:user/no-such-dataset", "text", "label"),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_TASKS, json.dumps(specs)], capture_output=True, text=True, env=hub_dataset.env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    sst2, mrpc, reviews, *refused = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sst2["metric"] == "accuracy" and sst2["validation_split"] == "validation" and sst2["labels"] == ["0", "1"]
+    assert len(sst2["train"][0]) == 1 and sst2["train"][1] == 96 and sst2["validation"][1] == 32
+    assert mrpc["metric"] == "f1" and len(mrpc["train"][0]) == 2 and mrpc["validation"] == [[0, 1, 0], 32]
+    assert reviews["validation_split"] == "dev" and reviews["labels"] == ["bad", "good"]
+    assert reviews["train"][1] == 60 and reviews["validation"][1] == 20
+    messages = [result["refused"] for result in refused]
+    assert messages[0].startswith("--tasks='hf:user/reviews': has no 'validation' split (its splits: ['train', 'dev'])")
+    assert messages[1].startswith("--tasks='hf:user/reviews:default:dev': its train split has no column 'rating'")
+    assert messages[2].startswith("--tasks='hf:nyu-mll/glue:no-such-task': cannot be loaded: ")
+    assert messages[3].startswith("--tasks='hf:user/no-such-dataset': cannot be loaded: ")
+    assert all("\n" not in message for message in messages)
+
+
 @pytest.mark.timeout(LONG_TEST_SECONDS)
 @pytest.mark.slow  # one whole pipeline that asserts what three would (CI's time: docs/testing.md)
 def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_eight_replicas_and_pushes(
@@ -145,6 +253,10 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
             per_replica_batch_size=4,
             max_steps=8,
             hub_repo_id="user/gs-run",
+            # the probe on GLUE's MRPC from the stand-in, loaded by preflight first; a short budget
+            downstream_tasks="hf:nyu-mll/glue:mrpc",
+            downstream_max_steps=3,
+            downstream_seeds="1",
         )
     )
     artifacts = summary["artifacts"]
@@ -166,3 +278,18 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
     assert not list((tmp_path / "runs").rglob("*.tfrecord")) and not list((tmp_path / "runs").rglob("*.h5"))
     assert hub.file("user/gs-run", "tf_model.h5") == model["tf_model.h5"]
     assert len(hub.repos["user/gs-run"].commits) == 1
+    assert artifacts["downstream probe"].startswith(gcs + "/runs/run-")
+    (mrpc,) = json.loads(bucket_objects(artifacts["downstream probe"])["downstream.json"])["tasks"]
+    assert mrpc["task"] == "hf:nyu-mll/glue:mrpc" and mrpc["metric"] == "f1" and mrpc["train_samples"] == 96
+    assert mrpc["pre-trained"]["runs"][0]["steps"] == 3 and mrpc["validation_split"] == "validation"
+    card = hub.file("user/gs-run", "README.md").decode()
+    (indexed,) = yaml.safe_load(card.split("---\n")[1])["model-index"][0]["results"]
+    assert indexed["dataset"] == {
+        "name": "nyu-mll/glue",
+        "type": "nyu-mll/glue",
+        "config": "mrpc",
+        "split": "validation",
+    }
+    assert indexed["metrics"][0]["type"] == "f1" and indexed["metrics"][0]["value"] == round(
+        mrpc["pre-trained"]["score"], 4
+    )

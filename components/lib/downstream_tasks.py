@@ -6,12 +6,13 @@ A task is one of:
 * ``word-order``: made from the embedded corpus, no network: its distinct prose lines as they are (label 1) or with
   their words in reverse order (label 0), half each; a line is in one split only (every fifth, by a hash of the
   line: the corpus repeats lines across its topics). Reversing leaves the line's words as they were, so only word
-  order tells the two apart. (Two neighbouring words swapped was too hard for both of ``make run``'s models, a
-  whole shuffle too easy for both: docs/benchmarks.md.) The embedded corpus is also ``make run``'s pre-training
+  order tells the two apart. (Two neighbouring words swapped is too hard for ``make run``'s model and its twin
+  alike, a whole shuffle shows less: docs/benchmarks.md.) The embedded corpus is also ``make run``'s pre-training
   corpus: its model has read the original lines, which a random twin has not;
-* ``hf:NAME[:CONFIG]``, a Hub dataset: GLUE's tasks (``hf:nyu-mll/glue:sst2``, ``hf:glue:mrpc``, ...) with their
-  text columns, validation split and metric (Matthews correlation for CoLA, F1 for MRPC and QQP, accuracy else);
-  any other with ``--text_columns`` and ``--label_column``;
+* ``hf:NAME[:CONFIG[:SPLIT]]``, a Hub dataset, fine-tuned on its ``train`` split and scored on ``SPLIT``: GLUE's
+  tasks (``hf:nyu-mll/glue:sst2``, ``hf:glue:mrpc``, ...) with their text columns, validation split and metric
+  (Matthews correlation for CoLA, F1 for MRPC and QQP, accuracy else); any other with ``--text_columns`` and
+  ``--label_column``, scored on ``validation`` unless ``SPLIT`` names another (``hf:user/reviews:default:dev``);
 * a folder (local or ``gs://``) holding ``train`` and ``validation`` files of one format: ``.jsonl``, ``.csv``
   or ``.parquet``, with ``--text_columns`` and ``--label_column``.
 
@@ -100,9 +101,10 @@ class TaskSpec:
     def _hub_task(self) -> Task:
         import datasets
 
-        name, config = _hub_name(self.source)
+        name, config, split_given = _hub_name(self.source)
         glue = GLUE_TASKS.get(config or "") if name in GLUE_DATASETS else None
         columns, metric, validation_split = glue or (self.text_columns, "accuracy", "validation")
+        validation_split = split_given or validation_split
         if not columns:
             raise InvalidParameter("text_columns", "", f"name the text column(s) of {self.source}")
         try:
@@ -150,8 +152,8 @@ class TaskSelection:
         default=WORD_ORDER,
         metadata={
             "help": "The downstream probe's tasks, comma-separated: word-order (from the embedded corpus, no "
-            "network), hf:NAME[:CONFIG] (GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local "
-            "or gs://) of train and validation .jsonl/.csv/.parquet files."
+            "network), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their conventions: "
+            "hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation .jsonl/.csv/.parquet files."
         },
     )
     text_columns: str = field(
@@ -204,11 +206,15 @@ def word_order_task(negative: Callable[[list[str], random.Random], list[str] | N
     return Task(WORD_ORDER, "accuracy", ("reversed", "original"), train, validation)
 
 
-def _hub_name(source: str) -> tuple[str, str | None]:
+def _hub_name(source: str) -> tuple[str, str | None, str | None]:
+    """A Hub task's dataset, config and the split it is scored on (None: the task's convention)."""
     parts = source[len(HUB_PREFIX) :].split(":")
-    if not parts[0] or len(parts) > 2 or any(not part for part in parts):
-        raise InvalidParameter("tasks", source, "a Hub dataset task is written hf:NAME[:CONFIG]")
-    return parts[0], parts[1] if len(parts) == 2 else None
+    if not parts[0] or len(parts) > 3 or any(not part for part in parts):
+        raise InvalidParameter("tasks", source, "a Hub dataset task is written hf:NAME[:CONFIG[:SPLIT]]")
+    name, config, split = (*parts, None, None)[:3]
+    if split == "train":
+        raise InvalidParameter("tasks", source, "is scored on the split it fine-tunes on: name another split")
+    return name, config, split
 
 
 def _split_file(folder: str, split: str) -> str:

@@ -103,6 +103,10 @@ PROBE_NOTE = (
 )
 
 
+# The Hub's metric ids (the `evaluate` library's names) for the probe's metrics that are named otherwise here
+HUB_METRIC_IDS = {"mcc": "matthews_correlation"}
+
+
 def probe_results(probe: dict | None) -> list | None:
     """The probe's scores of the pre-trained model as the Hub's ``model-index`` results (the model page shows
     them); none for a failed or absent probe."""
@@ -121,7 +125,7 @@ def probe_results(probe: dict | None) -> list | None:
                 dataset_name=dataset,
                 dataset_config=config,
                 dataset_split=task["validation_split"],
-                metric_type=task["metric"],
+                metric_type=HUB_METRIC_IDS.get(task["metric"], task["metric"]),
                 metric_value=round(task["pre-trained"]["score"], 4),
                 metric_name=f"{task['metric']} (short fine-tune, random init: {task['random init']['score']:.4f})",
             )
