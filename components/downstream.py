@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.downstream_tasks import METRICS, Task, TaskSelection
+from components.lib.downstream_tasks import METRICS, Task, TaskSelection, published_score
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import fine_tuning_steps
 from components.lib.job_runner import run_job
@@ -231,6 +231,7 @@ def task_result(task: Task, runs: dict[str, list[dict[str, Any]]]) -> dict[str, 
         "train_samples": len(task.train.labels),
         "validation_samples": len(task.validation.labels),
         "validation_split": task.validation_split,
+        "published": published_score(task.name),  # roberta-base's, after a full fine-tune: not comparable
     }
     for model, model_runs in runs.items():
         means = {name: statistics.mean(run[name] for run in model_runs) for name in METRICS}

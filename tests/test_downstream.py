@@ -164,3 +164,24 @@ def test_the_probe_fine_tunes_the_model_and_its_random_twin_and_reports_both(tmp
     )
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error: --tasks='hf:'")
     assert not (tmp_path / "x").exists()
+
+
+def test_roberta_base_s_published_score_is_a_landmark_beside_glue_tasks_only_where_the_metric_is_the_probe_s():
+    from components.lib.downstream_tasks import published_score
+    from components.lib.results import downstream_table
+
+    assert published_score("hf:nyu-mll/glue:sst2") == 0.948 and published_score("hf:glue:cola") == 0.636
+    assert published_score("hf:nyu-mll/glue:mrpc") is None  # published as accuracy, the probe's MRPC metric is F1
+    assert published_score("hf:glue:sst2:test") is None and published_score("word-order") is None
+    model = {"score": 0.8, "accuracy": 0.8, "f1": 0.8, "mcc": 0.6, "runs": []}
+    row = {"metric": "accuracy", "pre-trained": model, "random init": model, "gain": 0.0, "train_samples": 10}
+    row |= {"validation_samples": 5, "validation_split": "validation"}
+    tasks = [
+        {**row, "task": "hf:nyu-mll/glue:sst2", "published": 0.948},
+        {**row, "task": "word-order", "published": None},
+    ]
+    table = downstream_table({"tasks": tasks, "average": {"pre-trained": 0.8, "random init": 0.8}})
+    assert table[0].endswith("| published roberta-base¹ |") and table[2].endswith("| 5 (validation) | 0.948 |")
+    assert table[3].endswith("| 5 (validation) | |") and "not comparable with this probe's short budget" in table[-1]
+    alone = downstream_table({"tasks": tasks[1:], "average": {"pre-trained": 0.8, "random init": 0.8}})
+    assert "published" not in "\n".join(alone)  # no column where no task has a published figure

@@ -47,6 +47,24 @@ GLUE_TASKS = {
     "qnli": (("question", "sentence"), "accuracy", "validation"),
     "rte": (("sentence1", "sentence2"), "accuracy", "validation"),
 }
+# roberta-base's published GLUE dev scores where their metric is this probe's (fairseq's RoBERTa README: single-task
+# fine-tuning by the RoBERTa paper's recipe, 10 epochs and a sweep of rates and batches, from a model pre-trained on
+# 160 GB of text); MRPC's and QQP's published figures are accuracies, where the probe reports F1
+PUBLISHED_ROBERTA_BASE = {"cola": 0.636, "sst2": 0.948, "mnli": 0.876, "qnli": 0.928, "rte": 0.787}
+PUBLISHED_SOURCE = "roberta-base, fairseq's README: GLUE dev, 10-epoch fine-tuning with a hyperparameter sweep"
+
+
+def published_score(source: str) -> float | None:
+    """roberta-base's published score on a GLUE task named ``hf:glue:NAME`` or ``hf:nyu-mll/glue:NAME`` scored on its
+    usual validation split; None for every other task."""
+    if not source.startswith(HUB_PREFIX):
+        return None
+    name, config, split = _hub_name(source)
+    if name not in GLUE_DATASETS or config not in PUBLISHED_ROBERTA_BASE or split not in (None, GLUE_TASKS[config][2]):
+        return None
+    return PUBLISHED_ROBERTA_BASE[config]
+
+
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 SPLITS = ("train", "validation")
 MOST_CLASSES = 100  # more label values than this: a column of text or of ids given as the label, not classes
@@ -152,8 +170,9 @@ class TaskSelection:
         default=WORD_ORDER,
         metadata={
             "help": "The downstream probe's tasks, comma-separated: word-order (from the embedded corpus, no "
-            "network), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their conventions: "
-            "hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation .jsonl/.csv/.parquet files."
+            "network), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their "
+            "conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation "
+            ".jsonl/.csv/.parquet files."
         },
     )
     text_columns: str = field(

@@ -76,22 +76,29 @@ def downstream_table(results: dict[str, Any]) -> list[str]:
     task's validation split and the gain; the average where there are several; a failed probe's error."""
     if results.get("failed"):
         return [f"The downstream probe failed: {results['failed']}"]
+    published = any(result.get("published") is not None for result in results["tasks"])
     lines = [
-        "| task | metric | pre-trained | random init | gain | fine-tuned on | scored on |",
-        "|---|---|---|---|---|---|---|",
+        "| task | metric | pre-trained | random init | gain | fine-tuned on | scored on |"
+        + (" published roberta-base¹ |" if published else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if published else ""),
     ]
     for result in results["tasks"]:
         lines.append(
             f"| `{result['task']}` | {result['metric']} | {result['pre-trained']['score']:.4f} | "
             f"{result['random init']['score']:.4f} | {result['gain']:+.4f} | {result['train_samples']:,} | "
             f"{result['validation_samples']:,} ({result['validation_split']}) |"
+            + (f" {result['published']:.3f} |" if result.get("published") is not None else " |" if published else "")
         )
     average = results["average"]
     if len(results["tasks"]) > 1:
         lines.append(
             f"| average | | {average['pre-trained']:.4f} | {average['random init']:.4f} | "
-            f"{average['pre-trained'] - average['random init']:+.4f} | | |"
+            f"{average['pre-trained'] - average['random init']:+.4f} | | |" + (" |" if published else "")
         )
+    if published:
+        from components.lib.downstream_tasks import PUBLISHED_SOURCE
+
+        lines += ["", f"¹ {PUBLISHED_SOURCE}; a landmark, not comparable with this probe's short budget."]
     return lines
 
 
