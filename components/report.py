@@ -36,6 +36,17 @@ class ReportArguments:
     )
 
 
+def png_bytes(figure: Any) -> bytes:
+    """A matplotlib figure as PNG bytes, the figure closed."""
+    from matplotlib import pyplot
+
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    pyplot.close(figure)
+    return buffer.getvalue()
+
+
 def loss_curve_png(history: list[dict[str, float]]) -> bytes:
     import matplotlib
 
@@ -62,11 +73,7 @@ def loss_curve_png(history: list[dict[str, float]]) -> bytes:
     )
     rate_axis.set_ylabel("learning rate")
     figure.legend(loc="upper right")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    pyplot.close(figure)
-    return buffer.getvalue()
+    return png_bytes(figure)
 
 
 def probe_png(results: dict[str, Any]) -> bytes:
@@ -87,11 +94,7 @@ def probe_png(results: dict[str, Any]) -> bytes:
     axis.invert_yaxis()
     axis.set_xlabel("validation score")
     axis.legend(loc="lower right")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    pyplot.close(figure)
-    return buffer.getvalue()
+    return png_bytes(figure)
 
 
 def probe_section(results: dict[str, Any] | None) -> str:
