@@ -157,7 +157,9 @@ def fine_tune(
     samples = len(task.train.labels)
     batch_size = min(arguments.batch_size, samples)
     steps = fine_tuning_steps(samples, arguments.batch_size, arguments.epochs, arguments.max_steps)
-    learning_rate = (arguments.random_init_learning_rate if not pretrained else 0) or arguments.learning_rate
+    learning_rate = (
+        arguments.learning_rate if pretrained else arguments.random_init_learning_rate or arguments.learning_rate
+    )
     optimizer, _ = create_optimizer(
         init_lr=learning_rate,
         num_train_steps=steps,

@@ -11,8 +11,8 @@ from typing import Any
 from components.downstream import DownstreamArguments, downstream
 from components.evaluate import EvaluateArguments, evaluate
 from components.lib import storage
-from components.lib.errors import InvalidParameter
-from components.lib.results import DOWNSTREAM_FILE, PROBE_MODELS, REPORT_FILE
+from components.lib.errors import InvalidParameter, first_line
+from components.lib.results import DOWNSTREAM_FILE, PROBE_MODELS, REPORT_FILE, downstream_table
 from components.lib.tpu_catalogue import TPU_TYPES
 from components.preflight import PreflightArguments, preflight
 from components.push import PushArguments, push
@@ -130,10 +130,10 @@ def run_downstream(
         results = downstream(arguments)
     except Exception as error:  # a fine-tuning that diverged, ran out of memory, a dataset gone from the Hub ...
         logging.getLogger("tpu_mlm.downstream").exception("the downstream probe failed; the pipeline goes on")
-        failed = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-        storage.write_text_atomic(storage.join(arguments.output, DOWNSTREAM_FILE), json.dumps({"failed": failed}))
+        failed = {"failed": f"{type(error).__name__}: {first_line(error)}"}
+        storage.write_text_atomic(storage.join(arguments.output, DOWNSTREAM_FILE), json.dumps(failed))
         metrics.log_metric("downstream_failed", 1)
-        Path(report.path).write_text(f"The downstream probe failed: {failed}\n")
+        Path(report.path).write_text("\n".join(downstream_table(failed)) + "\n")
         return
     average = results["average"]
     downstream_results.metadata["gain"] = average[PROBE_MODELS[0]] - average[PROBE_MODELS[1]]

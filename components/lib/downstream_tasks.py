@@ -31,7 +31,7 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.corpus.spec import HUB_PREFIX
-from components.lib.errors import InvalidParameter
+from components.lib.errors import InvalidParameter, first_line
 
 WORD_ORDER = "word-order"
 METRICS = ("accuracy", "f1", "mcc")
@@ -134,8 +134,7 @@ class TaskSpec:
         except InvalidParameter:
             raise
         except (ValueError, FileNotFoundError, ConnectionError) as error:  # no such dataset or config, no Hub
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise InvalidParameter("tasks", self.source, f"cannot be loaded: {first_line}") from None
+            raise InvalidParameter("tasks", self.source, f"cannot be loaded: {first_line(error)}") from None
         label = "label" if glue else self.label_column
         return _labelled(
             self.source, metric, loaded["train"], loaded[validation_split], columns, label, validation_split

@@ -2,6 +2,12 @@
 loss stopped being finite, and an outside service that kept failing after retries."""
 
 
+def first_line(error: BaseException) -> str:
+    """What an error says, in one line: its message's first line, else its type's name (a message-less error)."""
+    message = str(error).strip()
+    return message.splitlines()[0] if message else type(error).__name__
+
+
 class InvalidParameter(ValueError):
     """A parameter's value cannot work. The message names the parameter, the value and what would be valid."""
 

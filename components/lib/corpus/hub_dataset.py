@@ -12,7 +12,7 @@ from typing import Any
 
 from components.lib.corpus.reader import CorpusReader, Reading, Texts
 from components.lib.corpus.spec import HUB_PREFIX, CorpusSpec
-from components.lib.errors import InvalidParameter
+from components.lib.errors import InvalidParameter, first_line
 from components.lib.hub import secret_token
 
 log = logging.getLogger("tpu_mlm.corpus")
@@ -64,7 +64,7 @@ class HubDatasetReader(CorpusReader):
         try:
             dataset = datasets.load_dataset(self.name, self.config, split=self.split, streaming=True, token=token)
         except Exception as error:  # the datasets library raises many types for a name it cannot load
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            reason = first_line(error)
             raise InvalidParameter("corpus", self.spec.corpus, f"cannot load the Hub dataset: {reason}") from error
         if dataset.features is not None and self.spec.text_column not in dataset.features:
             raise self.spec.missing_column(list(dataset.features), self.spec.corpus)
