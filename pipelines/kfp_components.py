@@ -204,7 +204,7 @@ def train_step(
     model: Output[Model],
     output_root: str = '',
     pipeline_root: str = '',
-    run_id: str = '',
+    run_name: str = '',
     tpu_type: str = '',
     tpu_provisioning: str = 'STANDARD',
     model_config: str = 'roberta-base',
@@ -311,7 +311,7 @@ def evaluate_step(
     report: Output[Markdown],
     output_root: str = '',
     batch_size: int = 64,
-    max_batches: int = 0,
+    max_batches: int = 150,
     eval_mlm_probability: float = 0.15,
     seed: int = 0,
     fill_mask: str = 'The history of the <mask> begins in the early twentieth century. | The function returns a <mask> of values. | In 1990 the band released their first <mask>.',
@@ -326,7 +326,7 @@ def evaluate_step(
         shards: Shard folder with manifest.json to evaluate on.
         train_shards: The training shards: their token counts give the unigram baseline.
         batch_size: Samples per evaluation batch.
-        max_batches: Evaluate at most this many batches; 0: all.
+        max_batches: Evaluate at most this many batches (the first ones, the same in every run); 0: all. The default scores 9,600 samples: minutes for roberta-base on 8 vCPUs, a loss precise to about a hundredth (its standard error is reported).
         eval_mlm_probability: Share of tokens masked; keep the default to compare runs (whatever their training masked).
         seed: Masking seed; keep it fixed to compare runs and models.
         fill_mask: Sentences for fill-mask examples, separated by ' | ', each with <mask>.

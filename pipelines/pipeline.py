@@ -189,6 +189,7 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
     ("tpu_provisioning", PreflightArguments, "tpu_provisioning"),
     ("allow_tight_memory", PreflightArguments, "allow_tight_memory"),
     ("eval_batch_size", EvaluateArguments, "batch_size"),
+    ("eval_max_batches", EvaluateArguments, "max_batches"),
     *((f"downstream_{name}", TaskSelection, name) for name in ("tasks", "text_columns", "label_column")),
     *(
         (f"downstream_{name}", DownstreamArguments, name)
@@ -382,7 +383,7 @@ def training_task(tasks: Tasks, data: dict[str, Any], checked: Any) -> Any:
         "train",
         peak_tflops=target.tpu.peak_tflops_per_replica if target.vertex else 0.0,
         pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
-        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
         **(tpu_job if target.vertex else {}),
         **data,
     )

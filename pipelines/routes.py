@@ -52,6 +52,7 @@ ROUTES = {
     'tpu_provisioning': {'preflight': 'tpu_provisioning'},
     'allow_tight_memory': {'preflight': 'allow_tight_memory'},
     'eval_batch_size': {'evaluate': 'batch_size'},
+    'eval_max_batches': {'evaluate': 'max_batches'},
     'downstream_tasks': {'preflight': 'tasks', 'downstream': 'tasks'},
     'downstream_text_columns': {'preflight': 'text_columns', 'downstream': 'text_columns'},
     'downstream_label_column': {'preflight': 'label_column', 'downstream': 'label_column'},

@@ -20,6 +20,7 @@ from components.report import ReportArguments, write_report
 from components.shards import ShardArguments, corpus_for_split, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from components.train import TrainArguments, train
+from pipelines.run_folders import checkpoint_folder
 
 
 def split_source(settings: dict[str, Any], validation_corpus: str) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def run_train(
     model: Any,
     output_root: str,
     pipeline_root: str,
-    run_id: str,
+    run_name: str,
     tpu_type: str,
     tpu_provisioning: str,
     **settings: Any,
@@ -77,13 +78,13 @@ def run_train(
         tpu = TPU_TYPES[tpu_type]
         settings["price_per_hour"] = tpu.list_price(tpu_provisioning)
         settings["price_source"] = f"{tpu.list_price_source(tpu_provisioning)}, set tpu_price_per_hour"
-    if not settings["checkpoint_dir"] and run_id:
-        for name, value in (("pipeline_root", pipeline_root), ("run_id", run_id)):
+    if not settings["checkpoint_dir"] and run_name:
+        for name, value in (("pipeline_root", pipeline_root), ("run_name", run_name)):
             if "{{" in value:  # a placeholder the backend did not fill: the run's checkpoints would go astray
                 raise InvalidParameter(name, value, "was not resolved by the pipeline's backend; set checkpoint_dir")
         # one folder for the pipeline run, whichever attempt of the task or restart of its job trains: a retried
         # task resumes (its model artifact may be a new folder)
-        settings["checkpoint_dir"] = storage.join(output_root or pipeline_root, "checkpoints", run_id)
+        settings["checkpoint_dir"] = checkpoint_folder(output_root or pipeline_root, run_name)
     summary = train(
         TrainArguments(
             tokenizer=tokenizer.uri,

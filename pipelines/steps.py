@@ -76,8 +76,8 @@ class Step:
 
 
 OUTPUT_ROOT = {"output_root": ("str", "")}
-# what the pipeline passes the train step from KFP's placeholders: the root and the run's id (a retry's too)
-RUN_PLACEHOLDERS = {"pipeline_root": ("str", ""), "run_id": ("str", "")}
+# what the pipeline passes the train step from KFP's placeholders: the root and the run's name (a retry's too)
+RUN_PLACEHOLDERS = {"pipeline_root": ("str", ""), "run_name": ("str", "")}
 # what the vertex target passes the train step to price its cost lines when the run gives no price
 TPU_PRICING = {"tpu_type": ("str", ""), "tpu_provisioning": ("str", ON_DEMAND)}
 STEPS = {

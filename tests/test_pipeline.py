@@ -228,9 +228,9 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     retried = {"backoffDuration": "600s", "backoffFactor": 1.0, "backoffMaxDuration": "3600s", "maxRetryCount": 2}
     assert dag_tasks(spec)["train-step"].get("retryPolicy") == (retried if TPU_TYPES[tpu_type].hosts == 1 else None)
     assert train_inputs["pipeline_root"] == {"runtimeValue": {"constant": "{{$.pipeline_root}}"}}
-    assert train_inputs["run_id"] == {"runtimeValue": {"constant": "{{$.pipeline_job_uuid}}"}}
+    assert train_inputs["run_name"] == {"runtimeValue": {"constant": "{{$.pipeline_job_name}}"}}
     trained = {
-        name for name in train_inputs if name not in ("peak_tflops", "timeout", "strategy", "pipeline_root", "run_id")
+        name for name in train_inputs if name not in ("peak_tflops", "timeout", "strategy", "pipeline_root", "run_name")
     }
     assert trained - {"tokenizer", "train_shards", "eval_shards"} <= set(preflight_inputs)
 

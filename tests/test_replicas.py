@@ -8,6 +8,7 @@ import functools
 import json
 import signal
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import LONG_TEST_SECONDS, run_at, run_module, scheduled_rates
@@ -94,18 +95,30 @@ def test_two_cpu_replicas_checkpoint_on_a_sigterm_validate_at_each_checkpoint_an
 def reference_metrics(model, dataset) -> dict:
     """Today's figures computed the way they were before the masked-positions head: full logits everywhere."""
     loss_sum = tokens = correct = 0.0
+    sample_losses, sample_tokens = [], []
     for batch in dataset:
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits
         masked = batch["labels"] >= 0
         labels = tf.where(masked, batch["labels"], 0)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
         weights = tf.cast(masked, tf.float32)
+        sample_losses += tf.reduce_sum(losses * weights, axis=1).numpy().tolist()
+        sample_tokens += tf.reduce_sum(weights, axis=1).numpy().tolist()
         loss_sum += float(tf.reduce_sum(losses * weights))
         tokens += float(tf.reduce_sum(weights))
         correct += float(
             tf.reduce_sum(tf.cast(tf.argmax(logits, -1, output_type=labels.dtype) == labels, tf.float32) * weights)
         )
-    return {"loss": loss_sum / tokens, "masked_accuracy": correct / tokens, "masked_tokens": int(tokens)}
+    # the loss's standard error over samples: a ratio of means, its variance by the delta method
+    per_sample, weight = np.array(sample_losses), np.array(sample_tokens)
+    ratio, n = per_sample.sum() / weight.sum(), len(per_sample)
+    standard_error = np.sqrt(np.var(per_sample - ratio * weight, ddof=1) * n) / weight.sum()
+    return {
+        "loss": loss_sum / tokens,
+        "loss_standard_error": standard_error,
+        "masked_accuracy": correct / tokens,
+        "masked_tokens": int(tokens),
+    }
 
 
 def test_masked_positions_metrics_equal_the_full_logits_metrics_on_the_same_masks(embedded_shards):
@@ -120,10 +133,14 @@ def test_masked_positions_metrics_equal_the_full_logits_metrics_on_the_same_mask
     expected = reference_metrics(model, stream())
     assert metrics["masked_tokens"] == expected["masked_tokens"] > 0
     assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    # an untrained model's samples lose nearly alike: their spread is a small difference of large float32 sums
+    assert metrics["loss_standard_error"] == pytest.approx(expected["loss_standard_error"], rel=1e-2)
     assert metrics["masked_accuracy"] == pytest.approx(expected["masked_accuracy"], abs=1e-9)
     assert metrics["samples"] == manifest["num_records"] and metrics["batches"] == -(-manifest["num_records"] // 20)
     assert score(stream) == metrics  # the same function again, the same figures
-    assert score(stream, max_batches=1)["batches"] == 1
+    first_batch = score(stream, max_batches=1)
+    assert first_batch["batches"] == 1
+    assert first_batch["loss_standard_error"] > metrics["loss_standard_error"] > 0  # fewer samples, less precise
     assert score.traces == 1  # one graph for every pass: no compile per checkpoint
 
 

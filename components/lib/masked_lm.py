@@ -15,6 +15,8 @@ from typing import Any
 
 from components.lib.errors import InvalidParameter
 
+SUMS = 6  # what each replica adds up of a batch (MaskedLMScorer)
+
 
 def check_probability(value: float, parameter: str = "mlm_probability") -> None:
     if not 0.0 < value < 1.0:
@@ -59,31 +61,42 @@ class MaskedLMScorer:
     The whole pass runs in one graph function, traced once and reused at every call (validating at each
     checkpoint does not compile again; on a TPU a recompile costs minutes), with no return to Python
     between batches. Each replica returns sums, which are added across replicas, so any replica count gives
-    the same figures up to float rounding."""
+    the same figures up to float rounding. The sums include each sample's loss and masked tokens squared and
+    crossed, for the loss's standard error over the samples scored (``loss_standard_error``): how precise a loss
+    from a part of a validation set is."""
 
     def __init__(self, model: Any, strategy: Any, predictions: int):
         import tensorflow as tf
 
         self._strategy = strategy
 
-        def replica_sums(batch: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+        def replica_sums(batch: dict[str, Any]) -> tuple[Any, ...]:
             samples = tf.shape(batch["input_ids"])[0]
 
-            def scored() -> tuple[Any, Any, Any]:
+            def scored() -> tuple[Any, ...]:
                 logits, targets, weights = masked_logits(model, batch, predictions, training=False)
                 # the cross-entropy without the softmax's probabilities, which only a gradient needs: the
                 # vocabulary-wide softmax is what a small model's evaluation spends most of its time on
                 losses = tf.reduce_logsumexp(logits, axis=-1) - tf.gather(logits, targets, batch_dims=2)
                 correct = tf.cast(tf.argmax(logits, axis=-1, output_type=targets.dtype) == targets, tf.float32)
-                return tf.reduce_sum(losses * weights), tf.reduce_sum(weights), tf.reduce_sum(correct * weights)
+                sample_loss, sample_tokens = tf.reduce_sum(losses * weights, 1), tf.reduce_sum(weights, 1)
+                return (
+                    tf.reduce_sum(sample_loss),
+                    tf.reduce_sum(sample_tokens),
+                    tf.reduce_sum(correct * weights),
+                    tf.reduce_sum(sample_loss**2),
+                    tf.reduce_sum(sample_loss * sample_tokens),
+                    tf.reduce_sum(sample_tokens**2),
+                )
 
             # a replica's share of a short last batch can be empty, which the encoder's reshapes do not take
-            sums = tf.cond(samples > 0, scored, lambda: (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0)))
+            sums = tf.cond(samples > 0, scored, lambda: tuple(tf.constant(0.0) for _ in range(SUMS)))
             return (*sums, tf.cast(samples, tf.float32))
 
         @tf.function
         def score(dataset: Any) -> Any:
-            totals = tf.zeros([5], tf.float64)  # loss, masked tokens, correct, samples, batches
+            # loss, masked tokens, correct, the three sums of squares, samples, batches
+            totals = tf.zeros([SUMS + 2], tf.float64)
             for batch in dataset:
                 sums = strategy.run(replica_sums, args=(batch,))
                 reduced = [tf.cast(strategy.reduce("SUM", value, axis=None), tf.float64) for value in sums]
@@ -98,12 +111,18 @@ class MaskedLMScorer:
         from components.lib.input_pipeline import distributed
 
         make = functools.partial(stream, max_batches=max_batches)
-        loss_sum, tokens, correct, samples, batches = self._score(distributed(self._strategy, make)).numpy()
+        totals = self._score(distributed(self._strategy, make)).numpy()
+        loss_sum, tokens, correct, loss_squares, loss_by_tokens, token_squares, samples, batches = totals
         if tokens == 0:
             raise InvalidParameter("shards", "(evaluation set)", "no token was masked; the evaluation set is empty")
         loss = loss_sum / tokens
+        # the loss is a ratio of two sums over samples: its variance, by the delta method, from each sample's
+        # departure from it, sum((l_i - loss t_i)^2) / tokens^2, and n / (n - 1) for the mean's own estimate
+        spread = max(loss_squares - 2 * loss * loss_by_tokens + loss**2 * token_squares, 0.0)
+        standard_error = math.sqrt(spread * samples / (samples - 1)) / tokens if samples > 1 else math.nan
         return {
             "loss": float(loss),
+            "loss_standard_error": float(standard_error),
             "perplexity": math.exp(min(loss, 700.0)),
             "masked_accuracy": float(correct / tokens),
             "masked_tokens": int(tokens),

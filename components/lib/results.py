@@ -15,13 +15,25 @@ def metrics_table(metrics: dict[str, Any]) -> list[str]:
     return [
         "| metric | value |",
         "|---|---|",
-        f"| loss (mean over masked tokens) | {metrics['loss']:.4f} |",
+        f"| loss (mean over masked tokens) | {metrics['loss']:.4f}{standard_error(metrics)} |",
         f"| perplexity | {metrics['perplexity']:.2f} |",
         *unigram_row(metrics),
         f"| masked-token accuracy | {metrics['masked_accuracy']:.2%} |",
         f"| masked tokens | {metrics['masked_tokens']:,} |",
-        f"| samples | {metrics['samples']:,} |",
+        f"| samples | {metrics['samples']:,}{of_the_set(metrics)} |",
     ]
+
+
+def standard_error(metrics: dict[str, Any]) -> str:
+    """The loss's standard error over the samples scored, as " ± SE" (none for metrics written before it was kept)."""
+    error = metrics.get("loss_standard_error")
+    return f" ± {error:.4f}" if error is not None and error == error else ""
+
+
+def of_the_set(metrics: dict[str, Any]) -> str:
+    """How many samples the shards hold, where the evaluation scored only a part of them."""
+    total = metrics.get("set_samples")
+    return f" of {total:,} in the set (max_batches)" if total and total > metrics["samples"] else ""
 
 
 # the train step's: written last in the model folder
