@@ -26,18 +26,20 @@ from components.lib.devices import ACCELERATORS, check_accelerator, select_strat
 from components.lib.errors import InvalidParameter
 from components.lib.input_pipeline import EVALUATION_MLM_PROBABILITY, Masking, evaluation_dataset, naming_corrupt_shards
 from components.lib.job_runner import run_job
-from components.lib.masked_lm import MaskedLMScorer, check_probability, max_predictions, unigram_perplexity
+from components.lib.masked_lm import (
+    EVALUATION_BATCH_SIZE,
+    EVALUATION_MAX_BATCHES,
+    MaskedLMScorer,
+    check_probability,
+    max_predictions,
+    unigram_perplexity,
+)
 from components.lib.pytorch_weights import check_model_folder, load_tf_masked_lm
 from components.lib.results import METRICS_FILE, REPORT_FILE, display_token, metrics_table, standard_error
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import TOKENIZER_FILE, fingerprint
 
 log = logging.getLogger("tpu_mlm.evaluate")
-
-# Enough samples for a loss known to about 1% (its standard error is reported with it), few enough that
-# roberta-base scores them in minutes on the step's CPUs: the whole validation set of a 20 GB corpus would take
-# days there (docs/cost.md).
-DEFAULT_MAX_BATCHES = 150
 
 DEFAULT_SENTENCES = (
     "The history of the <mask> begins in the early twentieth century.",
@@ -54,9 +56,9 @@ class EvaluateArguments:
     train_shards: str = field(
         default="", metadata={"help": "The training shards: their token counts give the unigram baseline."}
     )
-    batch_size: int = field(default=64, metadata={"help": "Samples per evaluation batch."})
+    batch_size: int = field(default=EVALUATION_BATCH_SIZE, metadata={"help": "Samples per evaluation batch."})
     max_batches: int = field(
-        default=DEFAULT_MAX_BATCHES,
+        default=EVALUATION_MAX_BATCHES,
         metadata={
             "help": "Evaluate at most this many batches (the first ones, the same in every run); 0: all. The "
             "default scores 9,600 samples: minutes for roberta-base on 8 vCPUs, a loss precise to about a hundredth "

@@ -22,7 +22,15 @@ from typing import Any
 from components.lib import storage
 from components.lib.downstream_tasks import TaskSelection
 from components.lib.errors import InvalidParameter
-from components.lib.estimates import check_memory_fit, describe_estimate, estimate_table, memory_fit, shards_size
+from components.lib.estimates import (
+    TIMEOUT_CAP_HOURS,
+    check_memory_fit,
+    describe_estimate,
+    estimate_table,
+    memory_fit,
+    shards_size,
+    tpu_job_timeout,
+)
 from components.lib.hub import HubToken, check_secret_name, hub_token
 from components.lib.job_runner import run_job
 from components.lib.memory_model import MemoryEstimate
@@ -33,11 +41,6 @@ from components.lib.training_plan import TrainingSettings, plan_training
 log = logging.getLogger("tpu_mlm.preflight")
 
 WRITE_ROLES = ("write", "admin", "fineGrained")
-# The TPU job's hard limit when none is given: twice the estimated training time (the estimate assumes 40% MFU; a
-# run at half that still ends) plus an hour (TPU start, XLA compiles, validation, checkpoints, the final save);
-# never under 2 hours (a short run's start alone can take tens of minutes), never over Vertex AI's own default of
-# 7 days, which is what an unbounded job would get.
-TIMEOUT_FLOOR_HOURS, TIMEOUT_CAP_HOURS = 2.0, 168.0
 
 
 @dataclass(kw_only=True)
@@ -160,22 +163,6 @@ def check_tasks(arguments: TaskSelection) -> list[dict[str, Any]]:
     return checked
 
 
-def tpu_job_timeout(hours: float, estimated_hours: float) -> int:
-    """The TPU job's hard limit in seconds: ``hours`` when given (refused below the estimate), else derived from
-    the estimate."""
-    if hours:
-        if hours < estimated_hours:
-            raise InvalidParameter(
-                "tpu_job_timeout_hours",
-                hours,
-                f"is below the estimated {estimated_hours:.2f} h of training; raise it or train fewer steps",
-            )
-        return round(hours * 3600)
-    derived = min(max(2 * estimated_hours + 1, TIMEOUT_FLOOR_HOURS), TIMEOUT_CAP_HOURS)
-    log.info("TPU job timeout: %.1f h (twice the estimated %.2f h, plus an hour)", derived, estimated_hours)
-    return round(derived * 3600)
-
-
 def preflight(arguments: PreflightArguments) -> dict[str, Any]:
     started = time.perf_counter()
     replicas = arguments.training_replicas
@@ -203,6 +190,7 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         log.info("estimate of the training on the %s:\n%s", arguments.tpu_type, estimate_table(estimate))
         report["estimate"] = {key: estimate[key] for key in ("steps", "tokens", "model_flops", "hours", "cost")}
         report["tpu_job_timeout_seconds"] = tpu_job_timeout(arguments.tpu_job_timeout_hours, estimate["hours"])
+        log.info("TPU job timeout: %.1f h", report["tpu_job_timeout_seconds"] / 3600)
     report["downstream_tasks"] = check_tasks(arguments)
     if arguments.hub_repo_id:
         token = hub_token("hub_repo_id", arguments.hub_repo_id, arguments.hf_token_secret)

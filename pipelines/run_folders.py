@@ -35,6 +35,15 @@ def checkpoint_folder(root: str, run: str) -> str:
 
 
 # the label that ties a run's TPU custom jobs to it (the launcher sets it; status, logs and cancel list by it)
+TENSORBOARD = "tensorboard"
+
+
+def tensorboard_folder(root: str, run: str) -> str:
+    """The run's TensorBoard logs: ``ROOT/tensorboard/NAME``, so that ``tensorboard --logdir ROOT/tensorboard`` shows
+    every run under ROOT side by side, each by its name ("" gives that folder of all runs)."""
+    return storage.join(root, TENSORBOARD, run) if run else storage.join(root, TENSORBOARD)
+
+
 RUN_NAME_LABEL = "tpu-mlm-run"
 LABEL_VALUE_LENGTH = 63  # Google Cloud's longest label value
 LABEL_HASH_LENGTH = 8

@@ -5,6 +5,7 @@ given, calls the step and records what KFP shows (artifact metadata, metrics). T
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from components.report import ReportArguments, write_report
 from components.shards import ShardArguments, corpus_for_split, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from components.train import TrainArguments, train
-from pipelines.run_folders import checkpoint_folder
+from pipelines.run_folders import checkpoint_folder, tensorboard_folder
 
 
 def split_source(settings: dict[str, Any], validation_corpus: str) -> dict[str, Any]:
@@ -78,13 +79,17 @@ def run_train(
         tpu = TPU_TYPES[tpu_type]
         settings["price_per_hour"] = tpu.list_price(tpu_provisioning)
         settings["price_source"] = f"{tpu.list_price_source(tpu_provisioning)}, set tpu_price_per_hour"
-    if not settings["checkpoint_dir"] and run_name:
+    if run_name:
         for name, value in (("pipeline_root", pipeline_root), ("run_name", run_name)):
-            if "{{" in value:  # a placeholder the backend did not fill: the run's checkpoints would go astray
+            if "{{" in value:  # a placeholder the backend did not fill: the run's folders would go astray
                 raise InvalidParameter(name, value, "was not resolved by the pipeline's backend; set checkpoint_dir")
+        root = output_root or pipeline_root
         # one folder for the pipeline run, whichever attempt of the task or restart of its job trains: a retried
         # task resumes (its model artifact may be a new folder)
-        settings["checkpoint_dir"] = checkpoint_folder(output_root or pipeline_root, run_name)
+        settings["checkpoint_dir"] = settings["checkpoint_dir"] or checkpoint_folder(root, run_name)
+        if not os.environ.get("AIP_TENSORBOARD_LOG_DIR"):  # Vertex AI's, where a TensorBoard is attached
+            # beside every other run's: tensorboard --logdir ROOT/tensorboard compares them
+            settings["tensorboard_dir"] = tensorboard_folder(root, run_name)
     summary = train(
         TrainArguments(
             tokenizer=tokenizer.uri,

@@ -7,14 +7,21 @@ Credentials: ``gcloud auth application-default login``, or the service account o
 submits a short run of the same pipeline on the same TPU (a sample of the corpus, 100 steps, no push), to run
 between the TPU smoke test and the long run.
 
+A submitted run is named (``--run_name``, else the display name and the time): the name finds its checkpoint
+folder, its TensorBoard logs and its state (``tpu-mlm status NAME``), and ``--resume NAME`` resumes a failed run from
+its checkpoints. The dry run prints the bill: every step's time and cost, the TPU job's machine, image and hard time
+limit, and the most the run can cost.
+
     python -m pipelines.submit --template pipeline.yaml --project my-project --region us-central1 \\
         --pipeline_root gs://my-bucket/pipeline-root --service_account trainer@my-project.iam.gserviceaccount.com \\
-        --parameters '{"corpus": "hf:wikitext:wikitext-103-raw-v1", "hub_repo_id": "me/roberta-wikitext"}'
+        --corpus_bytes 546500949 --dry_run --parameters '{"corpus": "hf:wikitext:wikitext-103-raw-v1",
+        "hub_repo_id": "me/roberta-wikitext", "hf_token_secret": "projects/my-project/secrets/hf-token"}'
 """
 
 import json
 import re
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +35,7 @@ from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.job_runner import log, run_job
 from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import check_values, routed_values, step_values
+from pipelines.run_folders import checkpoint_folder, run_name, tensorboard_folder
 from pipelines.vertex_jobs import VertexProject
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
@@ -60,7 +68,24 @@ class SubmitArguments(VertexProject):
     template: str = field(default="pipeline.yaml", metadata={"help": "Compiled pipeline (pipelines.compile)."})
     parameters: str = field(default="{}", metadata={"help": "Pipeline parameter values as a JSON object."})
     labels: str = field(default="", metadata={"help": "Run labels, key=value,key=value."})
-    display_name: str = field(default="tpu-mlm-pretraining", metadata={"help": "Name of the run."})
+    display_name: str = field(
+        default="",
+        metadata={"help": "The run's name in the console; default: the TPU and the parameter values given."},
+    )
+    run_name: str = field(
+        default="",
+        metadata={
+            "help": "The run's id (its pipeline job's): it names the run's checkpoint and TensorBoard folders; "
+            "default: tpu-mlm-YYYYMMDD-HHMMSS."
+        },
+    )
+    resume: str = field(
+        default="",
+        metadata={
+            "help": "A failed or stopped run's name: this run trains on from that run's checkpoints (its "
+            "checkpoint_dir), with the same parameters (the checkpoints refuse another recipe)."
+        },
+    )
     enable_caching: bool | None = field(
         default=None,
         metadata={
@@ -69,10 +94,18 @@ class SubmitArguments(VertexProject):
         },
     )
     dry_run: bool = field(
-        default=False, metadata={"help": "Print the job, and an estimate of the TPU run, instead of submitting it."}
+        default=False,
+        metadata={
+            "help": "Print the bill (every step's time and cost, the TPU job and its limit, the most the run can "
+            "cost) and the job, instead of submitting it; reads nothing over the network."
+        },
     )
     corpus_bytes: int = field(
-        default=0, metadata={"help": "The corpus's size, for the dry run's estimate of an hf: corpus (dataset card)."}
+        default=0,
+        metadata={
+            "help": "The corpus's size as stored (compressed files: their compressed size), for the estimate of an "
+            "hf: corpus (its dataset card) or, in a dry run, of files (gcloud storage du -s)."
+        },
     )
     first_run: bool = field(
         default=False,
@@ -96,6 +129,29 @@ def first_run_values(values: dict[str, Any], push: bool) -> dict[str, Any]:
         if changed.pop(name, None):
             log.info("first run: without the long run's %s", name)
     return changed
+
+
+# what the default display name leaves out of the values given: secrets' names, the Hub repository, folders
+NOT_IN_DISPLAY_NAMES = ("hf_token_secret", "hub_repo_id", "output_root", "checkpoint_dir")
+DISPLAY_NAME_LENGTH = 128  # Vertex AI's longest
+
+
+def default_display_name(tpu_type: str, values: dict[str, Any]) -> str:
+    """The run's display name by what differs from the template's defaults: the TPU and the values given, so that
+    two runs tell apart in the console's list."""
+    given = [f"{name}={value}" for name, value in values.items() if name not in NOT_IN_DISPLAY_NAMES]
+    return " ".join([f"tpu-mlm {tpu_type}", *given])[:DISPLAY_NAME_LENGTH]
+
+
+def resumed_values(values: dict[str, Any], pipeline_root: str, resume: str) -> dict[str, Any]:
+    """The values of a run that trains on from run ``resume``'s checkpoints: its checkpoint folder as
+    ``checkpoint_dir`` (a folder given is the one to resume from)."""
+    folder = checkpoint_folder(values.get("output_root") or pipeline_root, run_name(resume, "resume"))
+    if values.get("checkpoint_dir") and values["checkpoint_dir"] != folder:
+        raise InvalidParameter(
+            "resume", resume, f"its checkpoints are in {folder}, and checkpoint_dir names {values['checkpoint_dir']}"
+        )
+    return {**values, "checkpoint_dir": folder}
 
 
 def check_project(project: str) -> None:
@@ -199,14 +255,24 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     template = yaml.safe_load(Path(arguments.template).read_text())
     if arguments.first_run_push and not arguments.first_run:
         raise InvalidParameter("first_run_push", True, "is for --first_run")
-    labels, display_name = parse_labels(arguments.labels), arguments.display_name
+    if arguments.resume and arguments.first_run:
+        raise InvalidParameter("resume", arguments.resume, "a first run trains in its own checkpoint folder")
+    labels = parse_labels(arguments.labels)
+    display_name = arguments.display_name or default_display_name(template_tpu_type(template), values)
+    name = (
+        run_name(arguments.run_name, "run_name") if arguments.run_name else f"tpu-mlm-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     if arguments.first_run:
         values = first_run_values(values, arguments.first_run_push)
-        labels, display_name = {**labels, "tpu-mlm-run": "first-run"}, f"{display_name}-first-run"
+        labels, display_name = {**labels, "tpu-mlm-run": "first-run"}, f"{display_name} (first run)"
+        name = f"{name}-first-run"
+    if arguments.resume:
+        values = resumed_values(values, arguments.pipeline_root, arguments.resume)
     check_parameters(template, values)
     # only when asked: aiplatform's enable_caching overrides every task's compiled setting, training's included
     caching = {} if arguments.enable_caching is None else {"enable_caching": arguments.enable_caching}
     return aiplatform.PipelineJob(
+        job_id=name,
         display_name=display_name,
         template_path=arguments.template,
         pipeline_root=arguments.pipeline_root,
@@ -220,9 +286,10 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
 
 
 def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str:
-    """The estimate of the run's training from its parameters (the template's defaults, then the values given),
-    printed as a table; a run that cannot train (a batch larger than the data, memory preflight would refuse)
-    is refused here, before anything is sent. Where the corpus's size is not known here, the reason instead."""
+    """The run's estimate from its parameters (the template's defaults, then the values given), and its bill: the
+    TPU job as the template runs it, its hard time limit and the most the run can cost, printed as a table; a run
+    that cannot train (a batch larger than the data, memory preflight would refuse) is refused here, before
+    anything is sent. Where the corpus's size is not known here, the reason instead. A dry run reads nothing."""
     from components.lib.estimates import EstimateArguments, check_memory_fit, estimate_run, estimate_table
 
     spec = job.to_dict()["pipelineSpec"]
@@ -233,22 +300,111 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
     values = {**defaults, **job.to_dict()["runtimeConfig"].get("parameterValues", {})}
     tpu = template_tpu_type(spec)
     try:
-        settings = routed_values(values, EstimateArguments, skip_steps=("downstream",))
+        settings = routed_values(values, EstimateArguments, skip_steps=("downstream", "evaluate"))
         if values["validation_corpus"]:  # the shards hold nothing of the corpus out
             settings["holdout_fraction"] = 0.0
-        estimated = EstimateArguments(**settings, corpus_bytes=arguments.corpus_bytes, tpu_type=tpu)
-        result = estimate_run(estimated, probe=step_values(values, "downstream"))
+        estimated = EstimateArguments(
+            **settings, corpus_bytes=arguments.corpus_bytes, tpu_type=tpu, offline=arguments.dry_run
+        )
+        result = estimate_run(
+            estimated, probe=step_values(values, "downstream"), evaluation=step_values(values, "evaluate")
+        )
     except InvalidParameter as error:
         if error.parameter != "corpus_bytes":
             raise
-        print(f"warning: no estimate of the training: {error} (a dataset card's dataset_info has it)", file=sys.stderr)
+        print(f"warning: no estimate of the run: {error}", file=sys.stderr)
         return f"no estimate: {error}"
     except Exception as error:  # the corpus's bucket, unreachable from here: the estimate is advice
-        print(f"warning: no estimate of the training: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"warning: no estimate of the run: {type(error).__name__}: {error}", file=sys.stderr)
         return f"no estimate: {error}"
     check_memory_fit(result["memory"], int(values["per_replica_batch_size"]))
-    print(f"Estimate of the training on a {tpu} (before the data exists):\n{estimate_table(result)}", file=sys.stderr)
+    result["bill"] = run_bill(spec, values, result)
+    print(
+        f"Estimate of the run on a {tpu} (before the data exists):\n{estimate_table(result)}\n{bill_table(result)}",
+        file=sys.stderr,
+    )
     return result
+
+
+def run_bill(spec: dict[str, Any], values: dict[str, Any], estimate: dict[str, Any]) -> dict[str, Any]:
+    """The TPU job as the compiled template ``spec`` creates it (machine, image, provisioning), its hard time limit
+    (preflight's rule, from the estimate) and the most the run can cost: the TPU at its price for the whole limit
+    (the jobs of the train task share it), plus the CPU steps' estimate (they have no limit of their own)."""
+    from components.lib.estimates import tpu_job_timeout
+
+    tpu = TPU_TYPES[template_tpu_type(spec)]
+    parameters = spec["components"]["comp-train-step"]["inputDefinitions"]["parameters"]
+    pool = parameters["worker_pool_specs"]["defaultValue"][0]
+    provisioning = values["tpu_provisioning"]
+    price = float(values["tpu_price_per_hour"]) or tpu.list_price(provisioning)
+    limit_hours = tpu_job_timeout(float(values["tpu_job_timeout_hours"]), estimate["hours"]) / 3600
+    cpu_cost = sum(step["cost"] for step in estimate["cpu_steps"] if step["cost"] is not None)
+    return {
+        "machine_spec": pool["machine_spec"],
+        "hosts": tpu.hosts,
+        "image": pool["container_spec"]["image_uri"],
+        "provisioning": provisioning,
+        "price_per_hour": price,
+        "price_source": "tpu_price_per_hour"
+        if float(values["tpu_price_per_hour"])
+        else tpu.list_price_source(provisioning),
+        "expected_tpu_cost": estimate["hours"] * price,
+        "time_limit_hours": limit_hours,
+        "tpu_worst_cost": limit_hours * price,
+        "cpu_cost": cpu_cost,
+        "worst_cost": limit_hours * price + cpu_cost,
+    }
+
+
+def bill_table(estimate: dict[str, Any]) -> str:
+    bill = estimate["bill"]
+    machine = ", ".join(f"{key} {value}" for key, value in bill["machine_spec"].items())
+    hosts = f", {bill['hosts']} hosts" if bill["hosts"] > 1 else ""
+    rows = [
+        ("TPU job", f"{machine}{hosts}, {bill['provisioning']}, image {bill['image']}"),
+        ("TPU price", f"${bill['price_per_hour']:,.2f} an hour ({bill['price_source']})"),
+        (
+            "TPU time limit",
+            f"{bill['time_limit_hours']:,.1f} h (tpu_job_timeout_hours; 0: twice the estimate plus an hour): the job "
+            "is stopped there, checkpoints kept",
+        ),
+        (
+            "expected cost",
+            f"${bill['expected_tpu_cost'] + bill['cpu_cost']:,.2f} (TPU ${bill['expected_tpu_cost']:,.2f} at the "
+            f"assumed MFU, CPU steps ${bill['cpu_cost']:,.2f})",
+        ),
+        (
+            "most it can cost",
+            f"${bill['worst_cost']:,.2f}: the TPU for its whole time limit (${bill['tpu_worst_cost']:,.2f}, shared by "
+            f"the train task's retries) and the CPU steps' estimate (${bill['cpu_cost']:,.2f}, no limit of their own)",
+        ),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def run_folders(arguments: SubmitArguments, request: dict[str, Any]) -> dict[str, str]:
+    """Where the run keeps its checkpoints and TensorBoard logs, and the commands that follow it, by its name."""
+    name = request["name"].rsplit("/", 1)[-1]
+    values = request["runtimeConfig"].get("parameterValues", {})
+    root = values.get("output_root") or arguments.pipeline_root
+    where = f"--project {arguments.project} --region {arguments.region}"
+    return {
+        "run": name,
+        "checkpoints": values.get("checkpoint_dir") or checkpoint_folder(root, name),
+        "tensorboard": f"tensorboard --logdir {tensorboard_folder(root, '')}  (this run: {name})",
+        "status": f"tpu-mlm status {name} {where}",
+        "cancel": f"tpu-mlm cancel {name} {where}",
+        "resume": f"tpu-mlm submit ... --resume {name}  (the same parameters, if it fails)",
+    }
+
+
+def check_resumable(folder: str) -> None:
+    """Refuses a resume from a folder that holds no checkpoint (a misspelt run name, another root)."""
+    from components.lib import storage
+
+    if not storage.exists(storage.join(folder, "checkpoint")):
+        raise InvalidParameter("resume", folder, "holds no checkpoint: name a run that trained, under this root")
 
 
 def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any]:
@@ -260,12 +416,18 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
         tasks = sorted(request["pipelineSpec"]["root"]["dag"]["tasks"])
         request["pipelineSpec"] = f"{arguments.template} ({len(tasks)} tasks: {', '.join(tasks)})"
         request["serviceAccount"] = arguments.service_account
+        request["name"] = job.job_id
         summary = {"dry_run": True, "would_submit": request, "estimate": check_estimate(arguments, job)}
     else:
         job = build_job(arguments, credentials)
+        if arguments.resume:
+            check_resumable(job.to_dict()["runtimeConfig"]["parameterValues"]["checkpoint_dir"])
         check_estimate(arguments, job)
+        request = job.to_dict()
         job.submit(service_account=arguments.service_account or None)
+        request["name"] = job.resource_name
         summary = {"job": job.resource_name, "console": job._dashboard_uri()}
+    summary["follow"] = run_folders(arguments, request)
     if arguments.first_run:
         summary["first_run"] = (
             f"{FIRST_RUN['max_steps']} steps on a sample; when it succeeds it proves {FIRST_RUN_PROVES}"
@@ -275,15 +437,17 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
 
 def summary_for_people(summary: dict[str, Any]) -> str:
     first_run = f"\nfirst run: {summary['first_run']}" if "first_run" in summary else ""
+    follow = "\n".join(f"{key + ':':<13}{value}" for key, value in summary["follow"].items())
     if summary.get("dry_run"):
         request = summary["would_submit"]
         return (
-            f"dry run: would submit {request['displayName']} with "
+            f"dry run: would submit {request['displayName']!r} with "
             f"{len(request['runtimeConfig'].get('parameterValues', {}))} "
-            f"parameter values, root {request['runtimeConfig']['gcsOutputDirectory']} (--json prints the request)"
+            f"parameter values, root {request['runtimeConfig']['gcsOutputDirectory']} (--json prints the request)\n"
+            + follow
             + first_run
         )
-    return f"submitted {summary['job']}\nconsole: {summary['console']}{first_run}"
+    return f"submitted {summary['job']}\nconsole:     {summary['console']}\n{follow}{first_run}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

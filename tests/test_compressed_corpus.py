@@ -200,7 +200,7 @@ def test_the_estimate_sizes_a_compressed_corpus_as_its_text(forms):
     plain = data_size(EstimateArguments(corpus=forms["txt"]))
     compressed = data_size(EstimateArguments(corpus=forms["txt.gz"]))
     assert abs(compressed["samples"] / plain["samples"] - 1) < 0.1
-    assert "bytes of text per byte" in compressed["source"]
+    assert "bytes of text per stored byte" in compressed["source"]
 
 
 def test_byte_order_marks_suffixes_in_capitals_and_long_window_zstd(tmp_path, corpus_lines):

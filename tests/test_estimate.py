@@ -5,7 +5,7 @@ from conftest import run_module
 
 from components import estimate
 from components.lib.errors import InvalidParameter
-from components.lib.estimates import EstimateArguments, estimate_run, estimate_table
+from components.lib.estimates import CPU_TASK_START_HOURS, EstimateArguments, estimate_run, estimate_table
 from components.lib.shard_set import read_manifest
 from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import target_defaults
@@ -86,13 +86,41 @@ def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_b
     data = result["data"]
     assert data["corpus_bytes"] == size and 0.15 < data["tokens_per_byte"] < 0.5
     assert data["samples"] == int(size * data["tokens_per_byte"] // 128)
-    # the CPU steps that make the data from the corpus are priced too, and grow with it; with shards made, none
-    cpu = result["cpu_steps"]
-    assert cpu["cost"] > 0 and "Vertex AI's n1-standard-4 rate" in estimate_table(result)
-    bigger = estimate_run(EstimateArguments(corpus=str(tmp_path / "corpus.txt"), corpus_bytes=1000 * size))
-    assert bigger["cpu_steps"]["hours"] > cpu["hours"] + 0.1
-    made = EstimateArguments(train_shards=embedded_shards["train"], model_config="tiny", per_replica_batch_size=8)
-    assert estimate_run(made)["cpu_steps"] is None
+    # the CPU steps: those that make the data from the corpus, then the evaluation, each priced
+    steps = {step["step"]: step for step in result["cpu_steps"]}
+    data_steps = ["tokenizer", "validation shards", "train shards", "merge train shards", "preflight"]
+    assert list(steps) == [*data_steps, "evaluate"]
+    assert all(step["cost"] > 0 for step in steps.values()) and "Vertex AI's n1-standard-4 rate" in estimate_table(
+        result
+    )
+    # a corpus 1,000 times larger, in 4 parts: the validation shards read it all in one task, the training shards
+    # in 4 side by side (as many machine hours, a start each, a quarter of the time)
+    bigger = estimate_run(EstimateArguments(corpus=str(tmp_path / "corpus.txt"), corpus_bytes=1000 * size, num_parts=4))
+    big = {step["step"]: step for step in bigger["cpu_steps"]}
+    start = CPU_TASK_START_HOURS
+    assert big["validation shards"]["hours"] - start == pytest.approx(
+        1000 * (steps["validation shards"]["hours"] - start)
+    )
+    parts = big["train shards"]
+    assert parts["tasks"] == 4 and parts["wall_hours"] - start == pytest.approx((parts["hours"] - 4 * start) / 4)
+    # with shards made, only the evaluation: 150 batches of 64 by default, forward only at the CPU rate measured
+    made = estimate_run(
+        EstimateArguments(train_shards=embedded_shards["train"], model_config="tiny", per_replica_batch_size=8)
+    )
+    (evaluation,) = made["cpu_steps"]
+    assert evaluation["step"] == "evaluate" and evaluation["samples"] == 150 * 64
+    flops = 150 * 64 * 128 * made["model_flops_per_token"] / 3
+    assert evaluation["hours"] == pytest.approx(flops / 343e9 / 3600 + start)
+
+
+def test_a_dry_run_s_estimate_reads_nothing_and_takes_a_compressed_corpus_s_size_as_stored():
+    offline = {"corpus": "gs://bucket/corpus/*.jsonl.gz", "offline": True, "model_config": "tiny"}
+    with pytest.raises(InvalidParameter, match=r"--corpus-bytes=0: the size of gs://bucket/corpus/.* is not read here"):
+        estimate_run(EstimateArguments(**offline))  # no bucket is reached: there is none
+    data = estimate_run(EstimateArguments(**offline, corpus_bytes=10**9, holdout_fraction=0.05))["data"]
+    assert data["corpus_bytes"] == 3.1 * 10**9  # the text in 1 GB of compressed files, as measured on WikiText-2
+    assert data["validation_samples"] == int(3.1e9 * 0.312 / 128 * 0.05)
+    assert "3.10 bytes of text per stored byte, assumed" in data["source"]
 
 
 @pytest.mark.parametrize(

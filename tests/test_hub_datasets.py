@@ -273,6 +273,10 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
     checkpoint_dir = training["arguments"]["checkpoint_dir"]
     assert checkpoint_dir.startswith(gcs + "/runs/run-") and "/checkpoints/" in checkpoint_dir
     assert any(name.endswith("ckpt-8.index") for name in bucket_objects(checkpoint_dir))
+    # the TensorBoard logs beside every run's, by the run's name: tensorboard --logdir ROOT/tensorboard compares runs
+    tensorboard_dir = training["arguments"]["tensorboard_dir"]
+    assert tensorboard_dir == checkpoint_dir.replace("/checkpoints/", "/tensorboard/")
+    assert any("tfevents" in name for name in bucket_objects(tensorboard_dir))
     metrics = json.loads(bucket_objects(artifacts["evaluation"])["metrics.json"])
     assert summary["metrics"]["loss"] == metrics["loss"] and metrics["masked_tokens"] > 0
     assert not list((tmp_path / "runs").rglob("*.tfrecord")) and not list((tmp_path / "runs").rglob("*.h5"))

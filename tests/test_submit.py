@@ -1,8 +1,9 @@
 import json
+import os
 import re
 
 import pytest
-from conftest import run_module
+from conftest import PROJECT_ROOT, run_module
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
 from google.cloud.aiplatform_v1.types import pipeline_job as gca_pipeline_job
@@ -116,11 +117,22 @@ def test_dry_run_prints_the_job_and_sends_nothing(template, monkeypatch, capsys)
         timeout=120,
     )
     assert cli.returncode == 0, cli.stderr
-    assert cli.stdout.strip().splitlines()[-1].startswith("dry run: would submit tpu-mlm-pretraining with 1 ")
-    assert len(cli.stdout.strip().splitlines()) < 10  # the request itself only with --json
+    printed = cli.stdout.strip().splitlines()
+    assert printed[0] == (
+        "dry run: would submit 'tpu-mlm v5e-4 corpus=hf:wikitext:wikitext-103-raw-v1' with 1 parameter values, "
+        "root gs://bucket/root (--json prints the request)"
+    )
+    # the run's name, and what it names: its checkpoints, its TensorBoard logs, the commands that follow it
+    name = re.fullmatch(r"run: +(tpu-mlm-\d{8}-\d{6})", printed[1]).group(1)
+    assert f"checkpoints: gs://bucket/root/checkpoints/{name}" in printed
+    assert f"tensorboard: tensorboard --logdir gs://bucket/root/tensorboard  (this run: {name})" in printed
+    assert f"status:      tpu-mlm status {name} --project my-project --region us-central1" in printed
+    assert len(printed) < 10  # the request itself only with --json
     capsys.readouterr()
-    assert submit_main([*cli.args[3:], "--json"]) == 0  # the same job in this process
-    assert json.loads(capsys.readouterr().out)["would_submit"]["displayName"] == "tpu-mlm-pretraining"
+    assert submit_main([*cli.args[3:], "--json", "--run_name", "wikitext-base-1"]) == 0  # the same job in this process
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["would_submit"]["name"] == "wikitext-base-1"
+    assert printed["follow"]["checkpoints"] == "gs://bucket/root/checkpoints/wikitext-base-1"
 
 
 def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_the_push(template, capsys):
@@ -151,7 +163,11 @@ def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_th
         "tpu_job_timeout_hours": 0.0,  # derived from the first run's estimate, not the long run's limit
     }  # no checkpoint_dir (the long run's would resume a 100-step schedule), no push
     assert all(type(values[name]) is float for name in ("holdout_fraction", "tpu_job_timeout_hours"))  # KFP's type
-    assert request["displayName"] == "tpu-mlm-pretraining-first-run"
+    assert (
+        request["displayName"].startswith("tpu-mlm v5e-4 corpus=hf:wikitext")
+        and "(first run)" in request["displayName"]
+    )
+    assert re.fullmatch(r"tpu-mlm-\d{8}-\d{6}-first-run", request["name"])
     assert request["labels"] == {"team": "nlp", "run": "first", "tpu-mlm-run": "first-run"}
     assert result["estimate"]["steps"] == 100
     assert result["first_run"].startswith("100 steps on a sample; when it succeeds it proves the compiled pipeline's")
@@ -164,6 +180,11 @@ def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_th
 def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
     result = submit(arguments(template, dry_run=True))  # an hf: corpus: its size is not known here
     assert result["estimate"].startswith("no estimate: --corpus-bytes=0: the size of hf:wikitext")
+    # files in a bucket: not read by a dry run (no TensorFlow line, no DNS), their size asked for
+    in_a_bucket = json.dumps({"corpus": "gs://no-such-bucket-here/corpus/*.jsonl.gz"})
+    result = submit(arguments(template, dry_run=True, parameters=in_a_bucket))
+    assert result["estimate"].startswith("no estimate: --corpus-bytes=0: the size of gs://no-such-bucket-here")
+    assert "gcloud storage du -s" in result["estimate"]
     parameters = {"corpus": "hf:wikitext:wikitext-103-raw-v1", "tpu_price_per_hour": 4.8, "per_replica_batch_size": 64}
     result = submit(arguments(template, dry_run=True, corpus_bytes=546_500_949, parameters=json.dumps(parameters)))
     estimate = result["estimate"]
@@ -173,7 +194,7 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
     assert estimate["steps"] == estimate["data"]["samples"] // 1024
     assert estimate["cost"] == 4.8 * estimate["hours"]
     printed = capsys.readouterr().err
-    assert "Estimate of the training on a v5e-4" in printed and re.search(r"\ndownstream probe +about", printed)
+    assert "Estimate of the run on a v5e-4" in printed and re.search(r"\n  downstream probe +0\.", printed)
     # the downstream probe by default: word-order, fine-tuned from the model and from its twin (one seed), 3 epochs
     # of 32-sample steps at the training's 128 tokens, and scored, at the CPU rate measured for roberta-base
     from components.lib.downstream_tasks import word_order_task
@@ -190,6 +211,23 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
     assert unbounded["estimate"]["probe"]["unknown"] == ["hf:nyu-mll/glue:sst2"]
     assert unbounded["estimate"]["probe"]["hours"] - 3 / 60 == pytest.approx(2 * (estimate["probe"]["hours"] - 3 / 60))
     assert "not counted: hf:nyu-mll/glue:sst2" in capsys.readouterr().err
+    # the bill: the TPU job as compiled, its limit derived as preflight derives it, and the most the run can cost
+    bill = estimate["bill"]
+    assert bill["machine_spec"] == {"machine_type": "ct5lp-hightpu-4t", "tpu_topology": "2x2"}
+    assert bill["image"] == "us-docker.pkg.dev/p/r/tpu:1" and bill["provisioning"] == "STANDARD"
+    assert bill["time_limit_hours"] == pytest.approx(max(2 * estimate["hours"] + 1, 2.0), abs=1e-3)
+    assert bill["cpu_cost"] == pytest.approx(sum(step["cost"] for step in estimate["cpu_steps"]))
+    assert bill["worst_cost"] == pytest.approx(4.8 * bill["time_limit_hours"] + bill["cpu_cost"])
+    names = [step["step"] for step in estimate["cpu_steps"]]
+    assert names == [
+        "tokenizer",
+        "validation shards",
+        "train shards",
+        "merge train shards",
+        "preflight",
+        "evaluate",
+        "downstream probe",
+    ]
     bounded = {**glue, "downstream_max_train_samples": 1000, "downstream_max_steps": 100}
     counted = submit(arguments(template, dry_run=True, corpus_bytes=546_500_949, parameters=json.dumps(bounded)))
     assert counted["estimate"]["probe"]["unknown"] == []
@@ -237,3 +275,62 @@ def test_bad_submissions_fail_before_any_request(template, monkeypatch, override
     monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", lambda *a, **k: pytest.fail("sent a request"))
     with pytest.raises(InvalidParameter, match=message):
         submit(arguments(template, **overrides), credentials=AnonymousCredentials())
+
+
+# Where a network call would go from a process with this environment: nowhere (a closed local port), so that a
+# dry run that tried to reach Google Cloud, a bucket or the metadata server would fail or print it
+OFFLINE = {
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "NO_PROXY": "",
+    "GCE_METADATA_HOST": "127.0.0.1:9",
+    "GCE_METADATA_IP": "127.0.0.1:9",
+    "NO_GCE_CHECK": "true",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/nonexistent",
+}
+
+
+def documented_submits() -> list[list[str]]:
+    """Every ``tpu-mlm submit`` command of submit's --help and the docs' shell blocks, as arguments (quoted values
+    may run over several lines, as the examples' JSON does)."""
+    import shlex
+
+    import pipelines.submit
+
+    docs = sorted((PROJECT_ROOT / "docs").glob("*.md"))
+    texts = [pipelines.submit.__doc__, *(path.read_text() for path in docs)]
+    commands = []
+    for text in texts:
+        lines = text.splitlines()
+        for index, line in enumerate(lines):
+            words = line.strip().split()
+            if words[:2] not in (["tpu-mlm", "submit"], ["python", "-m"]) or "submit" not in " ".join(words[:3]):
+                continue
+            command = ""
+            for following in lines[index:]:
+                command += following.strip().removesuffix("\\") + " "
+                try:
+                    arguments = shlex.split(command)
+                except ValueError:  # a quote still open: the next line belongs to it
+                    continue
+                if not following.rstrip().endswith("\\"):
+                    break
+            commands.append(arguments[3:] if arguments[0] == "python" else arguments[2:])
+    return commands
+
+
+def test_the_documented_submit_commands_dry_run_offline_and_show_the_bill(template):
+    """The examples of submit's --help and of the docs, run as written (with --dry_run and the test's template),
+    where no network can be reached: each prints the bill without a network error, a TensorFlow line or a
+    traceback."""
+    commands = documented_submits()
+    assert len(commands) >= 3  # --help's, docs/vertex-ai.md's, docs/big-corpora.md's
+    for command in commands:
+        command = [template if word == "pipeline.yaml" else word for word in command]
+        if "--dry_run" not in command:
+            command.append("--dry_run")
+        result = run_module("pipelines.submit", *command, env={**os.environ, **OFFLINE}, timeout=120)
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+        assert "most it can cost" in result.stderr and "dry run: would submit" in result.stdout, command
+        for sign_of_the_network in ("Traceback", "Could not resolve", "DNS", "metadata server", "tensorflow"):
+            assert sign_of_the_network not in result.stderr, (command, result.stderr[-2000:])

@@ -13,6 +13,7 @@ from typing import Any
 from components.lib import storage
 from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
+from components.lib.masked_lm import EVALUATION_BATCH_SIZE, EVALUATION_MAX_BATCHES
 from components.lib.memory_model import GIB, MemoryEstimate
 from components.lib.modeling import model_config
 from components.lib.recipe import ShapeKnobs
@@ -56,6 +57,13 @@ class EstimateArguments(ShapeKnobs, TpuBatch):
         default=0.0, metadata={"help": "Without shards: the share of the corpus held out for validation."}
     )
     vocab_size: int = field(default=25_000, metadata={"help": "Vocabulary (without shards or tokenizer)."})
+    num_parts: int = field(
+        default=1, metadata={"help": "Without shards: the training shards' parts, tasks side by side (as for shards)."}
+    )
+    offline: bool = field(
+        default=False,
+        metadata={"help": "Read nothing of the corpus (a dry run): its size is --corpus_bytes, its tokens assumed."},
+    )
     mfu: float = field(default=DEFAULT_MFU, metadata={"help": "Model FLOPs utilization assumed for the hours."})
     from_run: str = field(
         default="", metadata={"help": "A previous run's training_summary.json (or model folder): its throughput."}
@@ -76,6 +84,8 @@ class EstimateArguments(ShapeKnobs, TpuBatch):
             raise InvalidParameter("holdout_fraction", self.holdout_fraction, "must be at least 0 and below 1")
         if self.price_per_hour < 0:
             raise InvalidParameter("price_per_hour", self.price_per_hour, "must be 0 (unknown) or positive")
+        if self.num_parts < 1:
+            raise InvalidParameter("num_parts", self.num_parts, "must be a positive whole number")
         if self.max_steps < 0:
             raise InvalidParameter("max_steps", self.max_steps, "must be 0 (use num_epochs) or positive")
         if not (self.train_shards or self.corpus or self.max_steps):
@@ -105,16 +115,27 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
     }
     if not arguments.corpus:
         return {**size, "samples": None, "source": "--max_steps"}
-    if arguments.corpus.strip().startswith(HUB_PREFIX) and not arguments.corpus_bytes:
-        raise InvalidParameter("corpus_bytes", 0, f"the size of {arguments.corpus} is not known here; give it")
+    if not arguments.corpus_bytes and (arguments.offline or arguments.corpus.strip().startswith(HUB_PREFIX)):
+        where = (
+            "its dataset card's dataset_info"
+            if arguments.corpus.strip().startswith(HUB_PREFIX)
+            else "gcloud storage du -s"
+        )
+        raise InvalidParameter(
+            "corpus_bytes", 0, f"the size of {arguments.corpus} is not read here; give it (as stored: {where})"
+        )
     # a sample of the corpus is read only to measure tokens per byte, or to learn the size of its files
     corpus = None
-    if arguments.tokenizer or not arguments.corpus_bytes:
+    if not arguments.offline and (arguments.tokenizer or not arguments.corpus_bytes):
         corpus = Corpus(CorpusSpec(corpus=arguments.corpus), sample_bytes=1_000_000)
-    expansion = 1.0
+    expansion, how_expanded = 1.0, ""
     corpus_bytes = arguments.corpus_bytes
     if not corpus_bytes and corpus is not None:
         corpus_bytes, expansion = corpus.reader.estimated_text_bytes()  # compressed files: from their first MiB
+        how_expanded = "measured on the first MiB of up to 8"
+    elif compressed(arguments.corpus):  # the size given is the files' as stored
+        expansion, how_expanded = ASSUMED_TEXT_PER_COMPRESSED_BYTE, "assumed (measured on WikiText-2)"
+        corpus_bytes = int(corpus_bytes * expansion)
     if not corpus_bytes:
         raise InvalidParameter("corpus_bytes", 0, f"the size of {arguments.corpus} is not known here; give it")
     tokens_per_byte, how = DEFAULT_TOKENS_PER_BYTE, "assumed (measured on WikiText-2)"
@@ -125,14 +146,17 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
         tokens_per_byte = tokens / max(sum(len(text.encode("utf-8")) + 1 for text in texts), 1)
         how = f"measured on {len(texts):,} texts of the corpus"
         size.update(vocab_size=len(tokenizer))
+    samples = corpus_bytes * tokens_per_byte / arguments.max_length
     return {
         **size,
-        "samples": int(corpus_bytes * (1 - arguments.holdout_fraction) * tokens_per_byte // arguments.max_length),
+        "samples": int(samples * (1 - arguments.holdout_fraction)),
+        "validation_samples": int(samples * arguments.holdout_fraction),
         "corpus_bytes": corpus_bytes,
+        "holdout_fraction": arguments.holdout_fraction,
         "tokens_per_byte": round(tokens_per_byte, 4),
-        "source": f"{corpus_bytes:,} bytes x {tokens_per_byte:.3f} tokens per byte, {how}"
+        "source": f"{corpus_bytes:,} bytes of text x {tokens_per_byte:.3f} tokens per byte, {how}"
         + (
-            f" (compressed files: {expansion:.2f} bytes of text per byte, measured on the first MiB of up to 8)"
+            f" (compressed files: {expansion:.2f} bytes of text per stored byte, {how_expanded})"
             if expansion != 1.0
             else ""
         )
@@ -140,8 +164,18 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
     }
 
 
-def estimate_run(arguments: EstimateArguments, probe: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Everything the table shows, as numbers; the downstream probe's too given its settings (``probe_estimate``)."""
+def compressed(corpus: str) -> bool:
+    """Whether the corpus names compressed files (by their names: a glob or list of them)."""
+    return any(item.strip().endswith(suffix) for item in corpus.split(",") for suffix in storage.DECOMPRESSORS)
+
+
+def estimate_run(
+    arguments: EstimateArguments,
+    probe: Mapping[str, Any] | None = None,
+    evaluation: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Everything the table shows, as numbers; the evaluation's given the evaluate step's settings (else its
+    defaults), the downstream probe's given its settings (``probe_estimate``)."""
     tpu = tpu_type(arguments.tpu_type)
     data = data_size(arguments)
     config = model_config(arguments.model_config, {**data, "max_length": data["max_length"]})
@@ -157,6 +191,8 @@ def estimate_run(arguments: EstimateArguments, probe: Mapping[str, Any] | None =
         price_given=bool(arguments.price_per_hour),
         from_run=arguments.from_run,
         probe=probe,
+        evaluation=evaluation or DEFAULT_EVALUATION,
+        num_parts=arguments.num_parts,
     )
 
 
@@ -170,8 +206,11 @@ def describe_estimate(
     price_given: bool,
     from_run: str = "",
     probe: Mapping[str, Any] | None = None,
+    evaluation: Mapping[str, Any] | None = None,
+    num_parts: int = 1,
 ) -> dict[str, Any]:
-    """Everything the table shows of a run's shape on ``tpu``, as numbers."""
+    """Everything the table shows of a run's shape on ``tpu``, as numbers: the TPU's training, and the CPU steps
+    (``cpu_steps``: the data steps from a corpus, the evaluation given its settings, the probe given its)."""
     result: dict[str, Any] = {
         "data": data,
         "tpu_type": tpu.name,
@@ -191,10 +230,13 @@ def describe_estimate(
         "hours": shape.hours,
         "memory": memory_fit(shape.memory, tpu.name, bf16, allow_tight_memory),
         **prices(shape, tpu, given=price_given),
-        "cpu_steps": cpu_steps(data),
+        "cpu_steps": data_steps(data, num_parts),
     }
+    if evaluation is not None:
+        result["cpu_steps"].append(evaluation_estimate(shape, data, evaluation))
     if probe is not None:
         result["probe"] = probe_estimate(shape, probe)
+        result["cpu_steps"].append(result["probe"])
     if from_run:
         result["from_run"] = measured_rate(from_run)
         rate = result["from_run"]["model_flops_per_second_per_replica"] * shape.replicas
@@ -223,33 +265,91 @@ def check_memory_fit(fit: dict[str, Any], per_replica_batch_size: int) -> None:
 
 
 # The CPU steps, from this project's measurements on its 2-core machine (docs/benchmarks.md), which the steps' 8
-# vCPUs on Vertex AI should at least match: sharding 1.9 M tokens/s end to end, the tokenizer's worst case 50 MB
-# of sample in 72 s; plus a start per task (a machine and the image), assumed. Priced at twice Vertex AI's
+# vCPUs on Vertex AI should at least match: sharding 1.9 M tokens/s end to end; the tokenizer's worst case 50 MB
+# of sample in 72 s; the validation shards' read of the whole corpus to find its held-out texts, 30 MB of text a
+# second (a 103 MB .jsonl.gz corpus read and 5% of it sharded in 4.3 s, the process's start included); roberta-base's
+# model FLOP/s on a CPU (its fine-tuning: 343 G on 2 cores, counted as the MFU's FLOPs), for the evaluation and the
+# downstream probe. Plus a start per task (a machine and the image), assumed. Priced at twice Vertex AI's
 # n1-standard-4 custom-training rate in us-central1 ($0.2185 an hour, about 1.15x Compute Engine's) for 8 vCPUs.
 SHARDING_TOKENS_PER_SECOND = 1.9e6
 TOKENIZER_BYTES_PER_SECOND = 50e6 / 72
-CPU_TASKS = 7  # tokenizer, validation shards, one train shards part, merge, preflight, evaluate, report
+HOLDOUT_READ_BYTES_PER_SECOND = 30e6
+CPU_MODEL_FLOPS_PER_SECOND = 343e9
 CPU_TASK_START_HOURS = 3 / 60
 CPU_MACHINE_PRICE_PER_HOUR = 2 * 0.2185
 CPU_PRICES = "8 vCPUs at twice Vertex AI's n1-standard-4 rate of $0.2185 an hour"
+CPU_MACHINE = "8 vCPUs, 32 GB"
+# Bytes of text per stored byte of a compressed corpus, where the files are not read (a dry run given
+# --corpus_bytes): measured on WikiText-2, 3.05 as .zst (benchmarks/results/shard_throughput_zst.json) and 3.11 as
+# .jsonl.gz; other text compresses otherwise, so the estimate says it assumed it.
+ASSUMED_TEXT_PER_COMPRESSED_BYTE = 3.1
 
 
-def cpu_steps(data: dict[str, Any]) -> dict[str, Any] | None:
-    """Hours and cost of the CPU steps that make the data from the corpus; None when the shards exist."""
+# The evaluate step's defaults (components/evaluate.py's), for an estimate not given the run's
+DEFAULT_EVALUATION = {"max_batches": EVALUATION_MAX_BATCHES, "batch_size": EVALUATION_BATCH_SIZE}
+# The TPU job's hard limit when none is given: twice the estimated training time (the estimate assumes 40% MFU; a
+# run at half that still ends) plus an hour (TPU start, XLA compiles, validation, checkpoints, the final save);
+# never under 2 hours (a short run's start alone can take tens of minutes), never over Vertex AI's own default of
+# 7 days, which is what an unbounded job would get.
+TIMEOUT_FLOOR_HOURS, TIMEOUT_CAP_HOURS = 2.0, 168.0
+
+
+def tpu_job_timeout(hours: float, estimated_hours: float) -> int:
+    """The TPU job's hard limit in seconds: ``hours`` when given (refused below the estimate), else derived from
+    the estimate."""
+    if hours:
+        if hours < estimated_hours:
+            raise InvalidParameter(
+                "tpu_job_timeout_hours",
+                hours,
+                f"is below the estimated {estimated_hours:.2f} h of training; raise it or train fewer steps",
+            )
+        return round(hours * 3600)
+    return round(min(max(2 * estimated_hours + 1, TIMEOUT_FLOOR_HOURS), TIMEOUT_CAP_HOURS) * 3600)
+
+
+def cpu_task(step: str, tasks: int, machine_hours: float, wall_hours: float | None = None) -> dict[str, Any]:
+    """One CPU step of ``tasks`` tasks: their machine hours (a start each included), its cost and how long the step
+    takes (``wall_hours``, for tasks side by side; else their machine hours)."""
+    hours = machine_hours + tasks * CPU_TASK_START_HOURS
+    wall = (wall_hours if wall_hours is not None else machine_hours) + CPU_TASK_START_HOURS
+    return {
+        "step": step,
+        "tasks": tasks,
+        "hours": hours,
+        "wall_hours": wall,
+        "cost": hours * CPU_MACHINE_PRICE_PER_HOUR,
+    }
+
+
+def data_steps(data: dict[str, Any], num_parts: int) -> list[dict[str, Any]]:
+    """The CPU steps that make the data from the corpus, with ``num_parts`` training shards parts side by side
+    (Vertex AI runs them at once); none when the shards exist. The validation shards' task reads the whole corpus
+    but tokenizes only what it holds out."""
     if "corpus_bytes" not in data:
-        return None
-    tokens = data["corpus_bytes"] * data["tokens_per_byte"]
-    hours = (
-        2 * tokens / SHARDING_TOKENS_PER_SECOND  # the train and the validation shards each read the corpus
-        + min(data["corpus_bytes"], DEFAULT_SAMPLE_BYTES) / TOKENIZER_BYTES_PER_SECOND
-    ) / 3600 + CPU_TASKS * CPU_TASK_START_HOURS
-    return {"hours": hours, "cost": hours * CPU_MACHINE_PRICE_PER_HOUR, "price_source": CPU_PRICES}
+        return []
+    text_bytes, tokens_per_byte = data["corpus_bytes"], data["tokens_per_byte"]
+    held_out = data["holdout_fraction"]
+    sharding = text_bytes * tokens_per_byte / SHARDING_TOKENS_PER_SECOND / 3600
+    return [
+        cpu_task("tokenizer", 1, min(text_bytes, DEFAULT_SAMPLE_BYTES) / TOKENIZER_BYTES_PER_SECOND / 3600),
+        cpu_task("validation shards", 1, text_bytes / HOLDOUT_READ_BYTES_PER_SECOND / 3600 + held_out * sharding),
+        cpu_task("train shards", num_parts, (1 - held_out) * sharding, (1 - held_out) * sharding / num_parts),
+        cpu_task("merge train shards", 1, 0.0),
+        cpu_task("preflight", 1, 0.0),
+    ]
 
 
-# The downstream probe fine-tunes on its CPU step's machine, at the model FLOP/s measured here for roberta-base's
-# fine-tuning (32 x 128 tokens a step: 343 G on 2 cores, counted as the MFU's FLOPs; docs/benchmarks.md), which the
-# step's 8 vCPUs on Vertex AI should at least match.
-PROBE_FLOPS_PER_SECOND = 343e9
+def evaluation_estimate(shape: RunShape, data: dict[str, Any], evaluation: Mapping[str, Any]) -> dict[str, Any]:
+    """Hours and cost of the evaluate step: at most ``max_batches`` batches of the validation samples (all of them
+    with 0), forward only, on the CPU step's machine."""
+    most = int(evaluation["max_batches"]) * int(evaluation["batch_size"])
+    available = data.get("validation_samples")
+    if available is None and not most:
+        return {"step": "evaluate", "tasks": 1, "hours": None, "cost": None, "samples": None}
+    samples = min(most or available, available if available is not None else most)
+    flops = samples * shape.max_length * shape.flops_per_token / 3  # forward only: a third of a training step's
+    return {**cpu_task("evaluate", 1, flops / CPU_MODEL_FLOPS_PER_SECOND / 3600), "samples": samples}
 
 
 def fine_tuning_steps(samples: int, batch_size: int, epochs: int, max_steps: int) -> int:
@@ -279,8 +379,11 @@ def probe_estimate(shape: RunShape, probe: Mapping[str, Any]) -> dict[str, Any]:
         train, validation = min(train, most_train or train), min(validation, most_eval or validation)
         samples = fine_tuning_steps(train, batch_size, epochs, max_steps) * min(batch_size, train) + validation / 3
         flops += 2 * seeds * samples * shape.max_length * shape.flops_per_token  # a third: scoring is forward only
-    hours = flops / PROBE_FLOPS_PER_SECOND / 3600 + CPU_TASK_START_HOURS
-    return {"hours": hours, "cost": hours * CPU_MACHINE_PRICE_PER_HOUR, "fine_tunings": 2 * seeds, "unknown": unknown}
+    return {
+        **cpu_task("downstream probe", 1, flops / CPU_MODEL_FLOPS_PER_SECOND / 3600),
+        "fine_tunings": 2 * seeds,
+        "unknown": unknown,
+    }
 
 
 def prices(shape: RunShape, tpu: TpuType, given: bool) -> dict[str, Any]:
@@ -292,7 +395,10 @@ def prices(shape: RunShape, tpu: TpuType, given: bool) -> dict[str, Any]:
     if tpu.spot_list_price_per_hour:
         spot = tpu.spot_list_price_per_hour
         listed.update(spot_price_per_hour=spot, spot_cost=shape.cost_at(spot))
-    return {**listed, "price_source": f"{PRICES}, override with --price_per_hour"}
+    return {
+        **listed,
+        "price_source": f"{PRICES}; override with --price_per_hour (the pipeline parameter tpu_price_per_hour)",
+    }
 
 
 def measured_rate(uri: str) -> dict[str, Any]:
@@ -354,31 +460,7 @@ def estimate_table(result: dict[str, Any]) -> str:
         rows.append(("cost (measured rate)", f"${result['from_run']['cost']:,.2f} on demand"))
     if result["price_source"] != "given":
         rows.append(("prices", result["price_source"]))
-    if result.get("cpu_steps"):
-        cpu = result["cpu_steps"]
-        rows.append(
-            (
-                "CPU steps",
-                f"about {_hours(cpu['hours'])}, ${cpu['cost']:,.2f} (tokenizer and shards at the rates measured on "
-                f"2 cores, {CPU_TASKS} task starts of {CPU_TASK_START_HOURS * 60:.0f} min assumed; "
-                f"{cpu['price_source']})",
-            )
-        )
-    if "probe" in result:
-        probe = result["probe"]
-        rows.append(
-            (
-                "downstream probe",
-                f"about {_hours(probe['hours'])}, ${probe['cost']:,.2f} ({probe['fine_tunings']} fine-tunings a task "
-                f"on the CPU step's 8 vCPUs at the rate measured on 2 cores; {CPU_PRICES})"
-                + (
-                    f"; not counted: {', '.join(probe['unknown'])}, whose size preflight reads (bound it with "
-                    "downstream_max_train_samples)"
-                    if probe["unknown"]
-                    else ""
-                ),
-            )
-        )
+    rows += cpu_rows(result["cpu_steps"])
     rows.append(
         (
             "memory per replica",
@@ -388,6 +470,42 @@ def estimate_table(result: dict[str, Any]) -> str:
     )
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def cpu_rows(steps: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The CPU steps' rows: each step's tasks, hours and cost, what was not counted, and their sum."""
+    if not steps:
+        return []
+    rows = []
+    for step in steps:
+        if step["hours"] is None:
+            rows.append((f"  {step['step']}", "not estimated (the size of its data is not known here)"))
+            continue
+        tasks = f"{step['tasks']} tasks side by side, " if step["tasks"] > 1 else ""
+        detail = f"{step['samples']:,} samples" if step.get("samples") else ""
+        if step.get("fine_tunings"):
+            detail = f"{step['fine_tunings']} fine-tunings a task"
+        if step.get("unknown"):
+            detail += (
+                f"; not counted: {', '.join(step['unknown'])}, whose size preflight reads (bound it with "
+                "downstream_max_train_samples)"
+            )
+        rows.append(
+            (
+                f"  {step['step']}",
+                f"{tasks}{_hours(step['wall_hours'])}, ${step['cost']:,.2f}" + (f" ({detail})" if detail else ""),
+            )
+        )
+    counted = [step for step in steps if step["hours"] is not None]
+    machine_hours = sum(step["hours"] for step in counted)
+    rows.append(
+        (
+            "CPU steps in all",
+            f"{_hours(machine_hours)} of {CPU_MACHINE} machines, ${sum(step['cost'] for step in counted):,.2f} (the "
+            f"rates measured on 2 cores, a start of {CPU_TASK_START_HOURS * 60:.0f} min a task assumed; {CPU_PRICES})",
+        )
+    )
+    return [("CPU steps", f"each task on {CPU_MACHINE}"), *rows]
 
 
 def _hours(hours: float) -> str:
