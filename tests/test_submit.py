@@ -334,3 +334,28 @@ def test_the_documented_submit_commands_dry_run_offline_and_show_the_bill(templa
         assert "most it can cost" in result.stderr and "dry run: would submit" in result.stdout, command
         for sign_of_the_network in ("Traceback", "Could not resolve", "DNS", "metadata server", "tensorflow"):
             assert sign_of_the_network not in result.stderr, (command, result.stderr[-2000:])
+
+
+def test_a_failed_run_is_resumed_by_its_name_from_its_checkpoint_folder(template, monkeypatch, gcs):
+    """--resume RUN: the run trains on in RUN's own checkpoint folder (under output_root, else the pipeline root);
+    a folder without checkpoints (a misspelt name) is refused before anything is sent."""
+    from components.lib import storage
+
+    values = {"corpus": "hf:wikitext:wikitext-103-raw-v1", "output_root": f"{gcs}/out"}
+    given = {"parameters": json.dumps(values), "pipeline_root": f"{gcs}/root", "resume": "wikitext-base-1"}
+    planned = submit(arguments(template, dry_run=True, **given))["would_submit"]["runtimeConfig"]["parameterValues"]
+    assert planned["checkpoint_dir"] == f"{gcs}/out/checkpoints/wikitext-base-1"
+    sent = []
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", fake_create_pipeline_job(sent))
+    with pytest.raises(InvalidParameter, match=r"--resume='gs://.*/out/checkpoints/wikitext-base-1': holds no checkp"):
+        submit(arguments(template, **given), credentials=AnonymousCredentials())
+    assert not sent
+    storage.write_text_atomic(f"{gcs}/out/checkpoints/wikitext-base-1/checkpoint", 'model_checkpoint_path: "ckpt-3"')
+    submit(arguments(template, **given), credentials=AnonymousCredentials())
+    (request,) = sent
+    assert request["job"].runtime_config.parameter_values["checkpoint_dir"] == planned["checkpoint_dir"]
+    elsewhere = json.dumps({**values, "checkpoint_dir": f"{gcs}/other"})
+    with pytest.raises(InvalidParameter, match="--resume='wikitext-base-1': its checkpoints are in"):
+        submit(arguments(template, dry_run=True, **{**given, "parameters": elsewhere}))
+    with pytest.raises(InvalidParameter, match="--resume='Bad/Name': must be a pipeline run's name"):
+        submit(arguments(template, dry_run=True, **{**given, "resume": "Bad/Name"}))
