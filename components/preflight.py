@@ -59,6 +59,13 @@ class PreflightArguments(TrainingSettings, HubToken, TaskSelection):
             "hour (at least 2 h, at most 168 h). A limit below the estimate is refused."
         },
     )
+    tpu_max_queued_hours: float = field(
+        default=24.0,
+        metadata={
+            "help": "How long the TPU job may wait queued or pending (no capacity, no quota) before it is cancelled "
+            "and the train task fails, in hours (Spot capacity can take longer)."
+        },
+    )
     tpu_provisioning: str = field(
         default=ON_DEMAND,
         metadata={
@@ -84,6 +91,10 @@ class PreflightArguments(TrainingSettings, HubToken, TaskSelection):
                 "tpu_job_timeout_hours",
                 self.tpu_job_timeout_hours,
                 f"must be from 0 (derived) to {TIMEOUT_CAP_HOURS:g}",
+            )
+        if not 0 < self.tpu_max_queued_hours <= TIMEOUT_CAP_HOURS:
+            raise InvalidParameter(
+                "tpu_max_queued_hours", self.tpu_max_queued_hours, f"must be above 0 and at most {TIMEOUT_CAP_HOURS:g}"
             )
         tpu = tpu_type(self.tpu_type) if self.tpu_type else None
         if tpu is not None and self.replicas not in (0, tpu.replicas):

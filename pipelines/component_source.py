@@ -61,6 +61,8 @@ def components_source() -> str:
         "arguments dataclasses (``pipelines.component_source``); ``tests/test_parameters.py`` fails when this",
         'file differs from what the dataclasses give. Do not edit by hand."""',
         "",
+        "from typing import NamedTuple",
+        "",
         f"from kfp.dsl import {', '.join(sorted(ARTIFACT_TYPES))}",
     ]
     return "\n\n\n".join(["\n".join(header), *(component_source(step) for step in STEPS.values())])

@@ -14,8 +14,11 @@ in seconds, without a new TPU job or a resume. This launcher looks at the record
   input, a loss that diverged, a permission, an image that does not exist): not replaced; the task fails, saying
   why.
 
-A job queued or pending longer than ``--max_queued_minutes`` is cancelled, and a SIGTERM (the task cancelled)
-cancels the job it follows. The job carries the pipeline run's labels, as GCPC's launcher gives them.
+A job queued or pending longer than the payload's ``max_wait_duration`` (the pipeline's ``tpu_max_queued_hours``,
+which the API itself takes only for FLEX_START), else ``--max_queued_minutes``, is cancelled, and a SIGTERM (the
+task cancelled) cancels the job it follows. The job carries the pipeline run's labels, as GCPC's launcher gives
+them, and with ``--run_name`` the run's name (``tpu-mlm status``, ``logs`` and ``cancel`` find the run's TPU jobs
+by it).
 
     python -m pipelines.launch_custom_job --type CustomJob --project my-project --location us-central1 \\
         --payload '{"display_name": "train", "job_spec": {...}}' --gcp_resources /tmp/gcp_resources
@@ -35,6 +38,7 @@ from typing import Any
 
 from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.job_runner import NOT_RETRIED_EXITS, log, run_job
+from pipelines.run_folders import RUN_NAME_LABEL, run_label, run_name
 from pipelines.vertex_jobs import (
     ENDED_WITHOUT_SUCCESS,
     SUCCEEDED,
@@ -64,10 +68,15 @@ class LaunchArguments(JobServiceArguments):
     max_queued_minutes: float = field(
         default=24 * 60.0,
         metadata={
-            "help": "How long the job may stay queued or pending (no TPU capacity or quota) before it is cancelled."
+            "help": "How long the job may stay queued or pending (no TPU capacity or quota) before it is cancelled, "
+            "where the payload has no max_wait_duration (the pipeline's has: tpu_max_queued_hours)."
         },
     )
 
+    run_name: str = field(
+        default="",
+        metadata={"help": "The pipeline run's name, to label the job with (tpu-mlm status finds it); none if empty."},
+    )
     min_minutes_left: float = field(
         default=0.0,
         metadata={
@@ -87,6 +96,8 @@ class LaunchArguments(JobServiceArguments):
             raise InvalidParameter("max_queued_minutes", self.max_queued_minutes, "must be above 0")
         if self.min_minutes_left < 0:
             raise InvalidParameter("min_minutes_left", self.min_minutes_left, "must be 0 or above")
+        if self.run_name:
+            run_name(self.run_name, "run_name")  # an unfilled placeholder would label the job for no run
 
     @property
     def endpoint(self) -> str:
@@ -99,7 +110,7 @@ def launch(arguments: LaunchArguments) -> dict[str, Any]:
     waiting = JobWait(
         client,
         arguments.poll_seconds,
-        max_queued_seconds=arguments.max_queued_minutes * 60,
+        max_queued_seconds=queue_limit_seconds(arguments.payload) or arguments.max_queued_minutes * 60,
         why_queued="check the project's Vertex AI training quota for the TPU in the region, and Spot capacity",
     )
     with waiting:  # a SIGTERM from here on cancels the job
@@ -207,6 +218,8 @@ def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int)
         job.job_spec.scheduling.timeout = timedelta(seconds=left)
         log.info("the earlier jobs ran %d s of the time limit: the new job gets the %d s left", seconds_used, left)
     job.labels = {**run_labels(), **job.labels, SECONDS_USED_LABEL: str(seconds_used)}
+    if arguments.run_name:
+        job.labels[RUN_NAME_LABEL] = run_label(arguments.run_name)
     created = create_job(client, arguments.project, arguments.location, job)
     record_job(arguments.gcp_resources, arguments.endpoint, created.name)
     log.info("created %s", created.name)
@@ -229,6 +242,17 @@ def record_job(gcp_resources: str, endpoint: str, name: str) -> None:
     os.makedirs(os.path.dirname(gcp_resources) or ".", exist_ok=True)
     with open(gcp_resources, "w") as file:
         json.dump(resources, file)
+
+
+def queue_limit_seconds(payload: str) -> float | None:
+    """How long the job may stay queued or pending: the payload's ``max_wait_duration`` ("86400s", the pipeline's
+    ``tpu_max_queued_hours``), which the API takes only for FLEX_START and the launcher enforces for the other
+    strategies; None where the payload has none."""
+    scheduling = json.loads(payload, strict=False).get("job_spec", {}).get("scheduling", {})
+    wait = scheduling.get("max_wait_duration")
+    if not wait or scheduling.get("strategy") == "FLEX_START":
+        return None
+    return float(str(wait).removesuffix("s"))
 
 
 def custom_job(payload: str) -> Any:

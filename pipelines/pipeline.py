@@ -103,6 +103,7 @@ def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str], la
     launcher.image = launcher_image
     launcher.command = ["python", "-m", "pipelines.launch_custom_job"]
     launcher.args += ["--min_minutes_left", str(tpu.start_deadline_minutes + REPLACEMENT_MARGIN_MINUTES)]
+    launcher.args += ["--run_name", dsl.PIPELINE_JOB_NAME_PLACEHOLDER]  # labels the job: tpu-mlm status finds it
     return job
 
 
@@ -186,6 +187,7 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
         if setting.name not in NOT_PIPELINE_PARAMETERS
     ),
     ("tpu_job_timeout_hours", PreflightArguments, "tpu_job_timeout_hours"),
+    ("tpu_max_queued_hours", PreflightArguments, "tpu_max_queued_hours"),
     ("tpu_provisioning", PreflightArguments, "tpu_provisioning"),
     ("allow_tight_memory", PreflightArguments, "allow_tight_memory"),
     ("eval_batch_size", EvaluateArguments, "batch_size"),
@@ -374,7 +376,8 @@ def training_task(tasks: Tasks, data: dict[str, Any], checked: Any) -> Any:
     type for the cost lines where the run gives no price, and its retries."""
     target = tasks.target
     tpu_job = {
-        "timeout": checked.outputs["Output"],
+        "timeout": checked.outputs["timeout"],
+        "max_wait_duration": checked.outputs["max_wait_duration"],
         "strategy": tasks.inputs["preflight"]["tpu_provisioning"],
         "tpu_type": target.tpu.name,
         "tpu_provisioning": tasks.inputs["preflight"]["tpu_provisioning"],

@@ -49,6 +49,7 @@ ROUTES = {
     'tpu_price_per_hour': {'preflight': 'price_per_hour', 'train': 'price_per_hour'},
     'checkpoint_dir': {'preflight': 'checkpoint_dir', 'train': 'checkpoint_dir'},
     'tpu_job_timeout_hours': {'preflight': 'tpu_job_timeout_hours'},
+    'tpu_max_queued_hours': {'preflight': 'tpu_max_queued_hours'},
     'tpu_provisioning': {'preflight': 'tpu_provisioning'},
     'allow_tight_memory': {'preflight': 'allow_tight_memory'},
     'eval_batch_size': {'evaluate': 'batch_size'},

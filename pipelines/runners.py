@@ -47,8 +47,9 @@ def run_shards(tokenizer: Any, shards: Any, output_root: str, validation_corpus:
 
 def run_preflight(
     tokenizer: Any, train_shards: Any, eval_shards: Any, report: Any, output_root: str, **settings: Any
-) -> str:
-    """Returns the TPU job's timeout as the custom job takes it ("7200s"); "" without a TPU type."""
+) -> tuple[str, str]:
+    """Returns the TPU job's hard limit and how long it may stay queued, as the custom job takes durations ("7200s");
+    the limit is "" without a TPU type."""
     report.uri = storage.relocate(report.uri, output_root)
     checked = preflight(
         PreflightArguments(
@@ -59,7 +60,8 @@ def run_preflight(
             **settings,
         )
     )
-    return f"{checked['tpu_job_timeout_seconds']}s" if "tpu_job_timeout_seconds" in checked else ""
+    timeout = f"{checked['tpu_job_timeout_seconds']}s" if "tpu_job_timeout_seconds" in checked else ""
+    return timeout, f"{round(settings['tpu_max_queued_hours'] * 3600)}s"
 
 
 def run_train(

@@ -103,7 +103,7 @@ STEPS = {
                 "report": "Output[Artifact]",
             },
             OUTPUT_ROOT,
-            returns="str",
+            returns="NamedTuple('TpuJob', [('timeout', str), ('max_wait_duration', str)])",
         ),
         Step(
             "train",

@@ -285,15 +285,20 @@ def test_a_cancelled_task_cancels_its_job(tmp_path):
     assert process.stderr.read().strip().splitlines()[-1] == f"error: stopped by SIGTERM: {name} is JOB_STATE_CANCELLED"
 
 
-def test_a_job_queued_past_the_limit_is_cancelled_and_a_paused_one_is_not_replaced(tmp_path):
+@pytest.mark.parametrize("limit_from", ["payload", "flag"])
+def test_a_job_queued_past_the_limit_is_cancelled_and_a_paused_one_is_not_replaced(tmp_path, limit_from):
+    """The limit is the payload's max_wait_duration (the pipeline's tpu_max_queued_hours; not sent to the API,
+    which takes it for FLEX_START only), else --max_queued_minutes."""
+    payload = job("print('trained')")
+    if limit_from == "payload":
+        payload["job_spec"]["scheduling"]["max_wait_duration"] = "1.2s"
+        flag = ()
+    else:
+        del payload["job_spec"]["scheduling"]["max_wait_duration"]
+        flag = ("--max_queued_minutes", "0.02")
     with VertexStandIn(start_jobs=False) as vertex:  # no TPU capacity or quota: the job never starts
         record = tmp_path / "queued"
-        queued = run_module(
-            "pipelines.launch_custom_job",
-            *launcher(vertex, job("print('trained')"), record),
-            "--max_queued_minutes",
-            "0.02",
-        )
+        queued = run_module("pipelines.launch_custom_job", *launcher(vertex, payload, record), *flag, timeout=120)
         (name,) = vertex.jobs
         assert vertex.cancel_requests == [name] and vertex.jobs[name]["state"] == "JOB_STATE_CANCELLED"
     assert queued.returncode == 1 and "Traceback" not in queued.stderr, queued.stderr[-3000:]

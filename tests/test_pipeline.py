@@ -174,7 +174,7 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     # no replacement job with less of the time limit left than a start on this TPU (its hosts', on a slice) and more
     launcher = spec["deploymentSpec"]["executors"]["exec-train-step"]["container"]
     minutes = {1: 20.0 + 15.0, 4: 10.0 + 20.0 + 15.0, 8: 10.0 + 20.0 + 15.0}[TPU_TYPES[tpu_type].hosts]
-    assert launcher["args"][-2:] == ["--min_minutes_left", str(minutes)]
+    assert launcher["args"][-4:-2] == ["--min_minutes_left", str(minutes)]
     assert "exec env _KFP_RUNTIME=true python3 -m kfp.dsl.executor_main" in command[2]
     from google.cloud.aiplatform_v1.types import CustomJobSpec
     from google.protobuf.json_format import ParseDict
@@ -208,9 +208,12 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     preflight_inputs = dag_tasks(spec)["preflight-step"]["inputs"]["parameters"]
     assert preflight_inputs["tpu_type"]["runtimeValue"]["constant"] == tpu_type
     # a bounded job: its limit is the one preflight derived from the run's estimate, never GCPC's 7 days
-    assert train_inputs["timeout"] == {
-        "taskOutputParameter": {"outputParameterKey": "Output", "producerTask": "preflight-step"}
-    }
+    # and how long it may wait queued (tpu_max_queued_hours, which preflight checks), both in the launcher's payload
+    for name in ("timeout", "max_wait_duration"):
+        assert train_inputs[name] == {
+            "taskOutputParameter": {"outputParameterKey": name, "producerTask": "preflight-step"}
+        }
+    assert preflight_inputs["tpu_max_queued_hours"] == {"componentInputParameter": "tpu_max_queued_hours"}
     assert job_inputs["timeout"]["defaultValue"] == "86400s" and "604800s" not in yaml.safe_dump(spec)
     # how the TPU is provisioned: the pipeline parameter tpu_provisioning is the custom job's scheduling strategy
     assert train_inputs["strategy"] == {"componentInputParameter": "tpu_provisioning"}
@@ -230,7 +233,9 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     assert train_inputs["pipeline_root"] == {"runtimeValue": {"constant": "{{$.pipeline_root}}"}}
     assert train_inputs["run_name"] == {"runtimeValue": {"constant": "{{$.pipeline_job_name}}"}}
     trained = {
-        name for name in train_inputs if name not in ("peak_tflops", "timeout", "strategy", "pipeline_root", "run_name")
+        name
+        for name in train_inputs
+        if name not in ("peak_tflops", "timeout", "max_wait_duration", "strategy", "pipeline_root", "run_name")
     }
     assert trained - {"tokenizer", "train_shards", "eval_shards"} <= set(preflight_inputs)
 
@@ -239,7 +244,11 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     launcher = executors["exec-train-step"]["container"]
     assert launcher["image"] == CPU_IMAGE and launcher["command"] == ["python", "-m", "pipelines.launch_custom_job"]
     flags = dict(zip(launcher["args"][::2], launcher["args"][1::2], strict=True))
-    assert list(flags) == ["--type", "--payload", "--project", "--location", "--gcp_resources", "--min_minutes_left"]
+    assert list(flags) == [
+        *("--type", "--payload", "--project", "--location", "--gcp_resources", "--min_minutes_left", "--run_name")
+    ]
+    # the run's name labels the job, by which tpu-mlm status, logs and cancel find it
+    assert flags["--run_name"] == "{{$.pipeline_job_name}}"
     assert flags["--type"] == "CustomJob"
     assert flags["--gcp_resources"] == "{{$.outputs.parameters['gcp_resources'].output_file}}"
     cpu_steps = [e for name, e in executors.items() if name != "exec-train-step"]

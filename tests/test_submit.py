@@ -257,6 +257,7 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
         ({"parameters": '{"corpus": "/home/me/corpus.txt"}'}, r"--corpus='/home/me/corpus.txt': is a path on this"),
         ({"parameters": '{"output_root": "runs"}'}, r"--output-root='runs': is a path on this machine"),
         ({"parameters": '{"replicas": 8}'}, r"--replicas=8: a v5e-4 has 4"),
+        ({"parameters": '{"tpu_max_queued_hours": 0.0}'}, r"--tpu-max-queued-hours=0.0: must be above 0 and at most"),
         (
             {
                 "corpus_bytes": 546_500_949,
