@@ -1,4 +1,5 @@
-"""The project's command line: ``tpu-mlm JOB [ARGS]`` runs the job's module, as ``python -m MODULE [ARGS]``.
+"""The project's command line: ``tpu-mlm JOB [ARGS]`` runs the job's module, as ``python -m MODULE [ARGS]`` (or
+``python -m MODULE JOB [ARGS]`` for a module of several jobs).
 
 Every job module keeps its arguments in a dataclass and runs through ``components.lib.job_runner.run_job``.
 """
@@ -7,12 +8,15 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# job name -> (module, what it does)
+# job name -> (module, what it does); "MODULE JOB": one of the module's jobs (python -m MODULE JOB ARGS)
 JOBS = {
     "run-local": ("pipelines.run_local", "Run the whole pipeline on this machine under kfp.local."),
     "compile": ("pipelines.compile", "Compile the pipeline for Vertex AI (or kfp.local) to YAML."),
     "smoke": ("pipelines.submit_smoke", "Try a TPU type and image in one short custom job before the first real run."),
     "submit": ("pipelines.submit", "Submit a compiled pipeline to Vertex AI Pipelines (or --dry_run)."),
+    "status": ("pipelines.runs status", "Where a Vertex AI run stands: tasks, TPU jobs, the training's progress."),
+    "logs": ("pipelines.runs logs", "The log lines of a Vertex AI run's TPU job (Cloud Logging)."),
+    "cancel": ("pipelines.runs cancel", "Cancel a Vertex AI run and its TPU jobs, and wait until they have ended."),
     "tokenizer": ("components.tokenizer", "Train a Unigram tokenizer on a corpus."),
     "shards": ("components.shards", "Tokenize a corpus into fixed-length TFRecord shards."),
     "merge-shards": ("components.merge_shards", "Merge the part manifests of a sharded run into manifest.json."),
@@ -36,8 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, (_, summary) in JOBS.items():
             print(f"  {name:<14} {summary}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(JOBS[argv[0]][0])
-    return module.main(argv[1:])
+    module, *job = JOBS[argv[0]][0].split()
+    return importlib.import_module(module).main([*job, *argv[1:]])
 
 
 if __name__ == "__main__":

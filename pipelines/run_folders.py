@@ -34,7 +34,6 @@ def checkpoint_folder(root: str, run: str) -> str:
     return storage.join(root, CHECKPOINTS, run)
 
 
-# the label that ties a run's TPU custom jobs to it (the launcher sets it; status, logs and cancel list by it)
 TENSORBOARD = "tensorboard"
 
 
@@ -44,6 +43,7 @@ def tensorboard_folder(root: str, run: str) -> str:
     return storage.join(root, TENSORBOARD, run) if run else storage.join(root, TENSORBOARD)
 
 
+# the label that ties a run's TPU custom jobs to it (the launcher sets it; status, logs and cancel list by it)
 RUN_NAME_LABEL = "tpu-mlm-run"
 LABEL_VALUE_LENGTH = 63  # Google Cloud's longest label value
 LABEL_HASH_LENGTH = 8

@@ -21,7 +21,7 @@ from components.report import ReportArguments, write_report
 from components.shards import ShardArguments, corpus_for_split, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from components.train import TrainArguments, train
-from pipelines.run_folders import checkpoint_folder, tensorboard_folder
+from pipelines.run_folders import run_checkpoint_folder, tensorboard_folder
 
 
 def split_source(settings: dict[str, Any], validation_corpus: str) -> dict[str, Any]:
@@ -85,13 +85,13 @@ def run_train(
         for name, value in (("pipeline_root", pipeline_root), ("run_name", run_name)):
             if "{{" in value:  # a placeholder the backend did not fill: the run's folders would go astray
                 raise InvalidParameter(name, value, "was not resolved by the pipeline's backend; set checkpoint_dir")
-        root = output_root or pipeline_root
         # one folder for the pipeline run, whichever attempt of the task or restart of its job trains: a retried
         # task resumes (its model artifact may be a new folder)
-        settings["checkpoint_dir"] = settings["checkpoint_dir"] or checkpoint_folder(root, run_name)
+        folders = {"checkpoint_dir": settings["checkpoint_dir"], "output_root": output_root}
+        settings["checkpoint_dir"] = run_checkpoint_folder(folders, pipeline_root, run_name)
         if not os.environ.get("AIP_TENSORBOARD_LOG_DIR"):  # Vertex AI's, where a TensorBoard is attached
             # beside every other run's: tensorboard --logdir ROOT/tensorboard compares them
-            settings["tensorboard_dir"] = tensorboard_folder(root, run_name)
+            settings["tensorboard_dir"] = tensorboard_folder(output_root or pipeline_root, run_name)
     summary = train(
         TrainArguments(
             tokenizer=tokenizer.uri,

@@ -35,8 +35,8 @@ from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.job_runner import log, run_job
 from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import check_values, routed_values, step_values
-from pipelines.run_folders import checkpoint_folder, run_name, tensorboard_folder
-from pipelines.vertex_jobs import VertexProject
+from pipelines.run_folders import run_checkpoint_folder, run_name, tensorboard_folder
+from pipelines.vertex_jobs import JobServiceArguments, VertexProject
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -63,7 +63,7 @@ FIRST_RUN_PROVES = (
 
 
 @dataclass
-class SubmitArguments(VertexProject):
+class SubmitArguments(JobServiceArguments, VertexProject):
     pipeline_root: str = field(metadata={"help": "gs:// folder for the run's artifacts."})
     template: str = field(default="pipeline.yaml", metadata={"help": "Compiled pipeline (pipelines.compile)."})
     parameters: str = field(default="{}", metadata={"help": "Pipeline parameter values as a JSON object."})
@@ -118,6 +118,16 @@ class SubmitArguments(VertexProject):
     first_run_push: bool = field(
         default=False, metadata={"help": "With --first_run: push to hub_repo_id too (to test the token's access)."}
     )
+    follow: bool = field(
+        default=False,
+        metadata={"help": "Once submitted, a line at each change of the run (tpu-mlm status --follow) until it ends."},
+    )
+    experiment: str = field(
+        default="",
+        metadata={
+            "help": "A Vertex AI Experiment to add the run to: its parameters and metrics beside other runs' there."
+        },
+    )
 
 
 def first_run_values(values: dict[str, Any], push: bool) -> dict[str, Any]:
@@ -146,7 +156,9 @@ def default_display_name(tpu_type: str, values: dict[str, Any]) -> str:
 def resumed_values(values: dict[str, Any], pipeline_root: str, resume: str) -> dict[str, Any]:
     """The values of a run that trains on from run ``resume``'s checkpoints: its checkpoint folder as
     ``checkpoint_dir`` (a folder given is the one to resume from)."""
-    folder = checkpoint_folder(values.get("output_root") or pipeline_root, run_name(resume, "resume"))
+    folder = run_checkpoint_folder(
+        {"output_root": values.get("output_root")}, pipeline_root, run_name(resume, "resume")
+    )
     if values.get("checkpoint_dir") and values["checkpoint_dir"] != folder:
         raise InvalidParameter(
             "resume", resume, f"its checkpoints are in {folder}, and checkpoint_dir names {values['checkpoint_dir']}"
@@ -240,6 +252,17 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     """The ``aiplatform.PipelineJob`` for the arguments, after every check (no network is used)."""
     from google.cloud import aiplatform
 
+    if arguments.api_endpoint:  # another endpoint than the region's, over REST as vertex_jobs's clients
+        aiplatform.init(api_endpoint=arguments.api_endpoint, api_transport="rest")
+        if arguments.api_endpoint.startswith("http://"):  # a local stand-in, reached without credentials
+            from google.auth.credentials import AnonymousCredentials
+
+            credentials = credentials or AnonymousCredentials()
+    if arguments.experiment and not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,127}", arguments.experiment):
+        raise InvalidParameter(
+            "experiment", arguments.experiment, "must be an experiment's name: lowercase letters, digits and '-'"
+        )
+
     if not arguments.pipeline_root.startswith("gs://"):
         raise InvalidParameter("pipeline_root", arguments.pipeline_root, "must be a gs:// URI on Vertex AI")
     check_project(arguments.project)
@@ -264,7 +287,7 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     )
     if arguments.first_run:
         values = first_run_values(values, arguments.first_run_push)
-        labels, display_name = {**labels, "tpu-mlm-run": "first-run"}, f"{display_name} (first run)"
+        labels, display_name = {**labels, "tpu-mlm-kind": "first-run"}, f"{display_name} (first run)"
         name = f"{name}-first-run"
     if arguments.resume:
         values = resumed_values(values, arguments.pipeline_root, arguments.resume)
@@ -387,12 +410,12 @@ def run_folders(arguments: SubmitArguments, request: dict[str, Any]) -> dict[str
     """Where the run keeps its checkpoints and TensorBoard logs, and the commands that follow it, by its name."""
     name = request["name"].rsplit("/", 1)[-1]
     values = request["runtimeConfig"].get("parameterValues", {})
-    root = values.get("output_root") or arguments.pipeline_root
     where = f"--project {arguments.project} --region {arguments.region}"
+    logs = tensorboard_folder(values.get("output_root") or arguments.pipeline_root, "")
     return {
         "run": name,
-        "checkpoints": values.get("checkpoint_dir") or checkpoint_folder(root, name),
-        "tensorboard": f"tensorboard --logdir {tensorboard_folder(root, '')}  (this run: {name})",
+        "checkpoints": run_checkpoint_folder(values, arguments.pipeline_root, name),
+        "tensorboard": f"tensorboard --logdir {logs}  (this run: {name})",
         "status": f"tpu-mlm status {name} {where}",
         "cancel": f"tpu-mlm cancel {name} {where}",
         "resume": f"tpu-mlm submit ... --resume {name}  (the same parameters, if it fails)",
@@ -424,10 +447,19 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
             check_resumable(job.to_dict()["runtimeConfig"]["parameterValues"]["checkpoint_dir"])
         check_estimate(arguments, job)
         request = job.to_dict()
-        job.submit(service_account=arguments.service_account or None)
+        job.submit(service_account=arguments.service_account or None, experiment=arguments.experiment or None)
         request["name"] = job.resource_name
         summary = {"job": job.resource_name, "console": job._dashboard_uri()}
     summary["follow"] = run_folders(arguments, request)
+    if arguments.follow and not arguments.dry_run:
+        from pipelines.runs import StatusArguments, status
+
+        where = {"project": arguments.project, "region": arguments.region, "api_endpoint": arguments.api_endpoint}
+        followed = StatusArguments(
+            run=summary["follow"]["run"], follow=True, poll_seconds=arguments.poll_seconds, **where
+        )
+        print(summary_for_people(summary), flush=True)  # what was submitted, before the lines that follow it
+        summary["status"] = status(followed)
     if arguments.first_run:
         summary["first_run"] = (
             f"{FIRST_RUN['max_steps']} steps on a sample; when it succeeds it proves {FIRST_RUN_PROVES}"
@@ -436,6 +468,12 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
 
 
 def summary_for_people(summary: dict[str, Any]) -> str:
+    """What was (or would be) submitted and what follows it; a followed run's final status instead (what was
+    submitted was printed before the following began)."""
+    if "status" in summary:
+        from pipelines.runs import status_lines
+
+        return status_lines(summary["status"])
     first_run = f"\nfirst run: {summary['first_run']}" if "first_run" in summary else ""
     follow = "\n".join(f"{key + ':':<13}{value}" for key, value in summary["follow"].items())
     if summary.get("dry_run"):

@@ -31,6 +31,9 @@ WAITING_STATES = ("JOB_STATE_QUEUED", "JOB_STATE_PENDING")
 # google.rpc.Code values of a job's error that another try would meet again (GCPC's launcher's list): invalid
 # argument, not found, already exists, permission denied, failed precondition, out of range, unimplemented
 USER_ERROR_CODES = (3, 5, 6, 7, 9, 11, 12)
+# where a pipeline job ends (a paused one can be resumed: not ended)
+PIPELINE_SUCCEEDED = "PIPELINE_STATE_SUCCEEDED"
+PIPELINE_TERMINAL_STATES = (PIPELINE_SUCCEEDED, "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 CANCEL_WAIT_SECONDS = 300.0  # how long a stopped wait follows the cancel before it leaves
 CALL_TIMEOUT_SECONDS = 60.0  # one call to the job service; a hung connection must not stall the wait
 CALL_RETRY_SECONDS = 600.0  # transient errors (503, 429, a reset connection) retried for this long, as GCPC does
@@ -108,14 +111,27 @@ class JobServiceArguments:
 def job_client(region: str, endpoint: str = "") -> Any:
     """Vertex AI's job service over REST. An ``http://`` endpoint is a local stand-in (the tests'), reached
     without credentials, as Google's clients treat their emulators."""
+    from google.cloud import aiplatform_v1 as vertex
+
+    return service_client(vertex.JobServiceClient, region, endpoint)
+
+
+def pipeline_client(region: str, endpoint: str = "") -> Any:
+    """Vertex AI's pipeline service over REST, reached as ``job_client`` reaches the job service."""
+    from google.cloud import aiplatform_v1 as vertex
+
+    return service_client(vertex.PipelineServiceClient, region, endpoint)
+
+
+def service_client(client_class: type, region: str, endpoint: str) -> Any:
+    """A client of one of Vertex AI's services over REST at ``endpoint`` (default: the region's); an ``http://``
+    endpoint without credentials."""
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
-    from google.cloud import aiplatform_v1 as vertex
 
     endpoint = endpoint or f"{region}-aiplatform.googleapis.com"
     credentials = AnonymousCredentials() if endpoint.startswith("http://") else None
-    options = ClientOptions(api_endpoint=endpoint)
-    return vertex.JobServiceClient(transport="rest", client_options=options, credentials=credentials)
+    return client_class(transport="rest", client_options=ClientOptions(api_endpoint=endpoint), credentials=credentials)
 
 
 def cancel_command(name: str) -> str:

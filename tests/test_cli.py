@@ -28,19 +28,26 @@ from components import shards
         "pipelines.compile",
         "pipelines.smoke_job",
         "pipelines.submit_smoke",
+        "pipelines.runs status",
+        "pipelines.runs logs",
+        "pipelines.runs cancel",
     ],
 )
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # imported by earlier tests
 def test_every_component_runs_as_a_module_with_help(module, monkeypatch, capsys):
     """``python -m module --help`` as runpy runs it, in this process (``test_console_script_lists_jobs_and_dispatches``
     and the jobs' own tests run them in processes of their own)."""
-    monkeypatch.setattr(sys, "argv", [module, "--help"])
+    module, *job = module.split()  # a module of several jobs: python -m MODULE JOB --help
+    monkeypatch.setattr(sys, "argv", [module, *job, "--help"])
     with pytest.raises(SystemExit) as exit:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     assert exit.value.code in (0, None), capsys.readouterr().err
-    first_doc_line = importlib.import_module(module).__doc__.strip().splitlines()[0]
+    # what it runs as, and what it is: its module's docstring, or for one of a module's jobs, its own help
+    described = f"usage: python -m {' '.join([module, *job])} [-h]"
+    if not job:
+        described = importlib.import_module(module).__doc__.strip().splitlines()[0][:40]
     printed = capsys.readouterr().out
-    assert printed.startswith("usage:") and first_doc_line[:40] in " ".join(printed.split())
+    assert printed.startswith("usage:") and described in " ".join(printed.split())
 
 
 @pytest.mark.parametrize("script", sorted(path.name for path in (PROJECT_ROOT / "benchmarks").glob("*.py")))

@@ -1,8 +1,16 @@
-"""A local stand-in for Vertex AI's job service over REST, enough for ``aiplatform_v1.JobServiceClient``:
-create a custom job, get it and cancel it. A created job runs its first worker pool's container command on this machine,
-as the container would run it (the project's Python, the job's environment on top of this process's): the job
-is ``JOB_STATE_RUNNING`` while it runs, then ``JOB_STATE_SUCCEEDED`` or ``JOB_STATE_FAILED`` by its exit status.
-What the job can do here is what this machine has: no TPU.
+"""A local stand-in for Vertex AI's job and pipeline services over REST, and for Cloud Logging's ``entries.list``
+of a custom job's lines: enough for ``aiplatform_v1.JobServiceClient``, ``PipelineServiceClient`` and
+``aiplatform.PipelineJob.submit``.
+
+Custom jobs: create, get, list (by label and display name) and cancel. A created job runs its first worker pool's
+container command on this machine, as the container would run it (the project's Python, the job's environment on top
+of this process's): the job is ``JOB_STATE_RUNNING`` while it runs, then ``JOB_STATE_SUCCEEDED`` or
+``JOB_STATE_FAILED`` by its exit status. What the job can do here is what this machine has: no TPU. Each line the
+job's process prints is a log entry at once (``resource.type="ml_job"``, its numeric id as ``job_id``).
+
+Pipeline jobs: create, get and cancel. No orchestrator runs the pipeline: a created job is
+``PIPELINE_STATE_RUNNING`` with a ``PENDING`` task for each task of its root DAG, and the test reports what the
+tasks do (``set_task``) and how the run ends (``end_pipeline_job``), as Vertex AI's orchestrator would.
 """
 
 from __future__ import annotations
@@ -20,6 +28,22 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PIPELINE_ENDED = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
+TASK_ENDED = ("SUCCEEDED", "FAILED", "CANCELLED", "SKIPPED", "NOT_TRIGGERED")
+PIPELINE_JOB_ID = re.compile(r"[a-z][a-z0-9-]{0,127}")  # what Vertex AI takes as a pipelineJobId
+# the one query of Cloud Logging the stand-in answers: a custom job's lines (gcloud ai custom-jobs stream-logs's)
+ML_JOB_FILTER = re.compile(r'resource\.type="ml_job" AND resource\.labels\.job_id="(\d+)"')
+LOG_ORDERS = ("timestamp asc", "timestamp desc")  # the only orders entries.list takes
+MAX_PAGE_SIZE = 1000  # entries.list refuses a larger pageSize (its proto's documentation; newer docs drop the cap)
+DEFAULT_PAGE_SIZE = 50
+
+
+class Refused(Exception):
+    """A request Vertex AI or Cloud Logging would refuse: its HTTP status and google.rpc status name."""
+
+    def __init__(self, code: int, status: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.status = code, status
 
 
 def now() -> str:
@@ -28,9 +52,9 @@ def now() -> str:
 
 class VertexStandIn:
     """``start_jobs=False``: jobs stay ``JOB_STATE_PENDING`` (no TPU capacity, no quota); ``cancels_take=False``:
-    a cancelled job stays ``JOB_STATE_CANCELLING``; ``refuse_creates``: a create is refused as Vertex AI refuses an
-    account without ``aiplatform.customJobs.create``; ``filters=False``: a list with a filter is refused as invalid.
-    ``cancel_requests`` lists the jobs asked to cancel."""
+    a cancelled job (custom or pipeline) stays cancelling; ``refuse_creates``: a create is refused as Vertex AI refuses
+    an account without ``aiplatform.customJobs.create``; ``filters=False``: a list with a filter is refused as
+    invalid. ``cancel_requests`` lists the jobs (custom and pipeline) asked to cancel."""
 
     def __init__(
         self, start_jobs: bool = True, cancels_take: bool = True, refuse_creates: bool = False, filters: bool = True
@@ -39,9 +63,13 @@ class VertexStandIn:
         self.filters = filters
         self.jobs: dict[str, dict] = {}
         self.processes: dict[str, subprocess.Popen] = {}
-        self.logs: dict[str, str] = {}
+        self.logs: dict[str, str] = {}  # each ended job's whole output
+        self.lines: dict[str, list[tuple[str, str]]] = {}  # each job's output so far: (timestamp, line)
+        self._readers: dict[str, threading.Thread] = {}
+        self.pipeline_jobs: dict[str, dict] = {}
+        self._read_cancelling: set[str] = set()  # pipeline jobs read while cancelling
         self.cancel_requests: list[str] = []
-        self.reads: Counter[str] = Counter()  # GETs of each job through the API (a launcher's, not the test's)
+        self.reads: Counter[str] = Counter()  # GETs of each job through the API (a command's, not the test's)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -71,7 +99,15 @@ class VertexStandIn:
             self.processes[name] = subprocess.Popen(
                 command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
+            self.lines[name] = []
+            self._readers[name] = threading.Thread(target=self._read_output, args=(name,), daemon=True)
+            self._readers[name].start()
         return self.jobs[name]
+
+    def _read_output(self, name: str) -> None:
+        """Keeps each line the job's process prints, when it prints it, as Vertex AI's logging agent sends it."""
+        for line in self.processes[name].stdout:
+            self.lines[name].append((now(), line))
 
     def cancel(self, name: str) -> None:
         """As Vertex AI does: the job is cancelling, then cancelled once its VMs are gone."""
@@ -90,7 +126,7 @@ class VertexStandIn:
         """The jobs under ``parent`` that match a filter of the API's form, ``A="x" AND labels.b="y"``."""
         wanted = re.findall(r'(labels\.[\w-]+|display_name)\s*=\s*"([^"]*)"', query)
         if query and len(wanted) != query.count("="):
-            raise ValueError(f"the stand-in does not understand the filter {query!r}")
+            raise Refused(400, "INVALID_ARGUMENT", f"the stand-in does not understand the filter {query!r}")
 
         def value(job: dict, key: str) -> str:
             if key.startswith("labels."):
@@ -103,7 +139,8 @@ class VertexStandIn:
     def get(self, name: str) -> dict:
         job, process = self.jobs[name], self.processes.get(name)
         if job["state"] == "JOB_STATE_RUNNING" and process.poll() is not None:
-            self.logs[name] = process.stdout.read()
+            self._readers[name].join(timeout=30)  # the process's last lines
+            self.logs[name] = "".join(line for _, line in self.lines[name])
             job["endTime"] = now()
             if process.returncode == 0:
                 job["state"] = "JOB_STATE_SUCCEEDED"
@@ -114,6 +151,111 @@ class VertexStandIn:
                     "message": f"The replica workerpool0-0 exited with a non-zero status of {process.returncode}.",
                 }
         return job
+
+    def create_pipeline_job(self, parent: str, job_id: str, job: dict) -> dict:
+        """What Vertex AI makes of a submitted pipeline job: running, a pending task for each of its root DAG's tasks
+        under the root task (the pipeline's own)."""
+        if not PIPELINE_JOB_ID.fullmatch(job_id):
+            raise Refused(400, "INVALID_ARGUMENT", f"pipelineJobId {job_id!r}: [a-z][a-z0-9-], at most 128 characters")
+        name = f"{parent}/pipelineJobs/{job_id}"
+        if name in self.pipeline_jobs:
+            raise Refused(409, "ALREADY_EXISTS", f"{name} already exists")
+        spec, created = job["pipelineSpec"], now()
+        root = {"taskId": "1", "taskName": spec["pipelineInfo"]["name"], "state": "RUNNING", "createTime": created}
+        tasks = [
+            {"taskId": str(number), "parentTaskId": "1", "taskName": task, "state": "PENDING", "createTime": created}
+            for number, task in enumerate(spec["root"]["dag"]["tasks"], start=2)
+        ]
+        self.pipeline_jobs[name] = {
+            **job,
+            "name": name,
+            "state": "PIPELINE_STATE_RUNNING",
+            "createTime": created,
+            "startTime": created,
+            "jobDetail": {"taskDetails": [root, *tasks]},
+        }
+        return self.pipeline_jobs[name]
+
+    def set_task(self, name: str, task: str, state: str) -> None:
+        """Reports the task ``task`` of the pipeline job ``name`` in ``state`` (RUNNING, SUCCEEDED, FAILED, ...)."""
+        (detail,) = [detail for detail in self._tasks(name) if detail["taskName"] == task]
+        detail["state"] = state
+        detail.setdefault("startTime", now())
+        if state in TASK_ENDED:
+            detail["endTime"] = now()
+
+    def end_pipeline_job(self, name: str, state: str, error: str = "") -> None:
+        """Ends the pipeline job ``name`` in ``state`` (PIPELINE_STATE_SUCCEEDED or _FAILED) with ``error``'s message,
+        its root task alike."""
+        job = self.pipeline_jobs[name]
+        job.update(state=state, endTime=now())
+        if error:
+            job["error"] = {"code": 9, "message": error}  # FAILED_PRECONDITION, as Vertex AI reports a failed DAG
+        self.set_task(name, self._tasks(name)[0]["taskName"], state.removeprefix("PIPELINE_STATE_"))
+
+    def cancel_pipeline_job(self, name: str) -> None:
+        """Asks for the cancel: the job is cancelling (then cancelled: ``get_pipeline_job``). The cancel of an ended
+        job is refused, as Vertex AI refuses it for an ended training pipeline."""
+        self.cancel_requests.append(name)
+        job = self.pipeline_jobs[name]
+        if job["state"] in PIPELINE_ENDED:
+            raise Refused(
+                400, "FAILED_PRECONDITION", f"The PipelineJob {name} is in state {job['state']} and cannot be canceled."
+            )
+        job["state"] = "PIPELINE_STATE_CANCELLING"
+
+    def get_pipeline_job(self, name: str) -> dict:
+        """The pipeline job; one cancelling is cancelled from its second read on (its tasks stopped meanwhile)."""
+        job = self.pipeline_jobs[name]
+        if job["state"] == "PIPELINE_STATE_CANCELLING" and self.cancels_take:
+            if name in self._read_cancelling:
+                for detail in self._tasks(name):
+                    if detail["state"] not in TASK_ENDED:
+                        self.set_task(name, detail["taskName"], "CANCELLED")
+                job.update(state="PIPELINE_STATE_CANCELLED", endTime=now())
+            self._read_cancelling.add(name)
+        return job
+
+    def _tasks(self, name: str) -> list[dict]:
+        return self.pipeline_jobs[name]["jobDetail"]["taskDetails"]
+
+    def log_entries(self, request: dict) -> dict:
+        """Cloud Logging's ``entries.list`` of one custom job's lines, a page at a time."""
+        names = request.get("resourceNames", [])
+        if len(names) != 1 or not re.fullmatch(r"projects/[^/]+", names[0]):
+            raise Refused(400, "INVALID_ARGUMENT", f"the stand-in takes one project as resourceNames, not {names}")
+        query = ML_JOB_FILTER.fullmatch(request.get("filter", ""))
+        if not query:
+            raise Refused(
+                400, "INVALID_ARGUMENT", f"the stand-in does not understand the filter {request.get('filter')!r}"
+            )
+        order = request.get("orderBy", LOG_ORDERS[0])
+        size = int(request.get("pageSize", DEFAULT_PAGE_SIZE))
+        if order not in LOG_ORDERS or not 0 < size <= MAX_PAGE_SIZE:
+            raise Refused(400, "INVALID_ARGUMENT", f"orderBy {order!r} or pageSize {size} is not taken")
+        project, job_id = names[0].removeprefix("projects/"), query.group(1)
+        jobs = [
+            name for name in self.jobs if re.fullmatch(rf"projects/{project}/locations/[^/]+/customJobs/{job_id}", name)
+        ]
+        resource = {"type": "ml_job", "labels": {"job_id": job_id, "project_id": project, "task_name": "workerpool0-0"}}
+        entries = [
+            {
+                "logName": f"projects/{project}/logs/workerpool0-0",
+                "resource": resource,
+                "textPayload": line.rstrip("\n"),
+                "timestamp": timestamp,
+                "insertId": f"{job_id}-{number}",
+            }
+            for name in jobs
+            for number, (timestamp, line) in enumerate(list(self.lines.get(name, [])))
+        ]
+        if order == "timestamp desc":
+            entries.reverse()
+        start = int(request.get("pageToken") or 0)
+        page = {"entries": entries[start : start + size]}
+        if start + size < len(entries):
+            page["nextPageToken"] = str(start + size)
+        return page
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         stand_in = self
@@ -130,39 +272,73 @@ class VertexStandIn:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _refuse(self, refused: Refused) -> None:
+                error = {"code": refused.code, "message": str(refused), "status": refused.status}
+                self._reply(refused.code, {"error": error})
+
+            def _body(self) -> dict:
+                return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+
             def do_POST(self) -> None:
-                path = urlparse(self.path).path
-                cancel = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+):cancel", path)
-                if cancel and cancel.group(1) in stand_in.jobs:
-                    self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                    stand_in.cancel(cancel.group(1))
+                try:
+                    self._post()
+                except Refused as refused:
+                    self._refuse(refused)
+
+            def do_GET(self) -> None:
+                try:
+                    self._get()
+                except Refused as refused:
+                    self._refuse(refused)
+
+            def _post(self) -> None:
+                url = urlparse(self.path)
+                path = url.path
+                if path == "/v2/entries:list":
+                    return self._reply(200, stand_in.log_entries(self._body()))
+                cancel = re.fullmatch(
+                    r"/v1/(projects/[^/]+/locations/[^/]+/(customJobs|pipelineJobs)/[^/:]+):cancel", path
+                )
+                if cancel:
+                    self._body()  # {}, read off the connection
+                    name = cancel.group(1)
+                    if name in stand_in.jobs:
+                        stand_in.cancel(name)
+                    elif name in stand_in.pipeline_jobs:
+                        stand_in.cancel_pipeline_job(name)
+                    else:
+                        raise Refused(404, "NOT_FOUND", f"{name} not found")
                     return self._reply(200, {})
+                pipeline = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+)/pipelineJobs", path)
+                if pipeline:
+                    (job_id,) = parse_qs(url.query).get("pipelineJobId", [""])
+                    return self._reply(200, stand_in.create_pipeline_job(pipeline.group(1), job_id, self._body()))
                 match = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+)/customJobs", path)
                 if not match:
-                    return self._reply(404, {"error": {"code": 404, "message": self.path}})
-                job = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                    raise Refused(404, "NOT_FOUND", self.path)
+                job = self._body()
                 scheduling = job.get("jobSpec", {}).get("scheduling", {})
                 if "maxWaitDuration" in scheduling and scheduling.get("strategy") not in (6, "FLEX_START"):
                     message = "max_wait_duration is only supported with the FLEX_START scheduling strategy"
-                    return self._reply(400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}})
+                    raise Refused(400, "INVALID_ARGUMENT", message)
                 if stand_in.refuse_creates:
                     message = f"Permission 'aiplatform.customJobs.create' denied on resource '{match.group(1)}'"
-                    return self._reply(403, {"error": {"code": 403, "message": message, "status": "PERMISSION_DENIED"}})
+                    raise Refused(403, "PERMISSION_DENIED", message)
                 self._reply(200, stand_in.create(match.group(1), job))
 
-            def do_GET(self) -> None:
+            def _get(self) -> None:
                 url = urlparse(self.path)
                 name = url.path.removeprefix("/v1/")
                 if name.endswith("/customJobs"):
                     (query,) = parse_qs(url.query).get("filter", [""])
                     if query and not stand_in.filters:
-                        message = f"Unsupported filter: {query}"
-                        return self._reply(
-                            400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
-                        )
+                        raise Refused(400, "INVALID_ARGUMENT", f"Unsupported filter: {query}")
                     return self._reply(200, {"customJobs": stand_in.list(name.removesuffix("/customJobs"), query)})
+                if name in stand_in.pipeline_jobs:
+                    stand_in.reads[name] += 1
+                    return self._reply(200, stand_in.get_pipeline_job(name))
                 if name not in stand_in.jobs:
-                    return self._reply(404, {"error": {"code": 404, "message": f"{name} not found"}})
+                    raise Refused(404, "NOT_FOUND", f"{name} not found")
                 stand_in.reads[name] += 1
                 self._reply(200, stand_in.get(name))
 

@@ -146,14 +146,16 @@ def run_job(
     description: str | None = None,
     print_summary: bool = True,
     for_people: Callable[[dict[str, Any]], str] = summary_lines,
+    subcommand: str = "",
 ) -> int:
     """Parses ``argv`` into ``arguments_class``, runs ``job`` and prints its summary: ``for_people`` of it, or it
-    as JSON with ``--json`` (unless the job shows its own). Returns the exit code."""
+    as JSON with ``--json`` (unless the job shows its own). ``subcommand``: the job's name in a module of several
+    (``python -m MODULE SUBCOMMAND``). Returns the exit code."""
     setup_logging()
     try:
         # the usage line names the module the job runs as (what its container runs), not "tpu-mlm" or "-c"
         spec = sys.modules[job.__module__].__spec__  # run as python -m X, the module's __name__ is __main__
-        prog = f"python -m {spec.name}" if spec else None
+        prog = f"python -m {spec.name} {subcommand}".strip() if spec else None
         arguments, as_json = parse_arguments(arguments_class, argv, description or job.__doc__ or "", prog)
         with storage.permission_errors_in_one_line(vars(arguments).values()):
             summary = job(arguments)
