@@ -280,8 +280,8 @@ def test_a_long_run_name_labels_within_the_limit_and_apart_from_its_neighbours()
 
 
 def test_submit_names_the_run_then_follows_it_to_its_end(template, vertex, gcs):
-    """``submit --follow``: the run created through aiplatform (against the stand-in), its name and folders printed
-    first, then a line at each change until it ends, then its whole status."""
+    """``submit --follow --experiment``: the run created through aiplatform (against the stand-in) in the experiment,
+    its name and folders printed first, then a line at each change until it ends, then its whole status."""
     name = f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/followed-run-1"
 
     def orchestrate() -> None:  # the run succeeds once the command has looked at it twice
@@ -296,7 +296,7 @@ def test_submit_names_the_run_then_follows_it_to_its_end(template, vertex, gcs):
         *("submit", "--template", template, "--project", PROJECT, "--region", REGION),
         *("--pipeline_root", f"{gcs}/root", "--api_endpoint", vertex.url, "--run_name", "followed-run-1"),
         *("--parameters", '{"corpus": "hf:wikitext:wikitext-103-raw-v1"}', "--corpus_bytes", "546500949"),
-        *("--follow", "--poll_seconds", "0.1"),
+        *("--follow", "--poll_seconds", "0.1", "--experiment", "wikitext-base"),
         timeout=COMMAND_SECONDS,
     )
     assert submitted_run.returncode == 0, submitted_run.stderr[-3000:]
@@ -308,3 +308,8 @@ def test_submit_names_the_run_then_follows_it_to_its_end(template, vertex, gcs):
     assert followed[0].split()[1] == "PIPELINE_STATE_RUNNING;" and "PIPELINE_STATE_SUCCEEDED" in followed[-1]
     assert "run followed-run-1: PIPELINE_STATE_SUCCEEDED" in printed  # the whole status at its end
     assert "Estimate of the run on a v5e-4" in submitted_run.stderr
+    # in the experiment asked for: the run's context a child of the experiment's, beside other runs there
+    store = f"projects/{PROJECT}/locations/{REGION}/metadataStores/default/contexts"
+    experiment = vertex.contexts[f"{store}/wikitext-base"]
+    assert experiment["schemaTitle"] == "system.Experiment"
+    assert experiment["childContexts"] == [f"{store}/followed-run-1"]

@@ -10,7 +10,9 @@ job's process prints is a log entry at once (``resource.type="ml_job"``, its num
 
 Pipeline jobs: create, get and cancel. No orchestrator runs the pipeline: a created job is
 ``PIPELINE_STATE_RUNNING`` with a ``PENDING`` task for each task of its root DAG, and the test reports what the
-tasks do (``set_task``) and how the run ends (``end_pipeline_job``), as Vertex AI's orchestrator would.
+tasks do (``set_task``) and how the run ends (``end_pipeline_job``), as Vertex AI's orchestrator would. Each run has
+its context in the metadata store (``jobDetail.pipelineRunContext``), which an experiment (a context of its own,
+created and read through Vertex ML Metadata's contexts) takes as a child: what ``submit(experiment=...)`` does.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class VertexStandIn:
         self.lines: dict[str, list[tuple[str, str]]] = {}  # each job's output so far: (timestamp, line)
         self._readers: dict[str, threading.Thread] = {}
         self.pipeline_jobs: dict[str, dict] = {}
+        self.contexts: dict[str, dict] = {}  # Vertex ML Metadata's contexts: experiments and pipeline runs
         self._read_cancelling: set[str] = set()  # pipeline jobs read while cancelling
         self.cancel_requests: list[str] = []
         self.reads: Counter[str] = Counter()  # GETs of each job through the API (a command's, not the test's)
@@ -166,15 +169,27 @@ class VertexStandIn:
             {"taskId": str(number), "parentTaskId": "1", "taskName": task, "state": "PENDING", "createTime": created}
             for number, task in enumerate(spec["root"]["dag"]["tasks"], start=2)
         ]
+        # the run's context in the project's metadata store, where an experiment finds its runs
+        run_context = self.create_context(
+            f"{parent}/metadataStores/default", job_id, {"schemaTitle": "system.PipelineRun"}
+        )
         self.pipeline_jobs[name] = {
             **job,
             "name": name,
             "state": "PIPELINE_STATE_RUNNING",
             "createTime": created,
             "startTime": created,
-            "jobDetail": {"taskDetails": [root, *tasks]},
+            "jobDetail": {"taskDetails": [root, *tasks], "pipelineRunContext": run_context},
         }
         return self.pipeline_jobs[name]
+
+    def create_context(self, store: str, context_id: str, context: dict) -> dict:
+        """A metadata context (an experiment, a pipeline run) in the metadata store ``store``."""
+        name = f"{store}/contexts/{context_id}"
+        if name in self.contexts:
+            raise Refused(409, "ALREADY_EXISTS", f"{name} already exists")
+        self.contexts[name] = {**context, "name": name, "createTime": now(), "childContexts": []}
+        return self.contexts[name]
 
     def set_task(self, name: str, task: str, state: str) -> None:
         """Reports the task ``task`` of the pipeline job ``name`` in ``state`` (RUNNING, SUCCEEDED, FAILED, ...)."""
@@ -309,6 +324,19 @@ class VertexStandIn:
                     else:
                         raise Refused(404, "NOT_FOUND", f"{name} not found")
                     return self._reply(200, {})
+                store = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+/metadataStores/default)/contexts", path)
+                if store:
+                    (context_id,) = parse_qs(url.query).get("contextId", [""])
+                    return self._reply(200, stand_in.create_context(store.group(1), context_id, self._body()))
+                children = re.fullmatch(r"/v1/(.+/metadataStores/default/contexts/[^/:]+):addContextChildren", path)
+                if children:
+                    if children.group(1) not in stand_in.contexts:
+                        raise Refused(404, "NOT_FOUND", f"{children.group(1)} not found")
+                    for child in self._body().get("childContexts", []):
+                        if child not in stand_in.contexts:
+                            raise Refused(400, "INVALID_ARGUMENT", f"child context {child} does not exist")
+                        stand_in.contexts[children.group(1)]["childContexts"].append(child)
+                    return self._reply(200, {})
                 pipeline = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+)/pipelineJobs", path)
                 if pipeline:
                     (job_id,) = parse_qs(url.query).get("pipelineJobId", [""])
@@ -337,6 +365,12 @@ class VertexStandIn:
                 if name in stand_in.pipeline_jobs:
                     stand_in.reads[name] += 1
                     return self._reply(200, stand_in.get_pipeline_job(name))
+                if re.fullmatch(r"projects/[^/]+/locations/[^/]+/metadataStores/default", name):
+                    return self._reply(200, {"name": name})  # every project's region has its default store
+                if name in stand_in.contexts:
+                    return self._reply(200, stand_in.contexts[name])
+                if "/metadataStores/" in name:
+                    raise Refused(404, "NOT_FOUND", f"{name} not found")
                 if name not in stand_in.jobs:
                     raise Refused(404, "NOT_FOUND", f"{name} not found")
                 stand_in.reads[name] += 1
