@@ -17,6 +17,7 @@ JOBS = {
     "status": ("pipelines.runs status", "Where a Vertex AI run stands: tasks, TPU jobs, the training's progress."),
     "logs": ("pipelines.runs logs", "The log lines of a Vertex AI run's TPU job (Cloud Logging)."),
     "cancel": ("pipelines.runs cancel", "Cancel a Vertex AI run and its TPU jobs, and wait until they have ended."),
+    "clean": ("pipelines.clean", "Delete a run's artifacts, checkpoints and logs from storage (a dry run first)."),
     "tokenizer": ("components.tokenizer", "Train a Unigram tokenizer on a corpus."),
     "shards": ("components.shards", "Tokenize a corpus into fixed-length TFRecord shards."),
     "merge-shards": ("components.merge_shards", "Merge the part manifests of a sharded run into manifest.json."),

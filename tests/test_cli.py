@@ -31,6 +31,7 @@ from components import shards
         "pipelines.runs status",
         "pipelines.runs logs",
         "pipelines.runs cancel",
+        "pipelines.clean",
     ],
 )
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # imported by earlier tests

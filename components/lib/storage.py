@@ -186,6 +186,33 @@ def remove(uri: str) -> None:
     gfile().remove(uri)
 
 
+def files_under(uri: str) -> list[tuple[str, int]]:
+    """Every file under the folder ``uri``, at any depth, with its size in bytes, sorted; [] when there is none. In a
+    bucket: one listing a folder and one metadata read an object (object permissions only). On this machine a
+    symbolic link is a file and never followed: what it points to is not under ``uri``, so not its to delete."""
+    if is_remote(uri):
+        paths = sorted(join(folder, name) for folder, _, names in gfile().walk(uri) for name in names)
+        return [(path, size(path)) for path in paths]
+    if os.path.islink(uri):
+        return [(uri, os.lstat(uri).st_size)]
+    paths = []
+    for folder, folders, names in os.walk(uri):  # os.walk lists a link to a folder but does not enter it
+        links = [name for name in folders if os.path.islink(os.path.join(folder, name))]
+        paths += [os.path.join(folder, name) for name in [*names, *links]]
+    return [(path, os.lstat(path).st_size) for path in sorted(paths)]
+
+
+def remove_folder(uri: str) -> None:
+    """Deletes the folder ``uri`` once its files are deleted: on this machine its empty folders, bottom up (a file
+    left in it stops this with an error); in a bucket the folder markers left under it (a bucket has no folders:
+    a prefix is gone with its last object, and a folder gone already is no error)."""
+    if not is_remote(uri):
+        for folder, _, _ in os.walk(uri, topdown=False):
+            os.rmdir(folder)
+    elif gfile().isdir(uri):
+        gfile().rmtree(uri)
+
+
 def open_file(uri: str, mode: str = "rb") -> Any:
     return gfile().GFile(uri, mode)
 
