@@ -13,6 +13,7 @@ Writes ``preflight.json`` with what it checked.
 
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -43,6 +44,9 @@ log = logging.getLogger("tpu_mlm.preflight")
 WRITE_ROLES = ("write", "admin", "fineGrained")
 
 
+TENSORBOARD_NAME = re.compile(r"projects/[^/\s]+/locations/[a-z0-9-]+/tensorboards/[0-9]+")
+
+
 @dataclass(kw_only=True)
 class PreflightArguments(TrainingSettings, HubToken, TaskSelection):
     """The training's settings (checked as the train step checks them), with what only preflight needs."""
@@ -64,6 +68,14 @@ class PreflightArguments(TrainingSettings, HubToken, TaskSelection):
         metadata={
             "help": "How long the TPU job may wait queued or pending (no capacity, no quota) before it is cancelled "
             "and the train task fails, in hours (Spot capacity can take longer)."
+        },
+    )
+    vertex_tensorboard: str = field(
+        default="",
+        metadata={
+            "help": "A Vertex AI TensorBoard instance (projects/P/locations/REGION/tensorboards/ID) the TPU job "
+            "streams its training logs to; its service account then needs roles/storage.admin and "
+            "roles/aiplatform.user (Vertex AI's requirement). Empty: the logs only in ROOT/tensorboard/RUN."
         },
     )
     tpu_provisioning: str = field(
@@ -101,6 +113,12 @@ class PreflightArguments(TrainingSettings, HubToken, TaskSelection):
             raise InvalidParameter("replicas", self.replicas, f"a {tpu.name} has {tpu.replicas} replicas")
         if self.hf_token_secret:
             check_secret_name(self.hf_token_secret)
+        if self.vertex_tensorboard and not TENSORBOARD_NAME.fullmatch(self.vertex_tensorboard):
+            raise InvalidParameter(
+                "vertex_tensorboard",
+                self.vertex_tensorboard,
+                "must be a TensorBoard instance's resource name: projects/PROJECT/locations/REGION/tensorboards/ID",
+            )
         check_tpu_provisioning(self.tpu_provisioning, tpu)
 
     @property

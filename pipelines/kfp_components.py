@@ -136,6 +136,7 @@ def preflight_step(
     tpu_type: str = '',
     tpu_job_timeout_hours: float = 0.0,
     tpu_max_queued_hours: float = 24.0,
+    vertex_tensorboard: str = '',
     tpu_provisioning: str = 'STANDARD',
     allow_tight_memory: bool = False,
 ) -> NamedTuple('TpuJob', [('timeout', str), ('max_wait_duration', str)]):
@@ -189,6 +190,7 @@ def preflight_step(
         tpu_type: The TPU the train step will get, ['v3-8', 'v5e-1', 'v5e-4', 'v5e-8', 'v5e-16', 'v5e-32']: its replicas and memory.
         tpu_job_timeout_hours: Hard limit of the TPU training job, in hours; 0: twice the estimated training time plus an hour (at least 2 h, at most 168 h). A limit below the estimate is refused.
         tpu_max_queued_hours: How long the TPU job may wait queued or pending (no capacity, no quota) before it is cancelled and the train task fails, in hours (Spot capacity can take longer).
+        vertex_tensorboard: A Vertex AI TensorBoard instance (projects/P/locations/REGION/tensorboards/ID) the TPU job streams its training logs to; its service account then needs roles/storage.admin and roles/aiplatform.user (Vertex AI's requirement). Empty: the logs only in ROOT/tensorboard/RUN.
         tpu_provisioning: How Vertex AI gets the TPU (the custom job's scheduling strategy): STANDARD (on demand), SPOT (about a quarter of the price; preempted with 30 s notice, the train step then checkpoints and its job is run again).
         allow_tight_memory: Start a run whose memory estimate is tight (its high end above the TPU's memory) instead of refusing it: XLA may fit it, or the job may die of out-of-memory at compile.
     """

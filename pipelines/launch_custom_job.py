@@ -38,7 +38,7 @@ from typing import Any
 
 from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.job_runner import NOT_RETRIED_EXITS, log, run_job
-from pipelines.run_folders import RUN_NAME_LABEL, run_label, run_name
+from pipelines.run_folders import RUN_NAME_LABEL, run_label, run_name, tensorboard_folder
 from pipelines.vertex_jobs import (
     ENDED_WITHOUT_SUCCESS,
     SUCCEEDED,
@@ -76,6 +76,13 @@ class LaunchArguments(JobServiceArguments):
     run_name: str = field(
         default="",
         metadata={"help": "The pipeline run's name, to label the job with (tpu-mlm status finds it); none if empty."},
+    )
+    pipeline_root: str = field(
+        default="",
+        metadata={
+            "help": "The pipeline run's root (gs://): a job attached to a Vertex AI TensorBoard gets its output folder "
+            "under it, the run's own (ROOT/tensorboard/RUN), where Vertex AI points AIP_TENSORBOARD_LOG_DIR."
+        },
     )
     min_minutes_left: float = field(
         default=0.0,
@@ -218,12 +225,24 @@ def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int)
         job.job_spec.scheduling.timeout = timedelta(seconds=left)
         log.info("the earlier jobs ran %d s of the time limit: the new job gets the %d s left", seconds_used, left)
     job.labels = {**run_labels(), **job.labels, SECONDS_USED_LABEL: str(seconds_used)}
+    if job.job_spec.tensorboard and not job.job_spec.base_output_directory.output_uri_prefix:
+        job.job_spec.base_output_directory.output_uri_prefix = run_output_folder(arguments)
     if arguments.run_name:
         job.labels[RUN_NAME_LABEL] = run_label(arguments.run_name)
     created = create_job(client, arguments.project, arguments.location, job)
     record_job(arguments.gcp_resources, arguments.endpoint, created.name)
     log.info("created %s", created.name)
     return created.name
+
+
+def run_output_folder(arguments: LaunchArguments) -> str:
+    """The output folder of a job attached to a Vertex AI TensorBoard: the run's TensorBoard folder, so that its logs
+    (AIP_TENSORBOARD_LOG_DIR, BASE/logs) sit beside other runs' and no two runs' logs mix in one upload."""
+    if not (arguments.pipeline_root and arguments.run_name):
+        raise InvalidParameter(
+            "pipeline_root", arguments.pipeline_root, "a job attached to a TensorBoard needs it, and --run_name"
+        )
+    return tensorboard_folder(arguments.pipeline_root, run_name(arguments.run_name, "run_name"))
 
 
 def run_labels() -> dict[str, str]:

@@ -104,6 +104,8 @@ def tpu_training_job(train_component: Any, tpu: TpuType, env: dict[str, str], la
     launcher.command = ["python", "-m", "pipelines.launch_custom_job"]
     launcher.args += ["--min_minutes_left", str(tpu.start_deadline_minutes + REPLACEMENT_MARGIN_MINUTES)]
     launcher.args += ["--run_name", dsl.PIPELINE_JOB_NAME_PLACEHOLDER]  # labels the job: tpu-mlm status finds it
+    # where a job attached to a Vertex AI TensorBoard gets its output folder: the run's own under the pipeline root
+    launcher.args += ["--pipeline_root", dsl.PIPELINE_ROOT_PLACEHOLDER]
     return job
 
 
@@ -189,6 +191,7 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
     ("tpu_job_timeout_hours", PreflightArguments, "tpu_job_timeout_hours"),
     ("tpu_max_queued_hours", PreflightArguments, "tpu_max_queued_hours"),
     ("tpu_provisioning", PreflightArguments, "tpu_provisioning"),
+    ("vertex_tensorboard", PreflightArguments, "vertex_tensorboard"),
     ("allow_tight_memory", PreflightArguments, "allow_tight_memory"),
     ("eval_batch_size", EvaluateArguments, "batch_size"),
     ("eval_max_batches", EvaluateArguments, "max_batches"),
@@ -379,6 +382,7 @@ def training_task(tasks: Tasks, data: dict[str, Any], checked: Any) -> Any:
         "timeout": checked.outputs["timeout"],
         "max_wait_duration": checked.outputs["max_wait_duration"],
         "strategy": tasks.inputs["preflight"]["tpu_provisioning"],
+        "tensorboard": tasks.inputs["preflight"]["vertex_tensorboard"],
         "tpu_type": target.tpu.name,
         "tpu_provisioning": tasks.inputs["preflight"]["tpu_provisioning"],
     }

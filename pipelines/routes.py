@@ -51,6 +51,7 @@ ROUTES = {
     'tpu_job_timeout_hours': {'preflight': 'tpu_job_timeout_hours'},
     'tpu_max_queued_hours': {'preflight': 'tpu_max_queued_hours'},
     'tpu_provisioning': {'preflight': 'tpu_provisioning'},
+    'vertex_tensorboard': {'preflight': 'vertex_tensorboard'},
     'allow_tight_memory': {'preflight': 'allow_tight_memory'},
     'eval_batch_size': {'evaluate': 'batch_size'},
     'eval_max_batches': {'evaluate': 'max_batches'},

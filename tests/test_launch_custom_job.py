@@ -318,3 +318,34 @@ def test_a_job_queued_past_the_limit_is_cancelled_and_a_paused_one_is_not_replac
         assert list(vertex.jobs) == [paused]
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {paused} ended JOB_STATE_PAUSED")
+
+
+def test_a_job_attached_to_a_tensorboard_writes_its_logs_in_the_run_s_own_folder(tmp_path):
+    """With a Vertex AI TensorBoard named, the job gets the run's TensorBoard folder as its output folder, so that
+    Vertex AI's AIP_TENSORBOARD_LOG_DIR (what the train step writes to, and what is uploaded) is the run's alone."""
+    payload = job("import os; print(os.environ['AIP_TENSORBOARD_LOG_DIR'])")
+    payload["job_spec"]["tensorboard"] = "projects/my-project/locations/us-central1/tensorboards/123"
+    payload["job_spec"]["base_output_directory"] = {"output_uri_prefix": ""}  # as GCPC compiles it: empty
+    run = ("--run_name", "wikitext-base-1", "--pipeline_root", "gs://bucket/root")
+    with VertexStandIn() as vertex:
+        record = tmp_path / "attached"
+        launched = run_module("pipelines.launch_custom_job", *launcher(vertex, payload, record), *run, timeout=120)
+        assert launched.returncode == 0, launched.stderr[-3000:]
+        (name,) = vertex.jobs
+        spec = vertex.jobs[name]["jobSpec"]
+        assert spec["tensorboard"] == "projects/my-project/locations/us-central1/tensorboards/123"
+        assert spec["baseOutputDirectory"]["outputUriPrefix"] == "gs://bucket/root/tensorboard/wikitext-base-1"
+        assert vertex.logs[name].strip() == "gs://bucket/root/tensorboard/wikitext-base-1/logs/"
+        # without the run's name there is no folder of its own to give: refused before any job is created
+        unnamed = run_module(
+            "pipelines.launch_custom_job",
+            *launcher(vertex, payload, tmp_path / "unnamed"),
+            "--pipeline_root",
+            "gs://bucket/root",
+            timeout=120,
+        )
+        assert list(vertex.jobs) == [name]
+    assert unnamed.returncode == 2
+    assert (
+        unnamed.stderr.strip().splitlines()[-1].startswith("error: --pipeline-root='gs://bucket/root': a job attached")
+    )

@@ -148,7 +148,7 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("checkpoint_every_steps", "log_every_steps", "eval_batches", "on_divergence", "max_rewinds"),
         *("accelerator", "replicas"),
         *("tpu_price_per_hour", "checkpoint_dir", "tpu_job_timeout_hours"),
-        *("tpu_max_queued_hours", "tpu_provisioning"),
+        *("tpu_max_queued_hours", "tpu_provisioning", "vertex_tensorboard"),
         *("allow_tight_memory", "eval_batch_size", "eval_max_batches"),
         *("downstream_tasks", "downstream_text_columns", "downstream_label_column", "downstream_epochs"),
         *("downstream_max_steps", "downstream_max_train_samples", "downstream_max_eval_samples"),

@@ -174,7 +174,8 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     # no replacement job with less of the time limit left than a start on this TPU (its hosts', on a slice) and more
     launcher = spec["deploymentSpec"]["executors"]["exec-train-step"]["container"]
     minutes = {1: 20.0 + 15.0, 4: 10.0 + 20.0 + 15.0, 8: 10.0 + 20.0 + 15.0}[TPU_TYPES[tpu_type].hosts]
-    assert launcher["args"][-4:-2] == ["--min_minutes_left", str(minutes)]
+    flags = dict(zip(launcher["args"][::2], launcher["args"][1::2], strict=True))
+    assert flags["--min_minutes_left"] == str(minutes)
     assert "exec env _KFP_RUNTIME=true python3 -m kfp.dsl.executor_main" in command[2]
     from google.cloud.aiplatform_v1.types import CustomJobSpec
     from google.protobuf.json_format import ParseDict
@@ -235,7 +236,8 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     trained = {
         name
         for name in train_inputs
-        if name not in ("peak_tflops", "timeout", "max_wait_duration", "strategy", "pipeline_root", "run_name")
+        if name
+        not in ("peak_tflops", "timeout", "max_wait_duration", "strategy", "tensorboard", "pipeline_root", "run_name")
     }
     assert trained - {"tokenizer", "train_shards", "eval_shards"} <= set(preflight_inputs)
 
@@ -245,10 +247,14 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     assert launcher["image"] == CPU_IMAGE and launcher["command"] == ["python", "-m", "pipelines.launch_custom_job"]
     flags = dict(zip(launcher["args"][::2], launcher["args"][1::2], strict=True))
     assert list(flags) == [
-        *("--type", "--payload", "--project", "--location", "--gcp_resources", "--min_minutes_left", "--run_name")
+        *("--type", "--payload", "--project", "--location", "--gcp_resources", "--min_minutes_left", "--run_name"),
+        "--pipeline_root",
     ]
-    # the run's name labels the job, by which tpu-mlm status, logs and cancel find it
-    assert flags["--run_name"] == "{{$.pipeline_job_name}}"
+    # the run's name labels the job, by which tpu-mlm status, logs and cancel find it; with the root, it names the
+    # output folder of a job attached to a Vertex AI TensorBoard (the pipeline parameter vertex_tensorboard)
+    assert flags["--run_name"] == "{{$.pipeline_job_name}}" and flags["--pipeline_root"] == "{{$.pipeline_root}}"
+    train_inputs = dag_tasks(spec)["train-step"]["inputs"]["parameters"]
+    assert train_inputs["tensorboard"] == {"componentInputParameter": "vertex_tensorboard"}
     assert flags["--type"] == "CustomJob"
     assert flags["--gcp_resources"] == "{{$.outputs.parameters['gcp_resources'].output_file}}"
     cpu_steps = [e for name, e in executors.items() if name != "exec-train-step"]

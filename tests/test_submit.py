@@ -258,6 +258,7 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
         ({"parameters": '{"output_root": "runs"}'}, r"--output-root='runs': is a path on this machine"),
         ({"parameters": '{"replicas": 8}'}, r"--replicas=8: a v5e-4 has 4"),
         ({"parameters": '{"tpu_max_queued_hours": 0.0}'}, r"--tpu-max-queued-hours=0.0: must be above 0 and at most"),
+        ({"parameters": '{"vertex_tensorboard": "my-board"}'}, r"--vertex-tensorboard='my-board': must be a Tensor"),
         (
             {
                 "corpus_bytes": 546_500_949,

@@ -96,6 +96,10 @@ class VertexStandIn:
         path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # and its python3 (KFP's executor line)
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "PATH": path}
         env.update({variable["name"]: variable["value"] for variable in container.get("env", [])})
+        if base := job["jobSpec"].get("baseOutputDirectory", {}).get("outputUriPrefix"):
+            # Vertex AI's folders under a job's output folder, given to its containers
+            env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/")
+            env.update(AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/")
         self.jobs[name] = {**job, "name": name, "state": "JOB_STATE_PENDING", "createTime": now()}
         if self.start_jobs:
             self.jobs[name].update(state="JOB_STATE_RUNNING", startTime=now())
