@@ -35,6 +35,7 @@ from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.job_runner import log, run_job
 from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import check_values, routed_values, step_values
+from pipelines.quota import QuotaArguments, require_tpu_quota
 from pipelines.run_folders import run_checkpoint_folder, run_name, tensorboard_folder
 from pipelines.vertex_jobs import JobServiceArguments, VertexProject
 
@@ -63,7 +64,7 @@ FIRST_RUN_PROVES = (
 
 
 @dataclass
-class SubmitArguments(JobServiceArguments, VertexProject):
+class SubmitArguments(JobServiceArguments, QuotaArguments, VertexProject):
     pipeline_root: str = field(metadata={"help": "gs:// folder for the run's artifacts."})
     template: str = field(default="pipeline.yaml", metadata={"help": "Compiled pipeline (pipelines.compile)."})
     parameters: str = field(default="{}", metadata={"help": "Pipeline parameter values as a JSON object."})
@@ -316,11 +317,7 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
     from components.lib.estimates import EstimateArguments, check_memory_fit, estimate_run, estimate_table
 
     spec = job.to_dict()["pipelineSpec"]
-    defaults = {
-        name: parameter.get("defaultValue")
-        for name, parameter in spec["root"]["inputDefinitions"]["parameters"].items()
-    }
-    values = {**defaults, **job.to_dict()["runtimeConfig"].get("parameterValues", {})}
+    values = run_values(job)
     tpu = template_tpu_type(spec)
     try:
         settings = routed_values(values, EstimateArguments, skip_steps=("downstream", "evaluate"))
@@ -347,6 +344,14 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
         file=sys.stderr,
     )
     return result
+
+
+def run_values(job: Any) -> dict[str, Any]:
+    """Every pipeline parameter's value in the run: the template's defaults, then the values given."""
+    request = job.to_dict()
+    parameters = request["pipelineSpec"]["root"]["inputDefinitions"]["parameters"]
+    defaults = {name: parameter.get("defaultValue") for name, parameter in parameters.items()}
+    return {**defaults, **request["runtimeConfig"].get("parameterValues", {})}
 
 
 def run_bill(spec: dict[str, Any], values: dict[str, Any], estimate: dict[str, Any]) -> dict[str, Any]:
@@ -446,6 +451,9 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
         if arguments.resume:
             check_resumable(job.to_dict()["runtimeConfig"]["parameterValues"]["checkpoint_dir"])
         check_estimate(arguments, job)
+        tpu = TPU_TYPES[template_tpu_type(job.to_dict()["pipelineSpec"])]
+        provisioning = run_values(job)["tpu_provisioning"]
+        require_tpu_quota(arguments, arguments.project, arguments.region, tpu, provisioning)
         request = job.to_dict()
         job.submit(service_account=arguments.service_account or None, experiment=arguments.experiment or None)
         request["name"] = job.resource_name

@@ -34,6 +34,7 @@ from components.lib.tpu_catalogue import (
     tpu_type,
 )
 from pipelines.compile import check_image_uri
+from pipelines.quota import QuotaArguments, require_tpu_quota
 from pipelines.smoke_job import REPORT_FILE, SmokeArguments, SmokeRun, describe, host_reports, run_settings
 from pipelines.submit import check_project, check_service_account
 from pipelines.vertex_jobs import (
@@ -51,7 +52,7 @@ MAX_QUEUED_MINUTES = 24 * 60
 
 
 @dataclass(kw_only=True)
-class SmokeJobArguments(VertexProject, JobServiceArguments, SmokeRun):
+class SmokeJobArguments(VertexProject, JobServiceArguments, QuotaArguments, SmokeRun):
     """Where and how the smoke job runs, and the run it tries."""
 
     tpu_type: str = field(
@@ -207,6 +208,9 @@ def run_smoke(arguments: SmokeJobArguments, client: Any = None) -> dict[str, Any
     log.info("the job's cost is bounded by its timeout: %s", limit)
     if arguments.dry_run:
         return {"dry_run": True, "parent": parent, "cost_limit": limit, "would_create": json.loads(job_json(job))}
+    require_tpu_quota(
+        arguments, arguments.project, arguments.region, tpu_type(arguments.tpu_type), arguments.tpu_provisioning
+    )
     client = client or job_client(arguments.region, arguments.api_endpoint)
     waiting = JobWait(
         client,

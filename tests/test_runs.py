@@ -313,3 +313,32 @@ def test_submit_names_the_run_then_follows_it_to_its_end(template, vertex, gcs):
     experiment = vertex.contexts[f"{store}/wikitext-base"]
     assert experiment["schemaTitle"] == "system.Experiment"
     assert experiment["childContexts"] == [f"{store}/followed-run-1"]
+
+
+@pytest.mark.parametrize("limit", [0, 8])
+def test_submit_reads_the_tpu_quota_first_and_sends_no_run_that_would_wait_for_it(template, vertex, gcs, limit):
+    """A v5e-4 needs 4 chips of the region's on-demand v5e quota: read through the Cloud Quotas API (its stand-in)
+    before anything is sent; none there refuses the run in one line naming the quota and where to request it, so
+    that the data steps are not paid for a TPU job that would wait a day and be cancelled."""
+    from quota_server import QuotaStandIn, StoredQuota
+
+    from pipelines.quota import TPU_QUOTAS
+
+    quota = TPU_QUOTAS["v5e", "STANDARD"]
+    with QuotaStandIn(PROJECT, {quota.quota_id: StoredQuota({REGION: limit})}) as quotas:
+        result = run_module(
+            "pipelines.cli",
+            *("submit", "--template", template, "--project", PROJECT, "--region", REGION, "--run_name", "quota-run"),
+            *("--pipeline_root", f"{gcs}/root", "--api_endpoint", vertex.url, "--quota_endpoint", quotas.url),
+            *("--parameters", '{"corpus": "hf:wikitext:wikitext-103-raw-v1"}', "--corpus_bytes", "546500949"),
+            timeout=COMMAND_SECONDS,
+        )
+        assert len(quotas.requests) == 1
+    if limit:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "TPU quota: " in result.stderr and list(vertex.pipeline_jobs) == [resource("quota-run")]
+    else:
+        assert result.returncode == 2 and not vertex.pipeline_jobs
+        error = result.stderr.strip().splitlines()[-1]
+        assert error.startswith(f"error: --tpu-type='v5e-4': TPU quota missing: {quota.quota_id} in {REGION} is 0")
+        assert "request the quota at https://console.cloud.google.com/iam-admin/quotas?project=my-project" in error

@@ -392,3 +392,39 @@ def test_smoke_refused_by_google_cloud_says_so_in_one_line(gcs, tmp_path):
         "error: no Google Cloud credentials on this machine: run gcloud auth application-default login (or set "
         "GOOGLE_APPLICATION_CREDENTIALS)"
     )
+
+
+def test_smoke_reads_the_tpu_quota_first_and_creates_no_job_that_would_wait_for_it(gcs):
+    """No on-demand v5e quota in the region (read through the Cloud Quotas API's stand-in): refused in one line before
+    the job is created; --skip_quota_check creates it anyway (here: it then waits, and is cancelled)."""
+    from quota_server import QuotaStandIn, StoredQuota
+    from vertex_server import VertexStandIn
+
+    from pipelines.quota import TPU_QUOTAS
+
+    quota = TPU_QUOTAS["v5e", "STANDARD"]
+    elsewhere = {quota.quota_id: StoredQuota({"europe-west4": 8})}  # the quota, in another region only
+    with QuotaStandIn("my-project-123", elsewhere) as quotas, VertexStandIn(start_jobs=False) as vertex:
+        where = ("--scratch", gcs, "--api_endpoint", vertex.url, "--quota_endpoint", quotas.url)
+        refused = run_module("pipelines.submit_smoke", *SMOKE_JOB, *where, timeout=120)
+        assert not vertex.jobs
+        forced = run_module(
+            "pipelines.submit_smoke",
+            *SMOKE_JOB,
+            *where,
+            "--skip_quota_check",
+            "--poll_seconds",
+            "0.2",
+            "--max_queued_minutes",
+            "0.02",
+            timeout=120,
+        )
+        assert len(vertex.jobs) == 1 and len(quotas.requests) == 1
+    assert refused.returncode == 2 and forced.returncode == 1
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: --tpu-type='v5e-1': TPU quota missing: {quota.quota_id} in us-central1 is 0 chips, the v5e-1"
+        )
+    )
