@@ -1,7 +1,7 @@
 """The pre-training pipeline: tokenizer -> train and validation shards -> train -> evaluate -> Hub push.
 
-The training shards fan out over ``num_parts`` tasks (``dsl.ParallelFor``) whose outputs a merge step
-gathers; the validation shards are an independent task. The push runs only when ``hub_repo_id`` is set;
+The training and the validation shards fan out over ``num_parts`` tasks each (``dsl.ParallelFor``), whose
+outputs a merge step a split gathers. The push runs only when ``hub_repo_id`` is set;
 its token comes from ``HF_TOKEN`` locally and from the Secret Manager secret ``hf_token_secret`` on Vertex AI,
 so no secret value is ever a pipeline parameter. Every hand-over is an artifact URI under the pipeline root
 (``gs://`` on Vertex AI), or under ``output_root`` when it is set. ``build_pipeline`` makes the pipeline for a
@@ -350,23 +350,29 @@ class Tasks:
 
 
 def data_tasks(tasks: Tasks) -> tuple[dict[str, Any], Any]:
-    """The tokenizer, the validation shards, the training shards in parts and their merge; returns the data the
-    training takes (by its parameter names) and the preflight task that checks it all before the TPU."""
+    """The tokenizer, then the training and the validation shards in ``num_parts`` parts side by side (each part
+    reads its share of the corpus, for the texts it keeps or those it holds out) and their merges; returns the data
+    the training takes (by its parameter names) and the preflight task that checks it all before the TPU."""
     tokenizer = tasks("tokenizer").set_display_name("tokenizer")
-    validation = tasks("shards", split="validation", num_parts=1, part=0, tokenizer=tokenizer.outputs["tokenizer"])
-    validation.set_display_name("validation shards")
     num_parts = tasks.inputs["shards"]["num_parts"]
     parts = tasks.components["part_indices"](num_parts=num_parts).set_display_name("plan parts")
-    with dsl.ParallelFor(items=parts.output, name="train-parts", parallelism=tasks.target.parts_at_once) as part:
-        train_part = tasks("shards", split="train", part=part, tokenizer=tokenizer.outputs["tokenizer"])
-        train_part.set_display_name("train shards part")
-    train_shards = tasks.components["merge_shards"](
-        output_root=tasks.inputs["shards"]["output_root"], parts=dsl.Collected(train_part.outputs["shards"])
-    ).set_display_name("merge train shards")
+    with dsl.ParallelFor(items=parts.output, name="shard-parts", parallelism=tasks.target.parts_at_once) as part:
+        split_parts = {
+            split: tasks("shards", split=split, part=part, tokenizer=tokenizer.outputs["tokenizer"]).set_display_name(
+                f"{split} shards part"
+            )
+            for split in ("train", "validation")
+        }
+    merged = {
+        split: tasks.components["merge_shards"](
+            output_root=tasks.inputs["shards"]["output_root"], parts=dsl.Collected(task.outputs["shards"])
+        ).set_display_name(f"merge {split} shards")
+        for split, task in split_parts.items()
+    }
     data = {
         "tokenizer": tokenizer.outputs["tokenizer"],
-        "train_shards": train_shards.outputs["shards"],
-        "eval_shards": validation.outputs["shards"],
+        "train_shards": merged["train"].outputs["shards"],
+        "eval_shards": merged["validation"].outputs["shards"],
     }
     checked = tasks("preflight", tpu_type=tasks.target.tpu.name if tasks.target.vertex else "", **data)
     checked.set_display_name("preflight").set_caching_options(False)  # the token and storage, anew every run

@@ -37,8 +37,8 @@ from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline,
 # The folder of each artifact inside a run, by task and output name, in the order they are made.
 ARTIFACTS = {
     "tokenizer": "tokenizer-step/tokenizer",
-    "validation shards": "shards-step/shards",
     "train shards": "merge-shards-step/shards",
+    "validation shards": "merge-shards-step-2/shards",
     "model": "train-step/model",
     "evaluation": "evaluate-step/evaluation",
     "evaluation report": "evaluate-step/report",
@@ -48,7 +48,7 @@ ARTIFACTS = {
 # What a push from inside a step's container needs from this environment.
 HUB_ENVIRONMENT = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
 # The ones that move to --output_root when it is set (the reports are KFP's, they stay with the run).
-DATA_ARTIFACTS = ("tokenizer", "validation shards", "train shards", "model", "evaluation", "downstream probe")
+DATA_ARTIFACTS = ("tokenizer", "train shards", "validation shards", "model", "evaluation", "downstream probe")
 # A small CPU run's settings, where they differ from the pipeline's defaults (which are a TPU run's): a first run
 # of a few minutes here that shows the recipe learning, its validation perplexity about half the unigram
 # baseline's (0.48 to 0.69 of it measured: README, Quick start). Short samples and a small vocabulary give

@@ -293,10 +293,10 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
     tasks = dag_tasks(spec)
     assert set(tasks) == {
         "tokenizer-step",
-        "shards-step",
         "part-indices",
         "for-loop-1",
         "merge-shards-step",
+        "merge-shards-step-2",
         "train-step",
         "evaluate-step",
         "downstream-step",
@@ -308,12 +308,20 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
     def upstream(task: str) -> set:
         return set(tasks[task].get("dependentTasks", []))
 
-    assert upstream("shards-step") == {"tokenizer-step"}
+    # the training and the validation shards in parts side by side, in one loop, each split merged
+    loop = spec["components"]["comp-for-loop-1"]["dag"]["tasks"]
+    assert {name: task["taskInfo"]["name"] for name, task in loop.items()} == {
+        "shards-step": "train shards part",
+        "shards-step-2": "validation shards part",
+    }
+    splits = {name: task["inputs"]["parameters"]["split"]["runtimeValue"]["constant"] for name, task in loop.items()}
+    assert splits == {"shards-step": "train", "shards-step-2": "validation"}
     assert upstream("for-loop-1") == {"part-indices", "tokenizer-step"}
-    assert upstream("merge-shards-step") == {"for-loop-1"}
-    assert upstream("preflight-step") == {"tokenizer-step", "merge-shards-step", "shards-step"}
-    assert upstream("train-step") == {"tokenizer-step", "merge-shards-step", "shards-step", "preflight-step"}
-    assert upstream("evaluate-step") == {"train-step", "shards-step", "merge-shards-step"}  # its unigram baseline
+    assert upstream("merge-shards-step") == upstream("merge-shards-step-2") == {"for-loop-1"}
+    merged = {"merge-shards-step", "merge-shards-step-2"}
+    assert upstream("preflight-step") == {"tokenizer-step", *merged}
+    assert upstream("train-step") == {"tokenizer-step", *merged, "preflight-step"}
+    assert upstream("evaluate-step") == {"train-step", *merged}  # the train shards: its unigram baseline
     assert upstream("downstream-step") == {"train-step"}  # beside the evaluation, not after it
     assert upstream("report-step") == {"train-step", "evaluate-step", "downstream-step"}
     assert upstream("condition-2") == {"train-step", "evaluate-step", "downstream-step"}
@@ -442,12 +450,12 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     (indexed,) = yaml.safe_load(card.split("---\n")[1])["model-index"][0]["results"]
     assert indexed["dataset"]["name"] == "word-order" and indexed["metrics"][0]["type"] == "accuracy"
     assert indexed["metrics"][0]["value"] == round(task["pre-trained"]["score"], 4)
-    # quiet: one line per step (12 tasks with 2 parts and the push), each naming its log, then the summary
+    # quiet: one line per step (14 tasks: 2 parts of each split, and the push), each naming its log, then the summary
     captured = capsys.readouterr()
     printed = captured.out + captured.err
     assert "Pipeline run finished" in printed and artifacts["model"] in printed and "Fill-mask:" in printed
     assert f"word-order: accuracy {task['pre-trained']['score']:.3f} pre-trained" in printed
     assert len(printed.splitlines()) < 40, printed
     step_lines = [line for line in printed.splitlines() if " SUCCESS " in line]
-    assert len(step_lines) == 12 and all(Path(line.split()[-1]).is_file() for line in step_lines)
+    assert len(step_lines) == 14 and all(Path(line.split()[-1]).is_file() for line in step_lines)
     assert any(line.startswith("push to the Hub") for line in step_lines)

@@ -69,7 +69,8 @@ def test_display_names_come_from_the_pipeline():
     from pipelines.pipeline import build_pipeline
 
     names = display_names(build_pipeline("local"))
-    assert names["shards-step"] == "validation shards" and names["shards-step-2"] == "train shards part"
+    assert names["shards-step"] == "train shards part" and names["shards-step-2"] == "validation shards part"
+    assert names["merge-shards-step-2"] == "merge validation shards"
 
 
 def test_the_bare_word_boundary_piece_is_named():

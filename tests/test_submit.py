@@ -87,7 +87,7 @@ def test_the_request_keeps_each_step_s_compiled_caching_unless_asked(template, m
     tasks = dict(job.pipeline_spec)["root"]["dag"]["tasks"]
     cached = {name for name, task in tasks.items() if task.get("cachingOptions", {}).get("enableCache")}
     if enable_caching is None:  # as compiled: the data steps reuse results; preflight and training always run
-        assert {"tokenizer-step", "shards-step", "merge-shards-step", "evaluate-step"} <= cached
+        assert {"tokenizer-step", "merge-shards-step", "merge-shards-step-2", "evaluate-step"} <= cached
         assert not {"train-step", "preflight-step"} & cached
     else:
         assert cached == (set(tasks) if enable_caching else set())
@@ -221,9 +221,9 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
     names = [step["step"] for step in estimate["cpu_steps"]]
     assert names == [
         "tokenizer",
-        "validation shards",
         "train shards",
-        "merge train shards",
+        "validation shards",
+        "merge shards",
         "preflight",
         "evaluate",
         "downstream probe",

@@ -323,19 +323,20 @@ def cpu_task(step: str, tasks: int, machine_hours: float, wall_hours: float | No
 
 
 def data_steps(data: dict[str, Any], num_parts: int) -> list[dict[str, Any]]:
-    """The CPU steps that make the data from the corpus, with ``num_parts`` training shards parts side by side
-    (Vertex AI runs them at once); none when the shards exist. The validation shards' task reads the whole corpus
-    but tokenizes only what it holds out."""
+    """The CPU steps that make the data from the corpus, the training and the validation shards each in
+    ``num_parts`` parts side by side (Vertex AI runs them at once); none when the shards exist. The validation
+    shards' parts read the whole corpus between them but tokenize only what they hold out."""
     if "corpus_bytes" not in data:
         return []
     text_bytes, tokens_per_byte = data["corpus_bytes"], data["tokens_per_byte"]
     held_out = data["holdout_fraction"]
     sharding = text_bytes * tokens_per_byte / SHARDING_TOKENS_PER_SECOND / 3600
+    holding_out = text_bytes / HOLDOUT_READ_BYTES_PER_SECOND / 3600 + held_out * sharding
     return [
         cpu_task("tokenizer", 1, min(text_bytes, DEFAULT_SAMPLE_BYTES) / TOKENIZER_BYTES_PER_SECOND / 3600),
-        cpu_task("validation shards", 1, text_bytes / HOLDOUT_READ_BYTES_PER_SECOND / 3600 + held_out * sharding),
         cpu_task("train shards", num_parts, (1 - held_out) * sharding, (1 - held_out) * sharding / num_parts),
-        cpu_task("merge train shards", 1, 0.0),
+        cpu_task("validation shards", num_parts, holding_out, holding_out / num_parts),
+        cpu_task("merge shards", 2, 0.0),
         cpu_task("preflight", 1, 0.0),
     ]
 
