@@ -61,8 +61,9 @@ class EvaluateArguments:
         default=EVALUATION_MAX_BATCHES,
         metadata={
             "help": "Evaluate at most this many batches (the first ones, the same in every run); 0: all. The "
-            "default scores 9,600 samples: minutes for roberta-base on 8 vCPUs, a loss precise to about a hundredth "
-            "(its standard error is reported)."
+            "default scores 9,600 samples: minutes for roberta-base on 8 vCPUs. The loss's standard error is "
+            "reported, over these samples as if independent: neighbouring samples of one document are not, and the "
+            "first batches come from the first shard files, so the loss of the whole set is less certain than it says."
         },
     )
     eval_mlm_probability: float = field(

@@ -3,9 +3,9 @@ it): its steps' artifacts, its checkpoints and its TensorBoard logs. Without --y
 nothing: each folder, what it is, its objects and bytes, kept or to delete, the totals, what the deleted part costs a
 month, and the command that deletes it.
 
-    tpu-mlm clean tpu-mlm-pretraining-20260101120000 --pipeline_root gs://MY_BUCKET/root
-    tpu-mlm clean tpu-mlm-pretraining-20260101120000 --pipeline_root gs://MY_BUCKET/root --yes
-    tpu-mlm clean tpu-mlm-pretraining-20260101120000 --pipeline_root gs://MY_BUCKET/root \\
+    tpu-mlm clean tpu-mlm-20260101-120000 --pipeline_root gs://MY_BUCKET/root
+    tpu-mlm clean tpu-mlm-20260101-120000 --pipeline_root gs://MY_BUCKET/root --yes
+    tpu-mlm clean tpu-mlm-20260101-120000 --pipeline_root gs://MY_BUCKET/root \\
         --output_root gs://MY_BUCKET/runs --keep model --yes
     tpu-mlm clean tpu-mlm-pretraining-2026-12-04-00-00-21-732449 --pipeline_root runs --keep ''   (a run-local run)
 
@@ -25,6 +25,7 @@ holds its tokenizer), the reports and logs are small and say what it learnt and 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.lib import storage
+from components.lib import attempts, storage
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from pipelines.run_folders import CHECKPOINTS, TENSORBOARD, checkpoint_folder, run_name, tensorboard_folder
@@ -219,6 +220,9 @@ def clean(arguments: CleanArguments) -> dict[str, Any]:
     folders = run_folders(arguments)
     doomed = [folder for folder in folders if not folder.keep]
     kept = [folder for folder in folders if folder.keep]
+    for folder in doomed:
+        if folder.kind == CHECKPOINTS:
+            refuse_while_training(folder.uri)
     if arguments.yes:
         delete(doomed, kept)
     keeping, deleting = ("kept", "deleted") if arguments.yes else ("keep", "delete")
@@ -253,6 +257,21 @@ def clean(arguments: CleanArguments) -> dict[str, Any]:
             f"when none will: gcloud storage rm -r {arguments.checkpoint_dir}"
         )
     return summary
+
+
+def refuse_while_training(folder: str) -> None:
+    """Refuses to delete a checkpoint folder a training is still running in: this run's, or one resumed from it
+    (submit --resume trains in the checkpoints of the run it resumes), by the attempt its attempts.json records."""
+    record = storage.join(folder, attempts.FILE)
+    if storage.exists(record):
+        tries = json.loads(storage.read_text(record))
+        if tries and tries[-1]["outcome"] == "running":
+            raise InvalidParameter(
+                "run",
+                storage.basename(folder),
+                f"a training is running in {folder} (started {tries[-1]['started']}; this run or one resumed from it): "
+                "clean it once that run has ended (tpu-mlm status), or --keep checkpoints",
+            )
 
 
 def readable_size(size: float) -> str:

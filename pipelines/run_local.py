@@ -31,7 +31,7 @@ from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id, hub_token
 from components.lib.job_runner import run_job
-from components.lib.results import METRICS_FILE, PROBE_MODELS, fill_mask_line, read_downstream
+from components.lib.results import METRICS_FILE, PROBE_MODELS, fill_mask_line, read_downstream, standard_error
 from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline, check_values, pipeline_parameters
 
 # The folder of each artifact inside a run, by task and output name, in the order they are made.
@@ -185,7 +185,7 @@ class StepLines:
         found = re.search(rf"'{key}': ([-0-9.e+]+)", " ".join(self.lines)) if key else None
         figure = form.format(float(found.group(1))) if found else ""
         label = self.labels.get(self.task, self.task)
-        print(f"{label:<19} {self.status:<8} {self.seconds:6.1f} s  {figure:<18} {self.log_path}", file=self.out)
+        print(f"{label:<23} {self.status:<8} {self.seconds:6.1f} s  {figure:<18} {self.log_path}", file=self.out)
         self.close()
 
     def close(self) -> None:
@@ -237,7 +237,14 @@ def run_local(arguments: LocalRunOptions) -> dict[str, Any]:
         "artifacts": artifacts,
         "metrics": {
             key: metrics[key]
-            for key in ("loss", "perplexity", "unigram_perplexity", "masked_accuracy", "masked_tokens")
+            for key in (
+                "loss",
+                "loss_standard_error",
+                "perplexity",
+                "unigram_perplexity",
+                "masked_accuracy",
+                "masked_tokens",
+            )
         },
         "fill_mask": metrics["fill_mask"][:1],
         "downstream": read_downstream(artifacts["downstream probe"]),
@@ -284,7 +291,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     lines += [
         "",
         "Evaluation (validation shards):",
-        f"  loss {metrics['loss']:.4f}   perplexity {metrics['perplexity']:.1f}" + unigram_note(metrics),
+        f"  loss {metrics['loss']:.4f}{standard_error(metrics)}   perplexity {metrics['perplexity']:.1f}"
+        + unigram_note(metrics),
         f"  masked-token accuracy {metrics['masked_accuracy']:.2%} on {metrics['masked_tokens']:,} masked tokens",
     ]
     for example in summary["fill_mask"]:

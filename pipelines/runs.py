@@ -1,10 +1,10 @@
 """A pipeline run's life from the terminal, by the run's name (its Vertex AI pipeline job id, as submit prints it):
 where it stands, its TPU job's log lines, its cancel.
 
-    tpu-mlm status tpu-mlm-pretraining-20260101120000 --project my-project --region us-central1
-    tpu-mlm status tpu-mlm-pretraining-20260101120000 --project my-project --follow
-    tpu-mlm logs tpu-mlm-pretraining-20260101120000 --project my-project --tail 50
-    tpu-mlm cancel tpu-mlm-pretraining-20260101120000 --project my-project
+    tpu-mlm status tpu-mlm-20260101-120000 --project my-project --region us-central1
+    tpu-mlm status tpu-mlm-20260101-120000 --project my-project --follow
+    tpu-mlm logs tpu-mlm-20260101-120000 --project my-project --tail 50
+    tpu-mlm cancel tpu-mlm-20260101-120000 --project my-project
 
 (``python -m pipelines.runs status|logs|cancel RUN ...`` alike). The run's TPU custom jobs are the ones the launcher
 labelled with the run's name (``tpu-mlm-run``); the training's progress is what the train step wrote at its last
@@ -23,7 +23,7 @@ from itertools import islice
 from typing import Any
 
 from components.lib import attempts, storage
-from components.lib.errors import InvalidParameter, ServiceFailed
+from components.lib.errors import InvalidParameter, ServiceFailed, first_line
 from components.lib.job_runner import log, run_job
 from components.lib.results import HISTORY_FILE
 from pipelines.run_folders import RUN_NAME_LABEL, run_checkpoint_folder, run_label, run_name
@@ -44,20 +44,20 @@ STATUS_HELP = """Where a pipeline run stands: its state, each task's, its TPU cu
 as of its last checkpoint (step, loss, share of the run's samples done, time left, cost so far and projected).
 --follow: a line at each change until the run ends; exit 0 if it succeeded, else 1.
 
-    tpu-mlm status tpu-mlm-pretraining-20260101120000 --project my-project --region us-central1 [--follow]
+    tpu-mlm status tpu-mlm-20260101-120000 --project my-project --region us-central1 [--follow]
 """
 LOGS_HELP = """The log lines of a run's TPU job (its latest, or --job ID), from Cloud Logging. The same with gcloud:
 
     gcloud logging read 'resource.type="ml_job" AND resource.labels.job_id="JOB_ID"' --project=my-project \\
         --order=asc --format='value(textPayload)'
 
-    tpu-mlm logs tpu-mlm-pretraining-20260101120000 --project my-project --region us-central1 [--tail 50]
+    tpu-mlm logs tpu-mlm-20260101-120000 --project my-project --region us-central1 [--tail 50]
 """
 CANCEL_HELP = """Cancels a pipeline run and every TPU job of it still going, after asking (--yes: without; with no
 terminal to ask on, --yes is required), then waits for them to end and prints their final states. A run that has
 ended is left as it is.
 
-    tpu-mlm cancel tpu-mlm-pretraining-20260101120000 --project my-project --region us-central1 [--yes]
+    tpu-mlm cancel tpu-mlm-20260101-120000 --project my-project --region us-central1 [--yes]
 """
 LOGGING_ENDPOINT = "https://logging.googleapis.com"
 LOGGING_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -156,6 +156,14 @@ def training_progress(pipeline_job: Any, name: str) -> dict[str, Any]:
     train step wrote there, and its attempts (each start of the train step, and how it ended)."""
     config = pipeline_job.runtime_config
     folder = run_checkpoint_folder(dict(config.parameter_values), config.gcs_output_directory, name)
+    try:
+        return checkpoint_progress(folder)
+    except Exception as error:  # the bucket's objects, not readable with these credentials: the rest is shown
+        return {"checkpoint_folder": folder, "unreadable": f"{type(error).__name__}: {first_line(error)}"}
+
+
+def checkpoint_progress(folder: str) -> dict[str, Any]:
+    """The last point of the training history in the checkpoint folder ``folder``, and its attempts."""
     progress: dict[str, Any] = {"checkpoint_folder": folder}
     tries = storage.join(folder, attempts.FILE)
     if storage.exists(tries):
@@ -199,6 +207,8 @@ def run_status(run: Run) -> dict[str, Any]:
 
 def progress_line(training: dict[str, Any]) -> str:
     """The training's figures in a line, said to be as of its last checkpoint."""
+    if "unreadable" in training:
+        return f"{training['checkpoint_folder']} not readable here ({training['unreadable']}; storage.objects.get)"
     if "step" not in training:
         return f"no checkpoint yet in {training['checkpoint_folder']}"
     line = (

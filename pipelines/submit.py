@@ -162,7 +162,10 @@ def resumed_values(values: dict[str, Any], pipeline_root: str, resume: str) -> d
     )
     if values.get("checkpoint_dir") and values["checkpoint_dir"] != folder:
         raise InvalidParameter(
-            "resume", resume, f"its checkpoints are in {folder}, and checkpoint_dir names {values['checkpoint_dir']}"
+            "resume",
+            resume,
+            f"its checkpoints are in {folder}, and checkpoint_dir names {values['checkpoint_dir']}: a run with a fixed "
+            "checkpoint_dir resumes there when submitted again with the same parameters (no --resume)",
         )
     return {**values, "checkpoint_dir": folder}
 
@@ -284,7 +287,9 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     labels = parse_labels(arguments.labels)
     display_name = arguments.display_name or default_display_name(template_tpu_type(template), values)
     name = (
-        run_name(arguments.run_name, "run_name") if arguments.run_name else f"tpu-mlm-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_name(arguments.run_name, "run_name")
+        if arguments.run_name
+        else f"tpu-mlm-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     )
     if arguments.first_run:
         values = first_run_values(values, arguments.first_run_push)
@@ -346,6 +351,16 @@ def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str
     return result
 
 
+def check_parts(values: dict[str, Any]) -> None:
+    """Refuses, before anything runs, ``num_parts`` that the corpus's files cannot be cut into (a compressed file
+    goes whole to one part): the shards step would refuse them only after the tokenizer. Lists the files only."""
+    corpus = str(values["corpus"]).strip()
+    if int(values["num_parts"]) > 1 and corpus != EMBEDDED and not corpus.startswith(HUB_PREFIX):
+        from components.lib.corpus import Corpus, CorpusSpec
+
+        Corpus(CorpusSpec(corpus=corpus)).reader.describe_part(int(values["num_parts"]), 0)
+
+
 def run_values(job: Any) -> dict[str, Any]:
     """Every pipeline parameter's value in the run: the template's defaults, then the values given."""
     request = job.to_dict()
@@ -404,7 +419,8 @@ def bill_table(estimate: dict[str, Any]) -> str:
         (
             "most it can cost",
             f"${bill['worst_cost']:,.2f}: the TPU for its whole time limit (${bill['tpu_worst_cost']:,.2f}, shared by "
-            f"the train task's retries) and the CPU steps' estimate (${bill['cpu_cost']:,.2f}, no limit of their own)",
+            f"the train task's retries) and the CPU steps' estimate (${bill['cpu_cost']:,.2f}, no limit of their own); "
+            "not counted: the launcher's small CPU machine, up while the TPU job waits and runs",
         ),
     ]
     width = max(len(name) for name, _ in rows)
@@ -423,8 +439,15 @@ def run_folders(arguments: SubmitArguments, request: dict[str, Any]) -> dict[str
         "tensorboard": f"tensorboard --logdir {logs}  (this run: {name})",
         "status": f"tpu-mlm status {name} {where}",
         "cancel": f"tpu-mlm cancel {name} {where}",
-        "resume": f"tpu-mlm submit ... --resume {name}  (the same parameters, if it fails)",
+        "resume": resume_hint(values, name),
     }
+
+
+def resume_hint(values: dict[str, Any], name: str) -> str:
+    """How this run, failed, trains on: in its fixed checkpoint_dir by submitting again, else by --resume."""
+    if values.get("checkpoint_dir"):
+        return f"if it fails, submit again with the same parameters: it resumes in {values['checkpoint_dir']}"
+    return f"if it fails, tpu-mlm submit ... --resume {name} (the same parameters; a run name is used once)"
 
 
 def check_resumable(folder: str) -> None:
@@ -451,6 +474,7 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
         if arguments.resume:
             check_resumable(job.to_dict()["runtimeConfig"]["parameterValues"]["checkpoint_dir"])
         check_estimate(arguments, job)
+        check_parts(run_values(job))
         tpu = TPU_TYPES[template_tpu_type(job.to_dict()["pipelineSpec"])]
         provisioning = run_values(job)["tpu_provisioning"]
         require_tpu_quota(arguments, arguments.project, arguments.region, tpu, provisioning)
@@ -459,6 +483,8 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
         request["name"] = job.resource_name
         summary = {"job": job.resource_name, "console": job._dashboard_uri()}
     summary["follow"] = run_folders(arguments, request)
+    if arguments.first_run:  # a short run to prove the path: run it again, not on
+        del summary["follow"]["resume"]
     if arguments.follow and not arguments.dry_run:
         from pipelines.runs import StatusArguments, status
 

@@ -21,6 +21,7 @@ from components.lib.job_runner import BAD_INPUT_EXIT
 from pipelines import cli
 from pipelines.clean import CACHING_WARNING, GIB, TASK_KINDS, TASK_SUFFIXES, CleanArguments, clean, summary_for_people
 from pipelines.pipeline import build_pipeline
+from pipelines.run_folders import checkpoint_folder
 from pipelines.run_local import display_names
 
 pytestmark = pytest.mark.timeout(120)
@@ -291,6 +292,26 @@ def test_help_says_what_is_kept_by_default(capsys):
         cli.main(["clean", "--help"])
     assert ended.value.code == 0
     printed = " ".join(capsys.readouterr().out.split())
-    assert "tpu-mlm clean tpu-mlm-pretraining-20260101120000 --pipeline_root gs://MY_BUCKET/root --yes" in printed
+    assert "tpu-mlm clean tpu-mlm-20260101-120000 --pipeline_root gs://MY_BUCKET/root --yes" in printed
     assert "By default the model, the reports and the TensorBoard logs are kept" in printed
     assert "(default: model,reports,tensorboard)" in printed
+
+
+def test_checkpoints_a_training_still_runs_in_are_not_deleted(tmp_path):
+    """A run resumed from this one (submit --resume) trains in this run's checkpoint folder: while its attempt is
+    running there (attempts.json, the train step's own record), the checkpoints are refused, in one line."""
+    from components.lib.attempts import Attempts
+
+    root = str(tmp_path / "root")
+    write_files(root, vertex_run(RUN))
+    folder = checkpoint_folder(root, RUN)
+    attempt = Attempts(folder, {"learning_rate": 4e-4}, ())
+    with attempt.recorded():
+        with pytest.raises(InvalidParameter, match=f"--run='{RUN}': a training is running in {folder}"):
+            clean(CleanArguments(run=RUN, pipeline_root=root, yes=True))
+        assert vertex_run(RUN).keys() <= stored(root).keys()  # nothing deleted
+        kept = clean(CleanArguments(run=RUN, pipeline_root=root, keep="checkpoints", yes=True))
+        assert kept["delete_objects"] > 0 and storage.exists(storage.join(folder, "attempts.json"))
+    # once it has ended, they go
+    assert clean(CleanArguments(run=RUN, pipeline_root=root, keep="", yes=True))["delete_objects"] > 0
+    assert storage.files_under(folder) == []

@@ -5,7 +5,13 @@ from conftest import run_module
 
 from components import estimate
 from components.lib.errors import InvalidParameter
-from components.lib.estimates import CPU_TASK_START_HOURS, EstimateArguments, estimate_run, estimate_table
+from components.lib.estimates import (
+    CPU_TASK_START_HOURS,
+    EstimateArguments,
+    cpu_wall_hours,
+    estimate_run,
+    estimate_table,
+)
 from components.lib.shard_set import read_manifest
 from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import target_defaults
@@ -104,6 +110,14 @@ def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_b
     assert big["validation shards"]["hours"] - 4 * start == pytest.approx(
         1000 * (steps["validation shards"]["hours"] - start)
     )
+    # how long the CPU steps hold the run up: the tokenizer, the slower split's parts, the merges and preflight
+    # before the training; the evaluation after it (the probe beside it, in a dry run)
+    before, after = cpu_wall_hours(bigger["cpu_steps"])
+    slower = max(big["train shards"]["wall_hours"], big["validation shards"]["wall_hours"])
+    assert before == pytest.approx(
+        big["tokenizer"]["wall_hours"] + slower + big["merge shards"]["wall_hours"] + big["preflight"]["wall_hours"]
+    )
+    assert after == big["evaluate"]["wall_hours"] and "run time" in estimate_table(bigger)
     # with shards made, only the evaluation: 150 batches of 64 by default, forward only at the CPU rate measured
     made = estimate_run(
         EstimateArguments(train_shards=embedded_shards["train"], model_config="tiny", per_replica_batch_size=8)

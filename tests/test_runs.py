@@ -342,3 +342,15 @@ def test_submit_reads_the_tpu_quota_first_and_sends_no_run_that_would_wait_for_i
         error = result.stderr.strip().splitlines()[-1]
         assert error.startswith(f"error: --tpu-type='v5e-4': TPU quota missing: {quota.quota_id} in {REGION} is 0")
         assert "request the quota at https://console.cloud.google.com/iam-admin/quotas?project=my-project" in error
+
+
+def test_status_shows_the_run_where_its_training_s_files_cannot_be_read(template, vertex, tmp_path):
+    """Without read access to the checkpoint folder (here: a history that cannot be read as one), status still shows
+    the run, its tasks and its TPU jobs, and says what it could not read."""
+    run = submitted(template, tmp_path / "root")
+    folder = checkpoint_folder(str(tmp_path / "root"), run)
+    Path(folder, "training_history.json").mkdir(parents=True)  # not a file
+    shown = command(vertex, "status", run)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    (training,) = [line for line in shown.stdout.splitlines() if line.startswith("training: ")]
+    assert training.startswith(f"training: {folder} not readable here (") and "tasks:" in shown.stdout

@@ -361,3 +361,27 @@ def test_a_failed_run_is_resumed_by_its_name_from_its_checkpoint_folder(template
         submit(arguments(template, dry_run=True, **{**given, "parameters": elsewhere}))
     with pytest.raises(InvalidParameter, match="--resume='Bad/Name': must be a pipeline run's name"):
         submit(arguments(template, dry_run=True, **{**given, "resume": "Bad/Name"}))
+
+
+def test_more_parts_than_compressed_files_are_refused_before_anything_runs(template, monkeypatch, gcs):
+    """A compressed file goes whole to one part: 2 .jsonl.gz files cannot make 4 parts, which the shards step would
+    find out only after the tokenizer; submit lists the files and refuses first."""
+    import gzip
+
+    from components.lib import storage
+
+    for index in range(2):
+        lines = "".join(json.dumps({"text": f"line {index} {number}"}) + "\n" for number in range(50))
+        with storage.open_file(f"{gcs}/corpus/part-{index}.jsonl.gz", "wb") as file:
+            file.write(gzip.compress(lines.encode()))
+    sent = []
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", fake_create_pipeline_job(sent))
+    values = {"corpus": f"{gcs}/corpus/*.jsonl.gz", "num_parts": 4}
+    given = {"parameters": json.dumps(values), "corpus_bytes": 10**10, "skip_quota_check": True}
+    with pytest.raises(InvalidParameter, match=r"--num-parts=4: the corpus has 2 file\(s\), 2 of them compressed"):
+        submit(arguments(template, **given), credentials=AnonymousCredentials())
+    assert not sent
+    submit(
+        arguments(template, **{**given, "parameters": json.dumps({**values, "num_parts": 2})}), AnonymousCredentials()
+    )
+    assert len(sent) == 1

@@ -462,6 +462,16 @@ def estimate_table(result: dict[str, Any]) -> str:
     if result["price_source"] != "given":
         rows.append(("prices", result["price_source"]))
     rows += cpu_rows(result["cpu_steps"])
+    if result["cpu_steps"]:
+        before, after = cpu_wall_hours(result["cpu_steps"])
+        rows.append(
+            (
+                "run time",
+                f"about {_hours(before + result['hours'] + after)} from submit to the end: the steps before the TPU "
+                f"{_hours(before)}, the training {_hours(result['hours'])}, the steps after it {_hours(after)} (the "
+                "TPU's start and any wait in its queue not counted)",
+            )
+        )
     rows.append(
         (
             "memory per replica",
@@ -471,6 +481,16 @@ def estimate_table(result: dict[str, Any]) -> str:
     )
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def cpu_wall_hours(steps: list[dict[str, Any]]) -> tuple[float, float]:
+    """How long the CPU steps hold the run up, before the training and after it: the tokenizer, then the training
+    and the validation shards' parts side by side, the merges and preflight; then the evaluation and the probe side
+    by side. Steps whose size is not known count nothing."""
+    wall = {step["step"]: step["wall_hours"] for step in steps if step["hours"] is not None}
+    before = wall.get("tokenizer", 0.0) + max(wall.get("train shards", 0.0), wall.get("validation shards", 0.0))
+    before += wall.get("merge shards", 0.0) + wall.get("preflight", 0.0)
+    return before, max(wall.get("evaluate", 0.0), wall.get("downstream probe", 0.0))
 
 
 def cpu_rows(steps: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -502,7 +522,8 @@ def cpu_rows(steps: list[dict[str, Any]]) -> list[tuple[str, str]]:
     rows.append(
         (
             "CPU steps in all",
-            f"{_hours(machine_hours)} of {CPU_MACHINE} machines, ${sum(step['cost'] for step in counted):,.2f} (the "
+            f"{_hours(machine_hours)} of {CPU_MACHINE} machines (machine time, tasks side by side counted each), "
+            f"${sum(step['cost'] for step in counted):,.2f} (the "
             f"rates measured on 2 cores, a start of {CPU_TASK_START_HOURS * 60:.0f} min a task assumed; {CPU_PRICES})",
         )
     )

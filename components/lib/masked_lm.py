@@ -16,9 +16,9 @@ from typing import Any
 from components.lib.errors import InvalidParameter
 
 SUMS = 6  # what each replica adds up of a batch (MaskedLMScorer)
-# The evaluate step's batch, and how many it scores by default: 9,600 samples, enough for a loss known to about a
-# hundredth (its standard error is reported with it), few enough that roberta-base scores them in minutes on the
-# step's CPUs; the whole validation set of a 20 GB corpus would take days there (docs/cost.md).
+# The evaluate step's batch, and how many it scores by default: 9,600 samples, few enough that roberta-base scores
+# them in minutes on the step's CPUs (the whole validation set of a 20 GB corpus would take days there:
+# docs/big-corpora.md), with the loss's standard error over them reported beside it.
 EVALUATION_BATCH_SIZE = 64
 EVALUATION_MAX_BATCHES = 150
 
