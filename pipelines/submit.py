@@ -396,6 +396,7 @@ def run_bill(spec: dict[str, Any], values: dict[str, Any], estimate: dict[str, A
         "tpu_worst_cost": limit_hours * price,
         "cpu_cost": cpu_cost,
         "worst_cost": limit_hours * price + cpu_cost,
+        "limit": int(values["limit"]),
     }
 
 
@@ -423,6 +424,14 @@ def bill_table(estimate: dict[str, Any]) -> str:
             "not counted: the launcher's small CPU machine, up while the TPU job waits and runs",
         ),
     ]
+    if bill["limit"]:  # a first run's sample: how much text its texts hold is not known here
+        rows.append(
+            (
+                "limit",
+                f"at most {bill['limit']:,} texts a part are read: the data steps above are counted from the whole "
+                "corpus, far more than they will read",
+            )
+        )
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 

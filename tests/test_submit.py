@@ -170,6 +170,7 @@ def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_th
     assert re.fullmatch(r"tpu-mlm-\d{8}-\d{6}-first-run", request["name"])
     assert request["labels"] == {"team": "nlp", "run": "first", "tpu-mlm-kind": "first-run"}
     assert result["estimate"]["steps"] == 100
+    assert result["estimate"]["bill"]["limit"] == 50_000  # said to count far more than the sample's data steps
     assert result["first_run"].startswith("100 steps on a sample; when it succeeds it proves the compiled pipeline's")
     pushed = submit(arguments(template, first_run=True, first_run_push=True, **given))
     assert pushed["would_submit"]["runtimeConfig"]["parameterValues"]["hub_repo_id"] == "me/roberta"
