@@ -37,7 +37,14 @@ from typing import Any
 from components.lib import attempts, storage
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
-from pipelines.run_folders import CHECKPOINTS, TENSORBOARD, checkpoint_folder, run_name, tensorboard_folder
+from pipelines.run_folders import (
+    CHECKPOINTS,
+    TENSORBOARD,
+    checkpoint_folder,
+    run_as_flag,
+    run_name,
+    tensorboard_folder,
+)
 
 DATA, MODEL, REPORTS = "data", "model", "reports"
 KEEPABLE = (MODEL, REPORTS, TENSORBOARD, CHECKPOINTS, DATA)  # in the order --keep is printed
@@ -327,10 +334,7 @@ def summary_for_people(summary: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and not argv[0].startswith("-"):  # tpu-mlm clean RUN ...
-        argv = ["--run", *argv]
-    return run_job(CleanArguments, clean, argv, description=__doc__, for_people=summary_for_people)
+    return run_job(CleanArguments, clean, run_as_flag(argv), description=__doc__, for_people=summary_for_people)
 
 
 if __name__ == "__main__":

@@ -114,14 +114,14 @@ class LaunchArguments(JobServiceArguments):
 def launch(arguments: LaunchArguments) -> dict[str, Any]:
     """Follows the task's earlier job, or creates one; returns the job's name and state once it succeeded."""
     client = job_client(arguments.location, arguments.api_endpoint.removeprefix("https://"))
+    job, queue_limit = custom_job(arguments.payload)
     waiting = JobWait(
         client,
         arguments.poll_seconds,
-        max_queued_seconds=queue_limit_seconds(arguments.payload) or arguments.max_queued_minutes * 60,
+        max_queued_seconds=queue_limit or arguments.max_queued_minutes * 60,
         why_queued="check the project's Vertex AI training quota for the TPU in the region, and Spot capacity",
     )
     with waiting:  # a SIGTERM from here on cancels the job
-        job = custom_job(arguments.payload)
         earlier = recorded_job(client, arguments.gcp_resources) or latest_job_of_this_run(client, arguments, job)
         name, seconds_used = follow_or_replace(earlier) if earlier else ("", 0)
         if name:
@@ -263,27 +263,17 @@ def record_job(gcp_resources: str, endpoint: str, name: str) -> None:
         json.dump(resources, file)
 
 
-def queue_limit_seconds(payload: str) -> float | None:
-    """How long the job may stay queued or pending: the payload's ``max_wait_duration`` ("86400s", the pipeline's
-    ``tpu_max_queued_hours``), which the API takes only for FLEX_START and the launcher enforces for the other
-    strategies; None where the payload has none."""
-    scheduling = json.loads(payload, strict=False).get("job_spec", {}).get("scheduling", {})
-    wait = scheduling.get("max_wait_duration")
-    if not wait or scheduling.get("strategy") == "FLEX_START":
-        return None
-    return float(str(wait).removesuffix("s"))
-
-
-def custom_job(payload: str) -> Any:
-    """The ``aiplatform_v1.CustomJob`` of the payload. As GCPC's launcher does, ``max_wait_duration`` is dropped
-    unless the strategy is FLEX_START, the only one the API takes it with (GCPC's component sets a day)."""
+def custom_job(payload: str) -> tuple[Any, float | None]:
+    """The ``aiplatform_v1.CustomJob`` of the payload, and how long it may stay queued or pending. As GCPC's
+    launcher does, ``max_wait_duration`` is dropped unless the strategy is FLEX_START, the only one the API takes it
+    with; for the other strategies it is the queue limit the launcher enforces itself (the pipeline's
+    ``tpu_max_queued_hours``, "86400s"; None where the payload has none)."""
     from google.cloud import aiplatform_v1 as vertex
 
     spec = without_empty(json.loads(payload, strict=False))
     scheduling = spec.get("job_spec", {}).get("scheduling", {})
-    if scheduling.get("strategy") != "FLEX_START":
-        scheduling.pop("max_wait_duration", None)
-    return vertex.CustomJob.from_json(json.dumps(spec))
+    wait = None if scheduling.get("strategy") == "FLEX_START" else scheduling.pop("max_wait_duration", None)
+    return vertex.CustomJob.from_json(json.dumps(spec)), float(str(wait).removesuffix("s")) if wait else None
 
 
 def without_empty(value: Any) -> Any:

@@ -17,12 +17,12 @@ from urllib.parse import urlencode, urlsplit
 
 from components.lib.errors import InvalidParameter, first_line
 from components.lib.tpu_catalogue import ON_DEMAND, SPOT, TpuType
+from pipelines.vertex_jobs import api_session
 
 log = logging.getLogger("tpu_mlm.quota")
 
 SERVICE = "aiplatform.googleapis.com"
 CLOUD_QUOTAS_ENDPOINT = "cloudquotas.googleapis.com"
-SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 # each of connecting, a token's refresh and the answer; finding no credentials on a machine outside Google Cloud takes
 # google-auth's probes of the metadata server (3 s each, GCE_METADATA_TIMEOUT)
 TIMEOUT_SECONDS = 10.0
@@ -203,18 +203,7 @@ def quota_info_url(project: str, quota_id: str, endpoint: str) -> str:
 
 def read_quota_info(project: str, quota_id: str, endpoint: str, credentials: Any) -> dict[str, Any]:
     """The QuotaInfo of ``quota_id`` (raises ``QuotaRefused`` with the API's reason when it answers an error)."""
-    import requests
-
-    if endpoint.startswith("http://"):
-        session = requests.Session()
-    else:
-        import google.auth
-        from google.auth.transport.requests import AuthorizedSession
-
-        if credentials is None:
-            credentials, _ = google.auth.default(scopes=SCOPES)
-        session = AuthorizedSession(credentials)
-    with session:
+    with api_session(endpoint, credentials) as session:
         response = session.get(quota_info_url(project, quota_id, endpoint), timeout=TIMEOUT_SECONDS)
     if response.status_code != 200:
         raise QuotaRefused(refusal(response))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from components.lib import storage
@@ -26,6 +28,12 @@ def run_name(run: str, parameter: str = "run") -> str:
             parameter, run, "must be a pipeline run's name (lowercase letters, digits and '-', as submit prints it)"
         )
     return name
+
+
+def run_as_flag(argv: Sequence[str] | None) -> list[str]:
+    """A command's arguments with a first word that is no flag (``tpu-mlm status RUN ...``) as ``--run RUN``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return ["--run", *argv] if argv and not argv[0].startswith("-") else argv
 
 
 def checkpoint_folder(root: str, run: str) -> str:

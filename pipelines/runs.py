@@ -26,13 +26,14 @@ from components.lib import attempts, storage
 from components.lib.errors import InvalidParameter, ServiceFailed, first_line
 from components.lib.job_runner import log, run_job
 from components.lib.results import HISTORY_FILE
-from pipelines.run_folders import RUN_NAME_LABEL, run_checkpoint_folder, run_label, run_name
+from pipelines.run_folders import RUN_NAME_LABEL, run_as_flag, run_checkpoint_folder, run_label, run_name
 from pipelines.vertex_jobs import (
     CANCEL_WAIT_SECONDS,
     PIPELINE_SUCCEEDED,
     PIPELINE_TERMINAL_STATES,
     TERMINAL_STATES,
     JobServiceArguments,
+    api_session,
     call,
     cancel_command,
     job_client,
@@ -60,7 +61,6 @@ ended is left as it is.
     tpu-mlm cancel tpu-mlm-20260101-120000 --project my-project --region us-central1 [--yes]
 """
 LOGGING_ENDPOINT = "https://logging.googleapis.com"
-LOGGING_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # entries.list's largest page as its proto documents it (newer docs drop the cap): the fewest rate-limited requests
 MAX_PAGE_SIZE = 1000
 
@@ -274,20 +274,6 @@ def follow(run: Run, summary: dict[str, Any], poll_seconds: float) -> dict[str, 
     return summary
 
 
-def logging_session(endpoint: str) -> Any:
-    """An HTTP session to Cloud Logging with the environment's credentials (Application Default Credentials); to an
-    ``http://`` endpoint (a local stand-in), without."""
-    import requests
-
-    if endpoint.startswith("http://"):
-        return requests.Session()
-    import google.auth
-    from google.auth.transport.requests import AuthorizedSession
-
-    credentials, _ = google.auth.default(scopes=[LOGGING_SCOPE])
-    return AuthorizedSession(credentials)
-
-
 def list_entries_page(session: Any, url: str, body: dict[str, Any], retry: Any, timeout: float) -> dict[str, Any]:
     """One ``entries.list`` request, retried by ``retry`` (``vertex_jobs.call``'s) on transient errors."""
     from google.api_core import exceptions
@@ -348,7 +334,7 @@ def logs(arguments: LogsArguments) -> dict[str, Any]:
     if len(jobs) > 1:
         log.info("%s has %d TPU jobs (%s): the lines of %s", run.name, len(jobs), ", ".join(jobs), job_id)
     log.info("the same with gcloud: %s", gcloud_logs_command(run.project, job_id))
-    session = logging_session(arguments.logging_endpoint)
+    session = api_session(arguments.logging_endpoint)
     tail = arguments.tail
     order, size = ("timestamp desc", min(tail, MAX_PAGE_SIZE)) if tail else ("timestamp asc", MAX_PAGE_SIZE)
     entries = log_entries(session, arguments.logging_endpoint, run.project, job_id, order, size)
@@ -435,12 +421,6 @@ def cancel_lines(summary: dict[str, Any]) -> str:
     if not summary["cancelled"]:
         return f"{summary['run']} has already ended ({summary['state']}): nothing to cancel"
     return "\n".join(f"{name}: {state}" for name, state in summary["cancelled"].items())
-
-
-def run_as_flag(argv: Sequence[str] | None) -> list[str]:
-    """The arguments with a first word that is no flag (the run) as ``--run WORD``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return ["--run", *argv] if argv and not argv[0].startswith("-") else argv
 
 
 def status_main(argv: Sequence[str] | None = None) -> int:

@@ -314,15 +314,14 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     )
 
 
-def check_estimate(arguments: SubmitArguments, job: Any) -> dict[str, Any] | str:
+def check_estimate(arguments: SubmitArguments, request: dict[str, Any], values: dict[str, Any]) -> dict[str, Any] | str:
     """The run's estimate from its parameters (the template's defaults, then the values given), and its bill: the
     TPU job as the template runs it, its hard time limit and the most the run can cost, printed as a table; a run
     that cannot train (a batch larger than the data, memory preflight would refuse) is refused here, before
     anything is sent. Where the corpus's size is not known here, the reason instead. A dry run reads nothing."""
     from components.lib.estimates import EstimateArguments, check_memory_fit, estimate_run, estimate_table
 
-    spec = job.to_dict()["pipelineSpec"]
-    values = run_values(job)
+    spec = request["pipelineSpec"]
     tpu = template_tpu_type(spec)
     try:
         settings = routed_values(values, EstimateArguments, skip_steps=("downstream", "evaluate"))
@@ -361,9 +360,9 @@ def check_parts(values: dict[str, Any]) -> None:
         Corpus(CorpusSpec(corpus=corpus)).reader.describe_part(int(values["num_parts"]), 0)
 
 
-def run_values(job: Any) -> dict[str, Any]:
-    """Every pipeline parameter's value in the run: the template's defaults, then the values given."""
-    request = job.to_dict()
+def run_values(request: dict[str, Any]) -> dict[str, Any]:
+    """Every pipeline parameter's value in the run (``request``, the job as a dict): the template's defaults, then
+    the values given."""
     parameters = request["pipelineSpec"]["root"]["inputDefinitions"]["parameters"]
     defaults = {name: parameter.get("defaultValue") for name, parameter in parameters.items()}
     return {**defaults, **request["runtimeConfig"].get("parameterValues", {})}
@@ -401,6 +400,8 @@ def run_bill(spec: dict[str, Any], values: dict[str, Any], estimate: dict[str, A
 
 
 def bill_table(estimate: dict[str, Any]) -> str:
+    from components.lib.estimates import two_columns
+
     bill = estimate["bill"]
     machine = ", ".join(f"{key} {value}" for key, value in bill["machine_spec"].items())
     hosts = f", {bill['hosts']} hosts" if bill["hosts"] > 1 else ""
@@ -432,8 +433,7 @@ def bill_table(estimate: dict[str, Any]) -> str:
                 "corpus, far more than they will read",
             )
         )
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+    return two_columns(rows)
 
 
 def run_folders(arguments: SubmitArguments, request: dict[str, Any]) -> dict[str, str]:
@@ -471,23 +471,24 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
     if arguments.dry_run:
         from google.auth.credentials import AnonymousCredentials
 
-        job = build_job(arguments, credentials or AnonymousCredentials())
-        request = job.to_dict()
+        credentials = credentials or AnonymousCredentials()
+    job = build_job(arguments, credentials)
+    request = job.to_dict()  # once: it serializes the whole pipeline spec
+    values = run_values(request)
+    if arguments.dry_run:
+        estimate = check_estimate(arguments, request, values)
         tasks = sorted(request["pipelineSpec"]["root"]["dag"]["tasks"])
         request["pipelineSpec"] = f"{arguments.template} ({len(tasks)} tasks: {', '.join(tasks)})"
         request["serviceAccount"] = arguments.service_account
         request["name"] = job.job_id
-        summary = {"dry_run": True, "would_submit": request, "estimate": check_estimate(arguments, job)}
+        summary = {"dry_run": True, "would_submit": request, "estimate": estimate}
     else:
-        job = build_job(arguments, credentials)
         if arguments.resume:
-            check_resumable(job.to_dict()["runtimeConfig"]["parameterValues"]["checkpoint_dir"])
-        check_estimate(arguments, job)
-        check_parts(run_values(job))
-        tpu = TPU_TYPES[template_tpu_type(job.to_dict()["pipelineSpec"])]
-        provisioning = run_values(job)["tpu_provisioning"]
-        require_tpu_quota(arguments, arguments.project, arguments.region, tpu, provisioning)
-        request = job.to_dict()
+            check_resumable(values["checkpoint_dir"])
+        check_estimate(arguments, request, values)
+        check_parts(values)
+        tpu = TPU_TYPES[template_tpu_type(request["pipelineSpec"])]
+        require_tpu_quota(arguments, arguments.project, arguments.region, tpu, values["tpu_provisioning"])
         job.submit(service_account=arguments.service_account or None, experiment=arguments.experiment or None)
         request["name"] = job.resource_name
         summary = {"job": job.resource_name, "console": job._dashboard_uri()}

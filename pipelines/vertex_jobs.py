@@ -134,6 +134,24 @@ def service_client(client_class: type, region: str, endpoint: str) -> Any:
     return client_class(transport="rest", client_options=ClientOptions(api_endpoint=endpoint), credentials=credentials)
 
 
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+
+def api_session(endpoint: str, credentials: Any = None) -> Any:
+    """An HTTP session to a Google API at ``endpoint`` as ``credentials`` (default: Application Default Credentials);
+    to an ``http://`` endpoint (a local stand-in), without, as ``service_client`` reaches one."""
+    import requests
+
+    if endpoint.startswith("http://"):
+        return requests.Session()
+    import google.auth
+    from google.auth.transport.requests import AuthorizedSession
+
+    if credentials is None:
+        credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    return AuthorizedSession(credentials)
+
+
 def cancel_command(name: str) -> str:
     """The gcloud command that cancels the job ``name`` (projects/P/locations/R/customJobs/ID)."""
     _, project, _, region, _, job_id = name.split("/")

@@ -61,6 +61,20 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callabl
     return folder
 
 
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> str:
+    """The pipeline compiled for Vertex AI on a v5e-4, with images named as a registry's, for what submits it."""
+    from pipelines.pipeline import compile_pipeline
+
+    return compile_pipeline(
+        str(tmp_path_factory.mktemp("template") / "pipeline.yaml"),
+        target="vertex",
+        cpu_image="us-docker.pkg.dev/p/r/cpu:1",
+        tpu_image="us-docker.pkg.dev/p/r/tpu:1",
+        tpu_type="v5e-4",
+    )
+
+
 @pytest.fixture(scope="session")
 def wikitext(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """WikiText-2's valid.txt and test.txt; CI has them beside the checkout. Where they are absent, a stand-in

@@ -19,24 +19,12 @@ from google.auth.credentials import AnonymousCredentials
 from test_launch_custom_job import job, launcher, wait_for
 from vertex_server import VertexStandIn
 
-from pipelines.pipeline import compile_pipeline
 from pipelines.run_folders import checkpoint_folder, run_label
 
 PROJECT, REGION = "my-project", "us-central1"
 COMMAND_SECONDS = 120  # one command's run, its imports included: a hang fails the test with the command's output
 # a run's name longer than a label value: the launcher's label and the commands' filter must cut it alike
 LONG_NAME = "tpu-mlm-pretraining-a-run-whose-name-is-longer-than-any-label-value-20260101120000"
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory) -> str:
-    return compile_pipeline(
-        str(tmp_path_factory.mktemp("runs") / "pipeline.yaml"),
-        target="vertex",
-        cpu_image="us-docker.pkg.dev/p/r/cpu:1",
-        tpu_image="us-docker.pkg.dev/p/r/tpu:1",
-        tpu_type="v5e-4",
-    )
 
 
 @pytest.fixture

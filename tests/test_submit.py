@@ -9,20 +9,8 @@ from google.cloud.aiplatform_v1.services.pipeline_service import PipelineService
 from google.cloud.aiplatform_v1.types import pipeline_job as gca_pipeline_job
 
 from components.lib.errors import InvalidParameter
-from pipelines.pipeline import compile_pipeline
 from pipelines.submit import SubmitArguments, submit
 from pipelines.submit import main as submit_main
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    return compile_pipeline(
-        str(tmp_path_factory.mktemp("submit") / "pipeline.yaml"),
-        target="vertex",
-        cpu_image="us-docker.pkg.dev/p/r/cpu:1",
-        tpu_image="us-docker.pkg.dev/p/r/tpu:1",
-        tpu_type="v5e-4",
-    )
 
 
 def arguments(template_path, **overrides) -> SubmitArguments:

@@ -166,7 +166,7 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
 
 def compressed(corpus: str) -> bool:
     """Whether the corpus names compressed files (by their names: a glob or list of them)."""
-    return any(item.strip().endswith(suffix) for item in corpus.split(",") for suffix in storage.DECOMPRESSORS)
+    return any(storage.compression(item.strip()) for item in corpus.split(","))
 
 
 def estimate_run(
@@ -479,6 +479,11 @@ def estimate_table(result: dict[str, Any]) -> str:
             f"{memory['verdict']}; largest batch per replica that fits: {memory['largest_per_replica_batch']}",
         )
     )
+    return two_columns(rows)
+
+
+def two_columns(rows: list[tuple[str, str]]) -> str:
+    """Rows of (name, value) as an aligned table for people."""
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
