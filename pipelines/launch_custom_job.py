@@ -14,6 +14,12 @@ in seconds, without a new TPU job or a resume. This launcher looks at the record
   input, a loss that diverged, a permission, an image that does not exist): not replaced; the task fails, saying
   why.
 
+The train step reports what it knows would happen again (bad input, a refusal of Google Cloud's, a diverged loss, a
+slice that did not come up) as its verdict, in a file this launcher names in the job's environment, and ends the job
+cleanly: Vertex AI restarts a worker that exits non-zero, and retries the job, each time paying for the same outcome
+(``components/lib/verdict.py``). The task then fails with the verdict's status (2, 3 or 4) and its one line, and no
+job replaces it; a job that succeeded with neither a verdict nor a model is a failure.
+
 A job queued or pending longer than the payload's ``max_wait_duration`` (the pipeline's ``tpu_max_queued_hours``,
 which the API itself takes only for FLEX_START), else ``--max_queued_minutes``, is cancelled, and a SIGTERM (the
 task cancelled) cancels the job it follows. The job carries the pipeline run's labels, as GCPC's launcher gives
@@ -26,18 +32,22 @@ by it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from components.lib.errors import InvalidParameter, ServiceFailed
+from components.lib import storage, verdict
+from components.lib.errors import InvalidParameter, ReportedFailure, ServiceFailed
 from components.lib.job_runner import NOT_RETRIED_EXITS, log, run_job
+from components.lib.results import SUMMARY_FILE
 from pipelines.run_folders import RUN_NAME_LABEL, run_label, run_name, tensorboard_folder
 from pipelines.vertex_jobs import (
     ENDED_WITHOUT_SUCCESS,
@@ -131,9 +141,15 @@ def launch(arguments: LaunchArguments) -> dict[str, Any]:
         if not name:
             raise ServiceFailed(f"stopped by {signal.Signals(waiting.stop_signal).name} before the job was created")
         ended = waiting.follow(name)
+    found = job_verdict(ended)
     if ended.state.name != SUCCEEDED:
         raise ServiceFailed(f"{name} ended {ended.state.name}: {ended.error.message or 'no error given'}")
-    return {"job": name, "state": ended.state.name}
+    if found is None and verdict_file_of(ended) and not model_saved(ended):
+        raise ServiceFailed(
+            f"{name} ended {ended.state.name} with no verdict and no model ({trained_model(ended)}): the train step "
+            "did not run to its end (its log says why: tpu-mlm logs RUN)"
+        )
+    return {"job": name, "state": ended.state.name, "step": found.step if found else None}
 
 
 def recorded_job(client: Any, gcp_resources: str) -> Any:
@@ -178,6 +194,7 @@ def follow_or_replace(earlier: Any) -> tuple[str, int]:
     if state not in ENDED_WITHOUT_SUCCESS:
         log.info("following this task's earlier job, %s (%s)", name, state)
         return name, 0
+    job_verdict(earlier)  # an outcome the step reported is not tried again
     why = f"{name} ended {state} ({earlier.error.code}: {earlier.error.message or 'no error given'})"
     if not replaceable(earlier):
         raise ServiceFailed(f"{why}: not replaced, as another job would stop or fail the same way")
@@ -225,6 +242,7 @@ def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int)
         job.job_spec.scheduling.timeout = timedelta(seconds=left)
         log.info("the earlier jobs ran %d s of the time limit: the new job gets the %d s left", seconds_used, left)
     job.labels = {**run_labels(), **job.labels, SECONDS_USED_LABEL: str(seconds_used)}
+    give_verdict_file(job)
     if job.job_spec.tensorboard and not job.job_spec.base_output_directory.output_uri_prefix:
         job.job_spec.base_output_directory.output_uri_prefix = run_output_folder(arguments)
     if arguments.run_name:
@@ -233,6 +251,71 @@ def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int)
     record_job(arguments.gcp_resources, arguments.endpoint, created.name)
     log.info("created %s", created.name)
     return created.name
+
+
+def give_verdict_file(job: Any) -> None:
+    """Names, in the environment of each of the job's containers, the file the train step writes its verdict to:
+    one of this job's own in the task's folder (where its model goes). Not for a payload that runs no KFP step."""
+    model = model_artifact(job)
+    if not model:
+        return
+    from google.cloud import aiplatform_v1 as vertex
+
+    uri = storage.join(storage.dirname(model), "verdicts", f"{uuid.uuid4().hex[:16]}.json")
+    for pool in job.job_spec.worker_pool_specs:
+        pool.container_spec.env.append(vertex.EnvVar(name=verdict.VERDICT_VARIABLE, value=uri))
+
+
+def verdict_file_of(job: Any) -> str:
+    """The verdict file the launcher gave ``job``; "" for a job given none."""
+    for pool in job.job_spec.worker_pool_specs[:1]:
+        for variable in pool.container_spec.env:
+            if variable.name == verdict.VERDICT_VARIABLE:
+                return variable.value
+    return ""
+
+
+def job_verdict(job: Any) -> verdict.Verdict | None:
+    """The verdict ``job`` wrote, if any; raises ``ReportedFailure`` (the task's status and one line) for an outcome
+    the step knew would come again."""
+    uri = verdict_file_of(job)
+    found = verdict.read(uri) if uri else None
+    if found is not None and found.status:
+        log.info(
+            "%s ended %s; its verdict (%s): exit %d at step %s", job.name, job.state.name, uri, found.status, found.step
+        )
+        raise ReportedFailure(found.status, found.line)
+    return found
+
+
+def executor_input(job: Any) -> dict[str, Any]:
+    """The executor input (filled in by Vertex AI) that the job's container hands KFP's executor; {} for a job that
+    runs no KFP step."""
+    for pool in job.job_spec.worker_pool_specs[:1]:
+        words = [*pool.container_spec.command, *pool.container_spec.args]
+        if "--executor_input" in words[:-1]:
+            with contextlib.suppress(ValueError):
+                return json.loads(words[words.index("--executor_input") + 1], strict=False)
+    return {}
+
+
+def model_artifact(job: Any) -> str:
+    """The URI of the train step's model artifact, as the pipeline gives it; "" where the job has none."""
+    artifacts = executor_input(job).get("outputs", {}).get("artifacts", {}).get("model", {}).get("artifacts", [])
+    return artifacts[0].get("uri", "") if artifacts else ""
+
+
+def trained_model(job: Any) -> str:
+    """Where the train step saves the model: its artifact's URI, under the run's output_root when it names one (as
+    the step's runner places it)."""
+    output_root = executor_input(job).get("inputs", {}).get("parameterValues", {}).get("output_root", "")
+    return storage.relocate(model_artifact(job), output_root)
+
+
+def model_saved(job: Any) -> bool:
+    """Whether the train step of ``job`` saved its model (its summary, written last, is there)."""
+    model = trained_model(job)
+    return bool(model) and storage.exists(storage.join(model, SUMMARY_FILE))
 
 
 def run_output_folder(arguments: LaunchArguments) -> str:

@@ -134,11 +134,12 @@ def test_a_retry_replaces_a_failed_job_with_what_is_left_of_the_time_limit(tmp_p
     assert created["labels"] == {"vertex-ai-pipelines-run-billing-id": "1234", "tpu-mlm-seconds-used": str(used)}
 
 
-def compiled_train_job(tmp_path, shards: dict, parameters: dict) -> list[str]:
+def compiled_train_job(tmp_path, shards: dict, parameters: dict, tpu_type: str = "v3-8") -> list[str]:
     """The compiled pipeline's TPU job command for the train step, with the executor input Vertex AI would fill in."""
     from pipelines.pipeline import compile_pipeline
 
-    spec = yaml.safe_load(Path(compile_pipeline(str(tmp_path / "pipeline.yaml"), target="vertex")).read_text())
+    compiled = compile_pipeline(str(tmp_path / "pipeline.yaml"), target="vertex", tpu_type=tpu_type)
+    spec = yaml.safe_load(Path(compiled).read_text())
     artifacts = {
         "tokenizer": ("system.Artifact", shards["tokenizer"]),
         "train_shards": ("system.Dataset", shards["train"]),
@@ -150,17 +151,16 @@ def compiled_train_job(tmp_path, shards: dict, parameters: dict) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "ending", ["cancelled", "failed for good", "refused its input", "time spent", "too little left"]
+    "ending", ["cancelled", "failed for good", "exited refusing its input", "time spent", "too little left"]
 )
-def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp_path, ending, request):
+def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp_path, ending):
     record = tmp_path / "gcp_resources"
     with VertexStandIn() as vertex:
         spent = {"time spent": "7200", "too little left": "6000"}  # of the 7,200 s limit: 20 min left, 30 wanted
         labels = {"tpu-mlm-seconds-used": spent[ending]} if ending in spent else {}
         command = "import time; time.sleep(600)" if ending == "cancelled" else "raise SystemExit(1)"
-        if ending == "refused its input":  # the train step's own command, exiting as the compiled YAML runs it
-            shards = request.getfixturevalue("embedded_shards")  # a v3-8's settings on a machine with no TPU
-            command = compiled_train_job(tmp_path, shards, {"accelerator": "tpu", "replicas": 8})
+        if ending == "exited refusing its input":  # an image that writes no verdict: its status is the job's
+            command = "raise SystemExit(2)"
         old = earlier_job(vertex, command, record, labels)
         if ending == "cancelled":  # someone stopped it, in the console, to stop paying
             vertex.cancel(old)
@@ -184,7 +184,7 @@ def test_a_retry_does_not_replace_a_job_that_would_stop_or_fail_the_same_way(tmp
         state, code = {
             "cancelled": ("JOB_STATE_CANCELLED", "0: no error given"),
             "failed for good": ("JOB_STATE_FAILED", "7: Permission denied"),
-            "refused its input": (
+            "exited refusing its input": (
                 "JOB_STATE_FAILED",
                 "3: The replica workerpool0-0 exited with a non-zero status of 2",
             ),
@@ -348,4 +348,90 @@ def test_a_job_attached_to_a_tensorboard_writes_its_logs_in_the_run_s_own_folder
     assert unnamed.returncode == 2
     assert (
         unnamed.stderr.strip().splitlines()[-1].startswith("error: --pipeline-root='gs://bucket/root': a job attached")
+    )
+
+
+@pytest.mark.parametrize("outcome", ["refused input", "slice not up"])
+def test_an_outcome_the_step_knows_costs_one_tpu_start_and_ends_the_task_with_its_status_and_line(
+    tmp_path, monkeypatch, embedded_shards, outcome
+):
+    """The compiled train step's TPU job, created by the launcher on the stand-in, which restarts a worker that exits
+    non-zero as Vertex AI documents. On a v3-8 (no TPU here) the step refuses its input (2); on a v5e-16 whose hosts
+    nothing names (no TPU_WORKER_* variables, a metadata server without the slice's attributes, Vertex AI's
+    CLUSTER_SPEC of one worker) the slice launcher finds none (3). Each writes its verdict and ends the job cleanly
+    after one start: the task exits with the status and the step's own line, and its retry creates no job."""
+    from test_slice import MetadataStandIn
+
+    metadata = MetadataStandIn({})  # a VM's metadata server, without a slice's attributes
+    monkeypatch.setenv("GCE_METADATA_HOST", metadata.host)
+    tpu_type, status = ("v3-8", 2) if outcome == "refused input" else ("v5e-16", 3)
+    command = compiled_train_job(tmp_path, embedded_shards, {"accelerator": "tpu", "replicas": 8}, tpu_type)
+    pool = {"machine_spec": {"machine_type": "cloud-tpu"}, "replica_count": 1, "container_spec": {"command": command}}
+    payload = {"display_name": "train", "job_spec": {"worker_pool_specs": [pool]}}
+    record = tmp_path / "gcp_resources"
+    with VertexStandIn() as vertex:
+        first = run_module("pipelines.launch_custom_job", *launcher(vertex, payload, record), timeout=300)
+        (name,) = vertex.jobs
+        retried = run_module("pipelines.launch_custom_job", *launcher(vertex, payload, record), timeout=300)
+        assert list(vertex.jobs) == [name]  # no second TPU job
+    metadata.shutdown()
+    assert vertex.starts[name] == 1 and vertex.jobs[name]["state"] == "JOB_STATE_SUCCEEDED", vertex.logs[name][-3000:]
+    line = vertex.logs[name].strip().splitlines()[-1]
+    expected = {
+        "refused input": "error: --accelerator='tpu': no TPU found at --tpu='local' (this machine has no TPU device",
+        "slice not up": "error: found no TPU slice hosts: TPU_WORKER_ID and TPU_WORKER_HOSTNAMES are not set",
+    }[outcome]
+    assert line.startswith(expected)
+    for task in (first, retried):
+        assert task.returncode == status and "Traceback" not in task.stderr, task.stderr[-3000:]
+        assert task.stderr.strip().splitlines()[-1] == line
+    (verdict,) = (tmp_path / "verdicts").iterdir()
+    assert json.loads(verdict.read_text())["status"] == status
+
+
+def test_a_crash_is_restarted_as_vertex_ai_documents_then_replaced_by_the_task_s_retry(tmp_path):
+    """A worker that crashes (an unknown failure, status 1) is what Vertex AI's restarts are for: 5 restarts in the
+    same VM, then 3 retries of the job, 24 starts in all before the job fails; the task fails, and its retry
+    creates one new job (which resumes from the run's checkpoints)."""
+    record = tmp_path / "gcp_resources"
+    crash = job("raise SystemExit(1)")
+    with VertexStandIn() as vertex:
+        first = run_module("pipelines.launch_custom_job", *launcher(vertex, crash, record), timeout=300)
+        retried = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('trained')"), record))
+        crashed, replacement = vertex.jobs
+    assert vertex.starts[crashed] == (5 + 1) * (3 + 1) and vertex.jobs[crashed]["state"] == "JOB_STATE_FAILED"
+    assert first.returncode == 1 and first.stderr.strip().splitlines()[-1] == (
+        f"error: {crashed} ended JOB_STATE_FAILED: The replica workerpool0-0 exited with a non-zero status of 1."
+    )
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert vertex.starts[replacement] == 1 and recorded(record) == replacement
+
+
+@pytest.mark.parametrize("model", ["saved", "missing"])
+def test_a_job_that_succeeded_with_no_verdict_succeeds_only_with_its_model(tmp_path, model):
+    """A train job that ends 0 having written no verdict (an image from before verdicts, or a step that exited early
+    without a word): the task succeeds where the model was saved (its summary, written last, is there), and fails in
+    one line, never as a success, where it was not."""
+    outputs = {"artifacts": {"model": {"artifacts": [{"name": "model", "uri": str(tmp_path / "model")}]}}}
+    executor_input = {"inputs": {"parameterValues": {"output_root": ""}}, "outputs": outputs}
+    if model == "saved":
+        (tmp_path / "model").mkdir()
+        (tmp_path / "model" / "training_summary.json").write_text("{}")
+    payload = job("print('ended')")
+    payload["job_spec"]["worker_pool_specs"][0]["container_spec"]["args"] = [
+        "--executor_input",
+        json.dumps(executor_input),
+    ]
+    with VertexStandIn() as vertex:
+        result = run_module("pipelines.launch_custom_job", *launcher(vertex, payload, tmp_path / "record"))
+        (name,) = vertex.jobs
+    env = vertex.jobs[name]["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["env"]
+    (given,) = [variable["value"] for variable in env if variable["name"] == "TPU_MLM_VERDICT"]
+    assert given.startswith(str(tmp_path / "verdicts") + "/")  # the job's own file, in the task's folder
+    if model == "saved":
+        assert result.returncode == 0, result.stderr[-3000:]
+        return
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+        f"error: {name} ended JOB_STATE_SUCCEEDED with no verdict and no model ({tmp_path / 'model'}): the train "
+        "step did not run to its end (its log says why: tpu-mlm logs RUN)"
     )

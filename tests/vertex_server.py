@@ -4,8 +4,10 @@ of a custom job's lines: enough for ``aiplatform_v1.JobServiceClient``, ``Pipeli
 
 Custom jobs: create, get, list (by label and display name) and cancel. A created job runs its first worker pool's
 container command on this machine, as the container would run it (the project's Python, the job's environment on top
-of this process's): the job is ``JOB_STATE_RUNNING`` while it runs, then ``JOB_STATE_SUCCEEDED`` or
-``JOB_STATE_FAILED`` by its exit status. What the job can do here is what this machine has: no TPU. Each line the
+of this process's, with what Vertex AI adds: ``CLOUD_ML_JOB_ID``, ``CLUSTER_SPEC``, the ``AIP_*`` folders): the job
+is ``JOB_STATE_RUNNING`` while it runs, then ``JOB_STATE_SUCCEEDED`` or ``JOB_STATE_FAILED`` by its exit status,
+after the restarts Vertex AI documents (a worker that exits non-zero starts again, up to 5 times, then the whole job,
+up to 3 times). What the job can do here is what this machine has: no TPU. Each line the
 job's process prints is a log entry at once (``resource.type="ml_job"``, its numeric id as ``job_id``).
 
 Pipeline jobs: create, get and cancel. No orchestrator runs the pipeline: a created job is
@@ -38,6 +40,10 @@ ML_JOB_FILTER = re.compile(r'resource\.type="ml_job" AND resource\.labels\.job_i
 LOG_ORDERS = ("timestamp asc", "timestamp desc")  # the only orders entries.list takes
 MAX_PAGE_SIZE = 1000  # entries.list refuses a larger pageSize (its proto's documentation; newer docs drop the cap)
 DEFAULT_PAGE_SIZE = 50
+# "Understand the custom training service" (Vertex AI): a worker that exits with an error is restarted up to 5 times,
+# then the whole job is retried up to 3 times, unless Vertex AI counts the error as permanent
+WORKER_RESTARTS, JOB_RETRIES = 5, 3
+TASK = {"type": "workerpool0", "index": 0}  # CLUSTER_SPEC's task of a job's one worker
 
 
 class Refused(Exception):
@@ -56,18 +62,28 @@ class VertexStandIn:
     """``start_jobs=False``: jobs stay ``JOB_STATE_PENDING`` (no TPU capacity, no quota); ``cancels_take=False``:
     a cancelled job (custom or pipeline) stays cancelling; ``refuse_creates``: a create is refused as Vertex AI refuses
     an account without ``aiplatform.customJobs.create``; ``filters=False``: a list with a filter is refused as
-    invalid. ``cancel_requests`` lists the jobs (custom and pipeline) asked to cancel."""
+    invalid. ``cancel_requests`` lists the jobs (custom and pipeline) asked to cancel; ``starts`` counts each custom
+    job's worker starts (``worker_restarts`` and ``job_retries``: Vertex AI's documented restarts, the defaults)."""
 
     def __init__(
-        self, start_jobs: bool = True, cancels_take: bool = True, refuse_creates: bool = False, filters: bool = True
+        self,
+        start_jobs: bool = True,
+        cancels_take: bool = True,
+        refuse_creates: bool = False,
+        filters: bool = True,
+        worker_restarts: int = WORKER_RESTARTS,
+        job_retries: int = JOB_RETRIES,
     ) -> None:
         self.start_jobs, self.cancels_take, self.refuse_creates = start_jobs, cancels_take, refuse_creates
         self.filters = filters
+        self.worker_restarts, self.job_retries = worker_restarts, job_retries
         self.jobs: dict[str, dict] = {}
-        self.processes: dict[str, subprocess.Popen] = {}
-        self.logs: dict[str, str] = {}  # each ended job's whole output
+        self.processes: dict[str, subprocess.Popen] = {}  # each job's latest start of its worker
+        self.starts: Counter[str] = Counter()  # how many times each job's worker started: what a TPU job pays for
+        self.logs: dict[str, str] = {}  # each ended job's whole output, every start's
         self.lines: dict[str, list[tuple[str, str]]] = {}  # each job's output so far: (timestamp, line)
-        self._readers: dict[str, threading.Thread] = {}
+        self._supervisors: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()
         self.pipeline_jobs: dict[str, dict] = {}
         self.contexts: dict[str, dict] = {}  # Vertex ML Metadata's contexts: experiments and pipeline runs
         self._read_cancelling: set[str] = set()  # pipeline jobs read while cancelling
@@ -95,39 +111,79 @@ class VertexStandIn:
             command[0] = sys.executable  # the image's Python is this project's here
         path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # and its python3 (KFP's executor line)
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "PATH": path}
+        # what Vertex AI sets in a custom job's containers: the job's id, and the cluster of its one worker
+        cluster = {"cluster": {"workerpool0": ["workerpool0-0:2222"]}, "environment": "cloud"}
+        env.update(CLOUD_ML_JOB_ID=name.rsplit("/", 1)[1], CLUSTER_SPEC=json.dumps({**cluster, "task": TASK}))
         env.update({variable["name"]: variable["value"] for variable in container.get("env", [])})
         if base := job["jobSpec"].get("baseOutputDirectory", {}).get("outputUriPrefix"):
             # Vertex AI's folders under a job's output folder, given to its containers
             env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/")
             env.update(AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/")
         self.jobs[name] = {**job, "name": name, "state": "JOB_STATE_PENDING", "createTime": now()}
+        self.starts[name] = 0
         if self.start_jobs:
             self.jobs[name].update(state="JOB_STATE_RUNNING", startTime=now())
-            self.processes[name] = subprocess.Popen(
-                command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
             self.lines[name] = []
-            self._readers[name] = threading.Thread(target=self._read_output, args=(name,), daemon=True)
-            self._readers[name].start()
+            self._supervisors[name] = threading.Thread(target=self._run, args=(name, command, env), daemon=True)
+            self._supervisors[name].start()
         return self.jobs[name]
 
-    def _read_output(self, name: str) -> None:
-        """Keeps each line the job's process prints, when it prints it, as Vertex AI's logging agent sends it."""
-        for line in self.processes[name].stdout:
-            self.lines[name].append((now(), line))
+    def _run(self, name: str, command: list[str], env: dict[str, str]) -> None:
+        """Runs the job's worker as Vertex AI does: a worker that exits non-zero is restarted in the same VM, up to
+        ``worker_restarts`` times; then the whole job is retried, up to ``job_retries`` times; then it fails. No exit
+        status is taken as permanent (which ones Vertex AI judges so is not documented): each costs every start."""
+        try:
+            for _ in range((self.job_retries + 1) * (self.worker_restarts + 1)):
+                with self._lock:
+                    if self.jobs[name]["state"] != "JOB_STATE_RUNNING":
+                        return  # cancelled
+                    self.starts[name] += 1
+                    process = subprocess.Popen(
+                        command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                    )
+                    self.processes[name] = process
+                for line in process.stdout:  # each line as it is printed, as Vertex AI's logging agent sends it
+                    self.lines[name].append((now(), line))
+                if process.wait() == 0:
+                    break
+        finally:
+            self.logs[name] = "".join(line for _, line in self.lines[name])
+        with self._lock:
+            job = self.jobs[name]
+            if job["state"] != "JOB_STATE_RUNNING":
+                return
+            job["endTime"] = now()
+            if process.returncode == 0:
+                job["state"] = "JOB_STATE_SUCCEEDED"
+            else:
+                job["state"] = "JOB_STATE_FAILED"
+                job["error"] = {
+                    "code": 3,  # what Vertex AI reports for an exit with an error (its logs show it)
+                    "message": f"The replica workerpool0-0 exited with a non-zero status of {process.returncode}.",
+                }
 
     def cancel(self, name: str) -> None:
         """As Vertex AI does: the job is cancelling, then cancelled once its VMs are gone."""
         self.cancel_requests.append(name)
-        job = self.jobs[name]
-        if job["state"] in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"):
-            return
-        job["state"] = "JOB_STATE_CANCELLING"
-        if name in self.processes:
-            self.processes[name].kill()
-            self.processes[name].wait()
+        with self._lock:
+            job = self.jobs[name]
+            if job["state"] in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"):
+                return
+            job["state"] = "JOB_STATE_CANCELLING"
+            process = self.processes.get(name)
+        if process is not None:
+            process.kill()
+            process.wait()
         if self.cancels_take:
             job.update(state="JOB_STATE_CANCELLED", endTime=now())
+
+    def wait(self, name: str, seconds: float = 300) -> dict:
+        """The job once it has ended (its worker's last start included); fails a test past ``seconds``."""
+        supervisor = self._supervisors.get(name)
+        if supervisor is not None:
+            supervisor.join(timeout=seconds)
+            assert not supervisor.is_alive(), f"{name} still running after {seconds} s"
+        return self.jobs[name]
 
     def list(self, parent: str, query: str) -> list[dict]:
         """The jobs under ``parent`` that match a filter of the API's form, ``A="x" AND labels.b="y"``."""
@@ -144,20 +200,7 @@ class VertexStandIn:
         return [job for job in jobs if all(value(job, key) == expected for key, expected in wanted)]
 
     def get(self, name: str) -> dict:
-        job, process = self.jobs[name], self.processes.get(name)
-        if job["state"] == "JOB_STATE_RUNNING" and process.poll() is not None:
-            self._readers[name].join(timeout=30)  # the process's last lines
-            self.logs[name] = "".join(line for _, line in self.lines[name])
-            job["endTime"] = now()
-            if process.returncode == 0:
-                job["state"] = "JOB_STATE_SUCCEEDED"
-            else:
-                job["state"] = "JOB_STATE_FAILED"
-                job["error"] = {
-                    "code": 3,  # what Vertex AI reports for an exit with an error (its logs show it)
-                    "message": f"The replica workerpool0-0 exited with a non-zero status of {process.returncode}.",
-                }
-        return job
+        return self.jobs[name]
 
     def create_pipeline_job(self, parent: str, job_id: str, job: dict) -> dict:
         """What Vertex AI makes of a submitted pipeline job: running, a pending task for each of its root DAG's tasks

@@ -26,3 +26,17 @@ class ServiceFailed(RuntimeError):
 class Diverged(RuntimeError):
     """The training's loss or gradient norm stopped being finite: the run stopped with no checkpoint or model written
     from those weights. The message names the step, the learning rate and what to try."""
+
+
+class Refused(RuntimeError):
+    """What the platform refused or did not provide, as it would again for another job with the same settings (a TPU
+    slice whose hosts are not found or do not come up): reported as Google Cloud's refusals are (exit 3)."""
+
+
+class ReportedFailure(RuntimeError):
+    """A failure another process reported: its exit status and its one line (the TPU job's verdict, which the
+    pipeline's launcher ends the task with)."""
+
+    def __init__(self, status: int, line: str):
+        self.status = status
+        super().__init__(line)

@@ -1,10 +1,12 @@
 """Running a job from its command line: parse its arguments dataclass, set up logging, run it, and end with its
 summary in a few lines for people (``--json``: the whole summary as JSON, for scripts; the whole record is in the
 files the job writes). Bad input exits with status 2 and one line naming the parameter; a refusal by Google Cloud
-that would repeat (a permission, no credentials) with 3; a training that diverged with 4; another failure of an
-outside service with 1; each in one line, without a traceback. A pipeline component
+that would repeat (a permission, no credentials, a TPU slice that did not come up) with 3; a training that diverged
+with 4; another failure of an outside service with 1; each in one line, without a traceback. A pipeline component
 exits the same way (``job_exit_status``): KFP's executor maps no exception to a status, and Vertex AI shows the
-last lines of a task's log."""
+last lines of a task's log. Inside a Vertex AI custom job that the pipeline's launcher created, the outcomes 2, 3
+and 4 are written as the job's verdict and the process exits 0 (``components/lib/verdict.py``): Vertex AI would
+restart a worker that exits non-zero, and pay for the same outcome again."""
 
 from __future__ import annotations
 
@@ -17,13 +19,13 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from components.lib import storage
-from components.lib.errors import Diverged, InvalidParameter, ServiceFailed
+from components.lib import storage, verdict
+from components.lib.errors import Diverged, InvalidParameter, Refused, ReportedFailure, ServiceFailed
 
 Arguments = TypeVar("Arguments")
 BAD_INPUT_EXIT = 2  # the exit status of a job refused for its input: the same input fails the same way again
-# refused by Google Cloud for good (a storage or API permission, no credentials, a missing resource): the same
-# account meets the same refusal again
+# refused by Google Cloud for good (a storage or API permission, no credentials, a missing resource, a slice that
+# did not come up): the same account and settings meet the same refusal again
 REFUSED_EXIT = 3
 DIVERGED_EXIT = 4  # a training stopped on a non-finite loss: the same data, seed and settings diverge again
 # what a new job with the same settings would meet again: the TPU task's launcher does not replace such a job
@@ -103,8 +105,10 @@ def one_line_failure(error: BaseException) -> tuple[int, str] | None:
         return BAD_INPUT_EXIT, str(error)
     if isinstance(error, Diverged):
         return DIVERGED_EXIT, str(error)
-    if isinstance(error, storage.PermissionDenied):
+    if isinstance(error, storage.PermissionDenied | Refused):
         return REFUSED_EXIT, str(error)
+    if isinstance(error, ReportedFailure):
+        return error.status, str(error)
     if isinstance(error, ServiceFailed):
         return 1, str(error)
     refused = google_cloud_refusal(error)
@@ -114,14 +118,16 @@ def one_line_failure(error: BaseException) -> tuple[int, str] | None:
 
 
 def reported_status(error: BaseException) -> int | None:
-    """Prints the one line of an error a job reports without a traceback and returns its exit status; None (and
-    nothing printed) for any other error."""
+    """Prints the one line of an error a job reports without a traceback and returns its exit status: 0 for an
+    outcome that would repeat (``NOT_RETRIED_EXITS``) written as a Vertex AI job's verdict; None (and nothing
+    printed) for any other error."""
     failure = one_line_failure(error)
     if failure is None:
         return None
     status, line = failure
-    print(f"error: {line}", file=sys.stderr, flush=True)
-    return status
+    as_verdict = status in NOT_RETRIED_EXITS and verdict.record(status, line, getattr(error, "step", None))
+    print(f"error: {line}", file=sys.stderr, flush=True)  # last: what Vertex AI shows of a failed task's log
+    return 0 if as_verdict else status
 
 
 @contextlib.contextmanager
@@ -137,6 +143,7 @@ def job_exit_status(values: Iterable[Any]) -> Iterator[None]:
         if status is None:
             raise
         raise SystemExit(status) from None
+    verdict.record(0, "done")  # the TPU job's step: the launcher tells a finished job from one that wrote nothing
 
 
 def run_job(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.lib import storage
-from components.lib.errors import ServiceFailed
+from components.lib.errors import Refused, ServiceFailed
 
 log = logging.getLogger("tpu_mlm.slice")
 
@@ -84,7 +84,12 @@ class SliceHosts:
 
 
 class SliceFailed(ServiceFailed):
-    """The slice could not be brought up: hosts not found, or a host that did not come up in time."""
+    """The slice failed under the launcher: a host's server ended, host 0 lost, a stop while waiting."""
+
+
+class SliceNotUp(SliceFailed, Refused):
+    """The slice did not come up: its hosts not found, or a host's server not answering in time. Another job with
+    the same settings meets it again: a known outcome (the job's verdict), not a failure to restart."""
 
 
 def discover(environ: Mapping[str, str], metadata: Callable[[str], str | None], hosts: int) -> SliceHosts:
@@ -105,14 +110,14 @@ def discover(environ: Mapping[str, str], metadata: Callable[[str], str | None], 
             index, addresses = cluster
             source = "CLUSTER_SPEC (Vertex AI)"
         else:
-            raise SliceFailed(
+            raise SliceNotUp(
                 "found no TPU slice hosts: TPU_WORKER_ID and TPU_WORKER_HOSTNAMES are not set, the instance metadata "
                 "has no agent-worker-number or worker-network-endpoints, and CLUSTER_SPEC does not list the slice's "
                 "hosts (is this a TPU VM of a slice?)"
             )
     addresses = [address.strip() for address in addresses]
     if not index.strip().isdigit() or int(index) >= len(addresses) or len(addresses) != hosts or not all(addresses):
-        raise SliceFailed(f"{source} say host {index!r} of {addresses}; this slice has {hosts} hosts")
+        raise SliceNotUp(f"{source} say host {index!r} of {addresses}; this slice has {hosts} hosts")
     return SliceHosts(int(index), tuple(addresses), source)
 
 
@@ -197,7 +202,7 @@ def wait_for_servers(hosts: SliceHosts, port: int, timeout_seconds: float, own_s
         waiting = {host for host in waiting if not _accepts(*hosts.server(host, port))}
         if waiting and time.monotonic() > deadline:
             names = ", ".join(f"{host} ({hosts.addresses[host]})" for host in sorted(waiting))
-            raise SliceFailed(f"the worker server of host(s) {names} did not come up in {timeout_seconds:.0f} s")
+            raise SliceNotUp(f"the worker server of host(s) {names} did not come up in {timeout_seconds:.0f} s")
         if waiting:
             time.sleep(1.0)
 
