@@ -7,7 +7,8 @@ import pytest
 from conftest import record_hard_exits
 
 from components.lib import attempts as attempts_module
-from components.lib.attempts import FILE, REPEATS, Attempts, latest_checkpoint_step
+from components.lib.attempts import FILE, REPEATS, START_FAILED, Attempts, latest_checkpoint_step
+from components.lib.devices import AcceleratorStartFailed
 from components.lib.errors import InvalidParameter
 from components.lib.preemption import STOPPED_EXIT
 
@@ -117,6 +118,28 @@ def test_attempts_that_died_without_a_word_count_as_failures_and_a_stop_between_
     attempts(tmp_path).refuse_a_repeat()  # of the last two, one was preempted
 
 
+def test_starts_that_failed_for_a_reason_a_new_start_may_not_meet_are_recorded_and_never_counted(tmp_path):
+    """Any number of them, before, between or after real failures: the attempts record neither refuses for them nor
+    forgets the failures around them (the run's time limit bounds them, in the pipeline's launcher)."""
+
+    def start_failed() -> None:
+        with pytest.raises(AcceleratorStartFailed), attempts(tmp_path).recorded(begun=False):
+            raise AcceleratorStartFailed("the TPU at --tpu='local' did not start (UnavailableError: Socket closed)")
+
+    for _ in range(REPEATS + 3):
+        attempts(tmp_path).refuse_a_repeat()
+        start_failed()
+    assert [attempt["outcome"] for attempt in written(tmp_path)] == [START_FAILED] * (REPEATS + 3)
+    assert "UnavailableError: Socket closed" in written(tmp_path)[0]["error"]
+    fail(tmp_path)
+    start_failed()
+    attempts(tmp_path).refuse_a_repeat()  # one failure, whatever came between
+    fail(tmp_path)
+    start_failed()
+    with pytest.raises(InvalidParameter, match="ValueError: shard 3 is corrupted"):
+        attempts(tmp_path).refuse_a_repeat()
+
+
 def test_the_step_is_the_latest_checkpoint_s_and_zero_without_one(tmp_path):
     assert latest_checkpoint_step(str(tmp_path)) == 0
     checkpoint_at(tmp_path, 40)
@@ -129,7 +152,10 @@ def test_a_start_past_its_deadline_is_recorded_failed_and_ends_the_process(tmp_p
     with attempts(tmp_path).start_deadline(seconds):
         assert hard_exits.ended.wait(10)  # a start that hangs
     minutes = f"{seconds / 60:g}"
-    assert hard_exits.calls == [(1, f"the accelerator did not start within {minutes} min: this attempt fails")]
+    (call,) = hard_exits.calls
+    assert call[0] == 1
+    assert call[1].startswith(f"the accelerator did not start within {minutes} min: this attempt fails")
+    assert "a second such start from this checkpoint refuses the next" in call[1] and "#93618" in call[1]
     (attempt,) = written(tmp_path)
     assert attempt["outcome"] == "failed"
     assert attempt["error"] == f"the accelerator did not start within {minutes} min (--start_minutes)"

@@ -10,14 +10,16 @@ import pytest
 from components.lib import devices
 from components.lib.devices import (
     NO_TPU_DEVICE,
+    AcceleratorStartFailed,
     peak_tflops_per_replica,
     prepare_runtime,
     select_strategy,
     slice_or,
     tpu_devices,
-    tpu_init_failed,
+    tpu_start_failed,
 )
 from components.lib.errors import InvalidParameter
+from components.lib.job_runner import BAD_INPUT_EXIT, one_line_failure
 from components.lib.slice_hosts import ENDPOINTS_VARIABLE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_TYPES
 
@@ -123,7 +125,7 @@ def test_the_peak_comes_from_the_pipeline_else_from_the_tpu_vm_s_accelerator_typ
     assert peak_tflops_per_replica("tpu") is None and peak_tflops_per_replica("cpu") is None
 
 
-def test_a_tpu_its_runtime_cannot_initialise_is_one_line_naming_the_pair_and_the_other_image(monkeypatch):
+def test_a_tpu_its_runtime_cannot_drive_is_one_line_naming_the_pair_and_the_other_image(monkeypatch):
     import tensorflow as tf
 
     no_kernel = tf.errors.InvalidArgumentError(
@@ -133,7 +135,7 @@ def test_a_tpu_its_runtime_cannot_initialise_is_one_line_naming_the_pair_and_the
         ' with these attrs: [embedding_config="", is_global_init=false]\nRegistered devices: [CPU]\n\t [[{{node '
         "ConfigureDistributedTPU}}]] [Op:__inference__tpu_init_fn_4]",
     )
-    line = f"error: {tpu_init_failed(no_kernel, 'local', 'tensorflow-tpu 2.19.1 + libtpu 0.0.10')}"
+    line = f"error: {tpu_start_failed(no_kernel, 'local', 'tensorflow-tpu 2.19.1 + libtpu 0.0.10')}"
     assert "\n" not in line and "[[" not in line
     assert line.startswith(
         "error: --accelerator='tpu': TensorFlow could not initialise the TPU at --tpu='local' with tensorflow-tpu "
@@ -141,21 +143,95 @@ def test_a_tpu_its_runtime_cannot_initialise_is_one_line_naming_the_pair_and_the
         "'ConfigureDistributedTPU'"
     )
     assert line.endswith(
-        "try the other TPU image, tf2.20 (make tpu-image TPU_RUNTIME=tf2.20, push it, then tpu-mlm compile ... "
-        "--tpu_image <its URI>)"
+        "this pair cannot drive this TPU, and a new job with this image would fail the same way: try the other TPU "
+        "image, tf2.20 (make tpu-image TPU_RUNTIME=tf2.20, push it, then tpu-mlm compile ... --tpu_image <its URI>)"
     )
-    not_found = tf.errors.NotFoundError(None, None, "TPU initialization failed: No TPU devices found.")
-    line = str(tpu_init_failed(not_found, "local", "tensorflow-tpu 2.20.0 + libtpu 0.0.14"))
-    assert "with tensorflow-tpu 2.20.0 + libtpu 0.0.14 (NotFoundError: TPU initialization failed" in line
+    # TensorFlow 2.20 wraps the initialisation's InvalidArgumentError in a NotFoundError: the signature still decides
+    no_device = tf.errors.NotFoundError(
+        None,
+        None,
+        "TPUs not found in the cluster. Failed in initialization: No matching devices found for "
+        "'/device:TPU_SYSTEM:0' [Op:__inference__tpu_init_fn_10]",
+    )
+    line = str(tpu_start_failed(no_device, "local", "tensorflow-tpu 2.20.0 + libtpu 0.0.14"))
+    assert "with tensorflow-tpu 2.20.0 + libtpu 0.0.14 (NotFoundError: TPUs not found in the cluster." in line
     assert "try the other TPU image, tf2.19 (make tpu-image TPU_RUNTIME=tf2.19," in line
-    assert len(str(tpu_init_failed(tf.errors.InternalError(None, None, "x" * 5000), "local", "?"))) < 700
+    other_binary = tf.errors.NotFoundError(
+        None,
+        None,
+        "'__inference__tpu_init_fn_4' is neither a type of a primitive operation nor a name of a function registered "
+        "in binary running on n-3ea5ef93-w-0. Make sure the operation or function is registered in the binary",
+    )
+    assert isinstance(tpu_start_failed(other_binary, "grpc://10.0.0.2:8470", "?"), InvalidParameter)
 
-    # select_strategy turns TensorFlow's errors at the TPU's initialisation into that line (a TPU by address: no
-    # device files looked for)
+
+def test_this_tensorflow_without_tpu_kernels_is_refused_through_the_real_initialisation(monkeypatch):
+    """No stand-in: this machine's TensorFlow (the CPU wheel) has no TPU kernel, as a TPU image whose libtpu did not
+    load; with a TPU's device files found, select_strategy runs TensorFlow's own initialisation, which fails with
+    the first signature, and refuses (exit 2), as every new job with the same image would fail."""
+    monkeypatch.setattr(devices, "tpu_devices", lambda: [A_CHIP])
+    with pytest.raises(InvalidParameter) as refused:
+        select_strategy("tpu")
+    assert "No OpKernel was registered to support Op 'ConfigureDistributedTPU'" in str(refused.value)
+    assert "this pair cannot drive this TPU" in str(refused.value)
+    assert one_line_failure(refused.value)[0] == BAD_INPUT_EXIT
+
+
+def transient_errors():
+    import tensorflow as tf
+
+    return [
+        tf.errors.UnavailableError(None, None, "failed to connect to all addresses; last error: Connection refused"),
+        tf.errors.DeadlineExceededError(None, None, "Deadline Exceeded"),
+        tf.errors.InternalError(None, None, "Failed to initialize the TPU system: TPU chip 0 not responding"),
+        tf.errors.AbortedError(None, None, "The TPU system is being reconfigured"),
+        tf.errors.NotFoundError(None, None, "TPU initialization failed: No TPU devices found."),
+    ]
+
+
+@pytest.mark.parametrize("error", transient_errors(), ids=lambda error: type(error).__name__)
+def test_a_tpu_that_fails_to_start_for_a_reason_a_new_start_may_not_meet_fails_this_start_only(monkeypatch, error):
+    """Each error class TensorFlow raises from the TPU's initialisation (the stand-in for initialize_tpu_system is
+    the narrowest seam: the resolver, the classification and the line are the real ones): one line, exit 1 (which
+    Vertex AI restarts and the launcher replaces), no refusal; ``auto`` falls back saying why."""
+    import tensorflow as tf
+
     def initialise(resolver):
-        raise no_kernel
+        raise error
 
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda resolver: None)
     monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", initialise)
-    with pytest.raises(InvalidParameter, match=r"initialise the TPU at --tpu='grpc://10.0.0.2:8470' with .* \(Inv"):
+    with pytest.raises(AcceleratorStartFailed) as failed:
+        select_strategy("tpu", "grpc://10.0.0.2:8470")
+    status, line = one_line_failure(failed.value)
+    assert status == 1 and "\n" not in line
+    assert line.startswith(
+        f"the TPU at --tpu='grpc://10.0.0.2:8470' did not start with {devices.tpu_runtime()} "
+        f"({type(error).__name__}: {error.message}): an error a new start may not meet"
+    )
+    assert "not counted in attempts.json, for Vertex AI's restart or the launcher's new job within the run's" in line
+    assert line.endswith("(make tpu-image TPU_RUNTIME=tf2.20, push it, then tpu-mlm compile ... --tpu_image <its URI>)")
+    assert select_strategy("auto", "grpc://10.0.0.2:8470")[1] == "cpu"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("Failed to connect to the Tensorflow master. The TPU worker may not be ready (still scheduling)"),
+        RuntimeError("Cannot find any TPU cores in the system (master address grpc://10.0.0.2:8470)."),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_a_tpu_worker_not_ready_when_the_strategy_looks_at_its_devices_fails_this_start_only(monkeypatch, error):
+    """What TPUStrategy raises from its look at the cluster's devices (tensorflow/python/tpu/tpu_system_metadata.py)
+    after an initialisation that passed: a worker not ready yet, not a wrong TPU name."""
+    import tensorflow as tf
+
+    def strategy(resolver):
+        raise error
+
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda resolver: None)
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", lambda resolver: None)
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", strategy)
+    with pytest.raises(AcceleratorStartFailed, match=f"{type(error).__name__}: {re.escape(str(error))}"):
         select_strategy("tpu", "grpc://10.0.0.2:8470")

@@ -6,7 +6,9 @@ Each attempt is recorded when it starts and again when it ends: done, stopped by
 stop: no failure, whenever it comes) or failed; one still "running" when the next starts died without a word
 (a timeout, a crash of the runtime). After ``REPEATS`` failed or silently dead attempts from the same checkpoint
 with the same settings and runtime, the next is refused before the TPU is initialised. A start that hangs past its
-deadline is a failure too."""
+deadline is a failure too (a hang that repeats is the runtime's: tensorflow/tensorflow#93618). A TPU that failed to
+start with an error a new start may not meet (``AcceleratorStartFailed``) is recorded as "start failed" and not
+counted: such starts are bounded by the run's time limit, which the pipeline's launcher keeps, not by ``REPEATS``."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from components.lib import storage
+from components.lib.devices import AcceleratorStartFailed
 from components.lib.errors import InvalidParameter
 from components.lib.preemption import STOPPED_EXIT, hard_exit
 
@@ -29,6 +32,7 @@ log = logging.getLogger("tpu_mlm.train")
 
 FILE = "attempts.json"
 REPEATS = 2
+START_FAILED = "start failed"  # an attempt whose TPU did not start for a reason another start may not meet
 
 
 class Attempts:
@@ -41,7 +45,7 @@ class Attempts:
         self._current: dict[str, Any] | None = None
 
     def refuse_a_repeat(self) -> None:
-        last = self.records[-REPEATS:]
+        last = [attempt for attempt in self.records if attempt["outcome"] != START_FAILED][-REPEATS:]
         failed = all(
             a["key"] == self.key and a["step"] == self.step and a["outcome"] in ("failed", "running") for a in last
         )
@@ -68,7 +72,8 @@ class Attempts:
             self._end(record, "stopped" if stop.code == STOPPED_EXIT else "failed", f"exit {stop.code}")
             raise
         except Exception as error:
-            self._end(record, "failed", f"{type(error).__name__}: {error}"[:2000])
+            outcome = START_FAILED if isinstance(error, AcceleratorStartFailed) else "failed"
+            self._end(record, outcome, f"{type(error).__name__}: {error}"[:2000])
             raise
         finally:
             self._current = None
@@ -85,7 +90,12 @@ class Attempts:
             self._end(
                 self._new_record(), "failed", f"the accelerator did not start within {minutes} min (--start_minutes)"
             )
-            hard_exit(1, f"the accelerator did not start within {minutes} min: this attempt fails")
+            hard_exit(
+                1,
+                f"the accelerator did not start within {minutes} min: this attempt fails, and a second such start from "
+                "this checkpoint refuses the next (a start that hangs again is the runtime's, as in "
+                "tensorflow/tensorflow#93618: try the other TPU image)",
+            )
 
         timer = threading.Timer(seconds, expired)
         timer.daemon = True

@@ -1,6 +1,7 @@
 """What this machine has to train on, and the ``tf.distribute`` strategy for it: TPU chips found by their PCI ids
-(before TensorFlow loads libtpu, which off a TPU VM waits minutes), the TPU system initialised (its errors in one
-line naming the runtime pair), GPUs, or the CPU split into replicas; and each accelerator's peak, for MFU.
+(before TensorFlow loads libtpu, which off a TPU VM waits minutes), the TPU system initialised (an error every new
+job with this image would meet refused in one line naming the runtime pair; any other failing this start only),
+GPUs, or the CPU split into replicas; and each accelerator's peak, for MFU.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import re
 from typing import Any
 
-from components.lib.errors import InvalidParameter
+from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.slice_hosts import ENDPOINTS_VARIABLE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_RUNTIMES, accelerator_type_peak
 
@@ -84,29 +85,34 @@ _TPU_STRATEGIES: dict[str, Any] = {}  # by TPU address: a process connects to an
 
 
 def _tpu_strategy(accelerator: str, tpu: str) -> tuple[Any, str] | None:
-    """``TPUStrategy`` on the TPU at ``tpu``; None where ``auto`` found none (an explicit ``tpu`` refuses). A second
-    training in the same process (the smoke test's peak probe) gets the same strategy: initialising the TPU again
-    would reset it, and on a slice connect to every host again."""
+    """``TPUStrategy`` on the TPU at ``tpu``; None where ``auto`` found none or could not start it (an explicit
+    ``tpu`` refuses, or fails for a new start to try again: ``tpu_start_failed``). A second training in the same
+    process (the smoke test's peak probe) gets the same strategy: initialising the TPU again would reset it, and
+    on a slice connect to every host again."""
     import tensorflow as tf
 
     if tpu in _TPU_STRATEGIES:
         return _TPU_STRATEGIES[tpu], "tpu"
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu)
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        _TPU_STRATEGIES[tpu] = tf.distribute.TPUStrategy(resolver)
-        return _TPU_STRATEGIES[tpu], "tpu"
-    except (ValueError, tf.errors.UnavailableError) as error:  # no TPU by that name, or none answering
+    except ValueError as error:  # no TPU by that name
         if accelerator == "tpu":
             raise InvalidParameter(
                 "accelerator", accelerator, f"no TPU found at --tpu={tpu!r} ({_first_line(error)})"
             ) from error
-    except tf.errors.OpError as error:  # NotFoundError, InvalidArgumentError...: the runtime did not start it
-        failed = tpu_init_failed(error, tpu, tpu_runtime())
+        return None
+    try:
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        _TPU_STRATEGIES[tpu] = tf.distribute.TPUStrategy(resolver)
+        return _TPU_STRATEGIES[tpu], "tpu"
+    # OpError at the initialisation; ValueError ("Failed to connect to the Tensorflow master. The TPU worker may not
+    # be ready") and RuntimeError ("Cannot find any TPU cores in the system") from TPUStrategy's look at the devices
+    except (tf.errors.OpError, ValueError, RuntimeError) as error:
+        failed = tpu_start_failed(error, tpu, tpu_runtime())
         if accelerator == "tpu":
             raise failed from error
-        log.warning("accelerator auto: %s; falling back", failed.expected)
+        log.warning("accelerator auto: %s; falling back", failed)
     return None
 
 
@@ -150,20 +156,53 @@ def tpu_runtime() -> str:
     return " + ".join(pair)
 
 
-def tpu_init_failed(error: Exception, tpu: str, runtime: str) -> InvalidParameter:
-    """The one line for a TPU that TensorFlow found but could not initialise (``NotFoundError``, or an
-    ``InvalidArgumentError`` such as "No OpKernel was registered to support Op 'ConfigureDistributedTPU'"): the
-    runtime pair that failed and the other TPU image to try, which only a compile flag switches."""
+class AcceleratorStartFailed(ServiceFailed):
+    """The TPU did not start for a reason a new start may not meet (its runtime or a host not answering yet, a
+    deadline, an internal error, an abort): exit status 1 in one line, which Vertex AI's restarts and the pipeline's
+    launcher try again within the run's time limit; not a failure the attempts record counts."""
+
+
+# What TensorFlow says when the image's runtime cannot drive the TPU at all, which every new job with the same image
+# meets again (TensorFlow 2.20's initialize_tpu_system wraps these InvalidArgumentErrors in a NotFoundError, "TPUs
+# not found in the cluster. Failed in initialization: ..."; tensorflow/python/tpu/tpu_strategy_util.py):
+RUNTIME_CANNOT_DRIVE_TPU = (
+    # no TPU kernel in this TensorFlow: not the TPU build, or libtpu not loaded (what the CPU wheel says here;
+    # tensorflow/tensorflow#28395, google-research/google-research#651)
+    "No OpKernel was registered to support Op 'ConfigureDistributedTPU'",
+    # no TPU system device registered: the runtime found no TPU it can drive
+    # (GoogleCloudPlatform/ml-testing-accelerators#809)
+    "No matching devices found for '/device:TPU_SYSTEM:0'",
+    # the TPU worker's TensorFlow is not the client's: the function is not in the worker's binary
+    # (tensorflow/tensorflow#35700)
+    "is neither a type of a primitive operation nor a name of a function registered in binary",
+)
+
+
+def tpu_start_failed(error: Exception, tpu: str, runtime: str) -> InvalidParameter | AcceleratorStartFailed:
+    """The one line for a TPU that TensorFlow found but could not start. An error every new job with this image
+    would meet again (``RUNTIME_CANNOT_DRIVE_TPU``) is a refusal naming the runtime pair and the other TPU image,
+    which only a compile flag switches; anything else (``UnavailableError`` while a worker is not answering yet,
+    ``DeadlineExceededError``, ``InternalError``, ``AbortedError``...) fails this start only."""
     version = re.match(r"tensorflow-tpu (\d+\.\d+)\.", runtime)
     others = [name for name in TPU_RUNTIMES if not version or name != f"tf{version[1]}"]
+    other_image = (
+        f"the other TPU image, {' or '.join(others)} (make tpu-image TPU_RUNTIME={others[0]}, push it, then tpu-mlm "
+        "compile ... --tpu_image <its URI>)"
+    )
     cause = _first_line(error)
-    cause = cause if len(cause) <= 300 else cause[:299] + "…"
-    return InvalidParameter(
-        "accelerator",
-        "tpu",
-        f"TensorFlow could not initialise the TPU at --tpu={tpu!r} with {runtime} ({type(error).__name__}: {cause}); "
-        f"this pair may not run this TPU: try the other TPU image, {' or '.join(others)} (make tpu-image "
-        f"TPU_RUNTIME={others[0]}, push it, then tpu-mlm compile ... --tpu_image <its URI>)",
+    cause = f"{type(error).__name__}: {cause if len(cause) <= 300 else cause[:299] + '…'}"
+    if any(signature in str(error) for signature in RUNTIME_CANNOT_DRIVE_TPU):
+        return InvalidParameter(
+            "accelerator",
+            "tpu",
+            f"TensorFlow could not initialise the TPU at --tpu={tpu!r} with {runtime} ({cause}); this pair cannot "
+            f"drive this TPU, and a new job with this image would fail the same way: try {other_image}",
+        )
+    return AcceleratorStartFailed(
+        f"the TPU at --tpu={tpu!r} did not start with {runtime} ({cause}): an error a new start may not meet (a "
+        "worker not answering yet, a deadline, an internal error of the runtime); this attempt ends with status 1, "
+        "not counted in attempts.json, for Vertex AI's restart or the launcher's new job within the run's time "
+        f"limit. If every start fails this way, cancel the run and try {other_image}"
     )
 
 
