@@ -308,6 +308,21 @@ def check_values(values: dict[str, Any]) -> None:
         except InvalidParameter as error:
             renamed = {ROUTES[parameter.name].get(name): parameter.name for parameter in parameters}
             raise InvalidParameter(renamed.get(error.parameter, error.parameter), error.value, error.expected) from None
+    check_model_config(inputs)
+
+
+def check_model_config(inputs: dict[str, dict[str, Any]]) -> None:
+    """The model config that preflight and the train step load once the shards exist (a preset, a config.json, a
+    Hub model) and the dropout it must take, loaded here with the vocabulary and sample length the run asks for
+    and the tokenizer step's special-token ids, before the first step runs."""
+    from components.lib.modeling import model_config, pretraining_config
+
+    shards = {
+        "vocab_size": int(inputs["tokenizer"]["vocab_size"]),
+        "max_length": int(inputs["shards"]["max_length"]),
+        "special_tokens": {"bos": 0, "pad": 1, "eos": 2},  # the tokenizer step's (its SPECIAL_TOKENS' order)
+    }
+    pretraining_config(model_config(inputs["train"]["model_config"], shards), float(inputs["train"]["dropout"]))
 
 
 @dataclass(frozen=True)

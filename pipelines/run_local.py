@@ -7,9 +7,10 @@ tokens and the ``mini`` model (``LOCAL_DEFAULTS``), every step a subprocess in t
 parameter is a flag here (``--help`` lists them), with defaults for a small CPU run.
 
 It prints one line per step as the step finishes (its name, status, seconds and one figure), and each step's
-full log goes to a file under the run's folder (printed in full when the step fails; ``--verbose`` streams
-everything instead). At the end it prints where each artifact is, the evaluation metrics and a fill-mask
-example.
+full log goes to a file under the run's folder (``--verbose`` streams everything instead). A failing step ends the
+run with the step's one line (its ``error: ...``; the end of its log where it printed none, a crash) and exits with
+the step's exit status, as the step run on its own would. At the end it prints where each artifact is, the
+evaluation metrics and a fill-mask example.
 
     python -m pipelines.run_local [--corpus FILES] [--model_config tiny] [--docker] [--verbose]
 """
@@ -22,17 +23,18 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from components.lib import storage
-from components.lib.errors import InvalidParameter
+from components.lib.errors import InvalidParameter, ReportedFailure
 from components.lib.hub import check_repo_id, hub_token
 from components.lib.job_runner import run_job
 from components.lib.results import METRICS_FILE, PROBE_MODELS, fill_mask_line, read_downstream, standard_error
 from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline, check_values, pipeline_parameters
+from pipelines.submit import check_parts
 
 # The folder of each artifact inside a run, by task and output name, in the order they are made.
 ARTIFACTS = {
@@ -100,7 +102,9 @@ class LocalRunOptions:
             )
         if self.output_root:
             storage.check_uri("output_root", self.output_root)
-        check_values(self.pipeline_values())  # every step's checks, before the first step runs
+        # what submit checks before it creates a run: every step's checks, the model config, the corpus's parts
+        check_values(self.pipeline_values())
+        check_parts(self.pipeline_values())
 
     def pipeline_values(self) -> dict[str, Any]:
         values = {parameter.name: getattr(self, parameter.name) for parameter in PARAMETERS}
@@ -142,6 +146,7 @@ class StepLines:
         self.log_path: Path | None = None
         self.started = self.seconds = 0.0
         self.status = ""
+        self.failed: FailedStep | None = None  # the first task that failed, once its end is read
 
     def write(self, text: str) -> int:
         self.pending += text
@@ -186,12 +191,65 @@ class StepLines:
         figure = form.format(float(found.group(1))) if found else ""
         label = self.labels.get(self.task, self.task)
         print(f"{label:<23} {self.status:<8} {self.seconds:6.1f} s  {figure:<18} {self.log_path}", file=self.out)
+        if self.status == "FAILURE" and self.failed is None:
+            self.failed = FailedStep(label, [line.strip() for line in self.lines], self.log_path)
         self.close()
 
     def close(self) -> None:
         if self.log is not None:
             self.log.close()
         self.task, self.log = "", None
+
+
+# the end of a failed step's log shown when it printed no one line (a crash): its traceback's last frames
+CRASH_LINES = 20
+
+
+@dataclass
+class FailedStep:
+    """A task that failed: its display name, its log's lines (stripped of kfp.local's indent) and the log's file."""
+
+    label: str
+    lines: list[str]
+    log_path: Path | None
+
+    def failure(self, status: int) -> ReportedFailure:
+        """What ends the run: the step's exit status and its one line, the last ``error: ...`` it printed (what
+        ``components.lib.job_runner`` prints); for a step that printed none, its log's end goes to stderr first."""
+        reported = [line.removeprefix("error: ") for line in self.lines if line.startswith("error: ")]
+        if reported:
+            return ReportedFailure(status, reported[-1])
+        ending = [line for line in self.lines if not line.startswith(("Task '", "---"))][-CRASH_LINES:]
+        print("\n".join(ending), file=sys.stderr)
+        return ReportedFailure(status, f"{self.label} failed (exit status {status}); its whole log: {self.log_path}")
+
+
+@contextlib.contextmanager
+def step_exit_statuses() -> Iterator[list[int]]:
+    """The exit statuses of the steps' processes, in the order they end, while the pipeline runs under kfp.local:
+    it reports a task only as SUCCESS or FAILURE, so its calls that run a step (SubprocessRunner's and
+    DockerRunner's) are wrapped to keep the status. A signal's death is 128 + the signal, as a shell reports it."""
+    from kfp.local import docker_task_handler, subprocess_task_handler
+
+    statuses: list[int] = []
+    wrapped = ((subprocess_task_handler, "run_local_subprocess"), (docker_task_handler, "run_docker_container"))
+    originals = [getattr(module, name) for module, name in wrapped]
+
+    def recording(run: Callable[..., int]) -> Callable[..., int]:
+        def run_and_record(*args: Any, **kwargs: Any) -> int:
+            status = run(*args, **kwargs)
+            statuses.append(status if status >= 0 else 128 - status)
+            return status
+
+        return run_and_record
+
+    for (module, name), original in zip(wrapped, originals, strict=True):
+        setattr(module, name, recording(original))
+    try:
+        yield statuses
+    finally:
+        for (module, name), original in zip(wrapped, originals, strict=True):
+            setattr(module, name, original)
 
 
 def run_local(arguments: LocalRunOptions) -> dict[str, Any]:
@@ -222,7 +280,14 @@ def run_local(arguments: LocalRunOptions) -> dict[str, Any]:
     )
     started = time.perf_counter()
     if arguments.verbose:
-        pipeline(**values)
+        with step_exit_statuses() as statuses:
+            try:
+                pipeline(**values)
+            except RuntimeError:  # kfp.local's "Pipeline ... finished with status FAILURE"
+                if not any(statuses):
+                    raise
+                status = next(status for status in statuses if status)
+                raise ReportedFailure(status, f"a step failed (exit status {status}); its log is above") from None
     else:
         run_quietly(pipeline, values, run_dir)
     folder = run_dir()
@@ -263,22 +328,23 @@ def display_names(pipeline: Any) -> dict[str, str]:
 def run_quietly(
     pipeline: Any, values: dict[str, Any], run_dir: Callable[[], Path | None], labels: dict[str, str] | None = None
 ) -> None:
-    """Runs the pipeline with one line per step on stderr; a failing step's whole log follows its line."""
+    """Runs the pipeline with one line per step on stderr. A failing step ends it with the step's exit status and
+    its one line (``FailedStep.failure``), not kfp.local's traceback."""
     lines = StepLines(run_dir, display_names(pipeline) if labels is None else labels, sys.stderr)
     root_logger = logging.getLogger()
     level = root_logger.level
     try:
-        with contextlib.redirect_stdout(lines), warnings.catch_warnings():
+        with contextlib.redirect_stdout(lines), warnings.catch_warnings(), step_exit_statuses() as statuses:
             # kfp.local's notes that display names and the image do not apply to a local subprocess, and its
             # bookkeeping between tasks (it sets its own level while a task runs)
             warnings.filterwarnings("ignore", module=r"kfp\.local")
             root_logger.setLevel(logging.WARNING)
             pipeline(**values)
-    except Exception:
-        if lines.task:
-            log = "\n".join(lines.lines)
-            print(f"{lines.task} failed; its log ({lines.log_path or 'not written'}):\n{log}", file=sys.stderr)
-        raise
+    except RuntimeError:  # kfp.local's "Pipeline ... finished with status FAILURE", after the task's end was read
+        if lines.failed is None:
+            raise
+        status = next((status for status in statuses if status), 1)
+        raise lines.failed.failure(status) from None
     finally:
         root_logger.setLevel(level)
         lines.close()

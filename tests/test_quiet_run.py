@@ -1,12 +1,16 @@
-"""run-local's quiet output: one line per step, the step's whole log in a file of the run (and on the screen
-when the step fails), fill-mask pieces shown as people should read them."""
+"""run-local's quiet output: one line per step, the step's whole log in a file of the run, a failing step's one
+line and exit status as run-local's own, bad parameters refused before the first step, fill-mask pieces shown as
+people should read them."""
 
 import io
+from pathlib import Path
 
-import pytest
+from conftest import run_module
 
 from components.lib.results import display_token, fill_mask_line
-from pipelines.run_local import StepLines, display_names, run_quietly
+from pipelines.run_local import FailedStep, StepLines, display_names
+
+STEP_SECONDS = 120  # a bound for run-local's first steps on a busy machine, not their time
 
 # What kfp.local 2.17 writes while it runs a task (colours included), as it reaches sys.stdout.
 KFP_TASK = (
@@ -46,23 +50,49 @@ def test_one_line_per_task_and_each_task_log_in_the_run_folder(tmp_path):
     assert "trained part-indices" in log and "\x1b" not in log and "Running pipeline" not in log
 
 
-def test_a_failing_step_prints_its_whole_log_and_the_error_goes_on(tmp_path, capsys):
-    run = tmp_path / "run"
-    run.mkdir()
+def test_a_failing_step_ends_run_local_with_its_one_line_and_its_exit_status(tmp_path):
+    """A missing corpus fails the tokenizer step, the first that reads it, under kfp.local: run-local prints the
+    step's line, then the step's own one line, no traceback, and exits 2 as the step did (bad input)."""
+    missing = tmp_path / "missing.txt"
+    failed = run_module(
+        "pipelines.run_local", "--corpus", str(missing), "--pipeline_root", str(tmp_path / "runs"), timeout=STEP_SECONDS
+    )
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr and "finished with status" not in failed.stderr
+    *steps, last = failed.stderr.strip().splitlines()
+    assert last.startswith(f"error: --corpus='{missing}': no file matches this path")
+    (tokenizer,) = [line for line in steps if line.startswith("tokenizer ")]
+    assert tokenizer.split()[1] == "FAILURE"
+    log = tokenizer.split()[-1]  # the step's whole log, named on its line
+    assert last in Path(log).read_text()
 
-    class FailingPipeline:
-        pipeline_spec = None
 
-        def __call__(self, **values):
-            print("14:00:00.000 - INFO - Executing task \x1b[96m'train-step'\x1b[0m")
-            print("    error: per_replica_batch_size=4096: more than the 1009 training samples")
-            raise RuntimeError("Task 'train-step' finished with status FAILURE")
+def test_a_step_that_printed_no_one_line_shows_its_log_s_end(tmp_path, capsys):
+    """A crash (a traceback, no ``error:`` line): the end of its log, then a line naming its status and log."""
+    lines = ["Executing task", *(f"frame {number}" for number in range(30)), "MemoryError", "---"]
+    failure = FailedStep("train", lines, tmp_path / "train-step.log").failure(137)
+    assert failure.status == 137
+    assert str(failure) == f"train failed (exit status 137); its whole log: {tmp_path / 'train-step.log'}"
+    shown = capsys.readouterr().err.splitlines()
+    assert shown[-1] == "MemoryError" and len(shown) == 20 and "Executing task" not in shown
 
-    with pytest.raises(RuntimeError, match="FAILURE"):
-        run_quietly(FailingPipeline(), {}, lambda: run, labels={})
-    shown = capsys.readouterr().err
-    assert "train-step failed" in shown and "per_replica_batch_size=4096" in shown
-    assert "per_replica_batch_size=4096" in (run / "logs" / "train-step.log").read_text()
+
+def test_run_local_refuses_a_wrong_model_name_before_the_first_step(tmp_path):
+    """As submit does: the model config is loaded before any step runs, in one line, and no run is made."""
+    refused = run_module(
+        "pipelines.run_local",
+        "--model_config",
+        "roberta-bse",
+        "--pipeline_root",
+        str(tmp_path / "runs"),
+        timeout=STEP_SECONDS,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: --model-config='roberta-bse': unknown preset; use one of ['mini', 'roberta-base', 'roberta-large', "
+        "'tiny'], a config.json path or URI, or a Hub model name"
+    ]
+    assert not (tmp_path / "runs").exists()
 
 
 def test_display_names_come_from_the_pipeline():
