@@ -48,7 +48,7 @@ from components.lib import storage, verdict
 from components.lib.errors import InvalidParameter, ReportedFailure, ServiceFailed
 from components.lib.job_runner import NOT_RETRIED_EXITS, log, run_job
 from components.lib.results import SUMMARY_FILE
-from pipelines.run_folders import RUN_NAME_LABEL, run_label, run_name, tensorboard_folder
+from pipelines.run_folders import RUN_NAME_LABEL, run_label, run_name, run_root, tensorboard_folder
 from pipelines.vertex_jobs import (
     ENDED_WITHOUT_SUCCESS,
     SUCCEEDED,
@@ -244,7 +244,7 @@ def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int)
     job.labels = {**run_labels(), **job.labels, SECONDS_USED_LABEL: str(seconds_used)}
     give_verdict_file(job)
     if job.job_spec.tensorboard and not job.job_spec.base_output_directory.output_uri_prefix:
-        job.job_spec.base_output_directory.output_uri_prefix = run_output_folder(arguments)
+        job.job_spec.base_output_directory.output_uri_prefix = run_output_folder(arguments, job)
     if arguments.run_name:
         job.labels[RUN_NAME_LABEL] = run_label(arguments.run_name)
     created = create_job(client, arguments.project, arguments.location, job)
@@ -318,14 +318,16 @@ def model_saved(job: Any) -> bool:
     return bool(model) and storage.exists(storage.join(model, SUMMARY_FILE))
 
 
-def run_output_folder(arguments: LaunchArguments) -> str:
-    """The output folder of a job attached to a Vertex AI TensorBoard: the run's TensorBoard folder, so that its logs
-    (AIP_TENSORBOARD_LOG_DIR, BASE/logs) sit beside other runs' and no two runs' logs mix in one upload."""
+def run_output_folder(arguments: LaunchArguments, job: Any) -> str:
+    """The output folder of a job attached to a Vertex AI TensorBoard: the run's TensorBoard folder (under its
+    output_root when it names one, as submit prints it), so that its logs (AIP_TENSORBOARD_LOG_DIR, BASE/logs) sit
+    beside other runs' and no two runs' logs mix in one upload."""
     if not (arguments.pipeline_root and arguments.run_name):
         raise InvalidParameter(
             "pipeline_root", arguments.pipeline_root, "a job attached to a TensorBoard needs it, and --run_name"
         )
-    return tensorboard_folder(arguments.pipeline_root, run_name(arguments.run_name, "run_name"))
+    root = run_root(executor_input(job).get("inputs", {}).get("parameterValues", {}), arguments.pipeline_root)
+    return tensorboard_folder(root, run_name(arguments.run_name, "run_name"))
 
 
 def run_labels() -> dict[str, str]:

@@ -67,9 +67,13 @@ def run_label(run: str) -> str:
     return f"{name[: LABEL_VALUE_LENGTH - LABEL_HASH_LENGTH - 1]}-{digest}"
 
 
+def run_root(parameters: dict[str, Any], pipeline_root: str) -> str:
+    """The root of a run's own folders (its checkpoints, its TensorBoard logs, with or without a Vertex AI
+    TensorBoard): the run's ``output_root`` parameter when it names one, else its pipeline root."""
+    return parameters.get("output_root") or pipeline_root
+
+
 def run_checkpoint_folder(parameters: dict[str, Any], pipeline_root: str, run: str) -> str:
     """Where the run's train step checkpoints: the run's ``checkpoint_dir`` parameter when it names one, else
-    ``checkpoint_folder`` under its output_root, else under its pipeline root."""
-    return parameters.get("checkpoint_dir") or checkpoint_folder(
-        parameters.get("output_root") or pipeline_root, run_name(run)
-    )
+    ``checkpoint_folder`` under its ``run_root``."""
+    return parameters.get("checkpoint_dir") or checkpoint_folder(run_root(parameters, pipeline_root), run_name(run))

@@ -21,7 +21,7 @@ from components.report import ReportArguments, write_report
 from components.shards import ShardArguments, corpus_for_split, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
 from components.train import TrainArguments, train
-from pipelines.run_folders import run_checkpoint_folder, tensorboard_folder
+from pipelines.run_folders import run_checkpoint_folder, run_root, tensorboard_folder
 
 
 def split_source(settings: dict[str, Any], validation_corpus: str) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def run_train(
         settings["checkpoint_dir"] = run_checkpoint_folder(folders, pipeline_root, run_name)
         if not os.environ.get("AIP_TENSORBOARD_LOG_DIR"):  # Vertex AI's, where a TensorBoard is attached
             # beside every other run's: tensorboard --logdir ROOT/tensorboard compares them
-            settings["tensorboard_dir"] = tensorboard_folder(output_root or pipeline_root, run_name)
+            settings["tensorboard_dir"] = tensorboard_folder(run_root(folders, pipeline_root), run_name)
     summary = train(
         TrainArguments(
             tokenizer=tokenizer.uri,
