@@ -149,7 +149,7 @@ def launch(arguments: LaunchArguments) -> dict[str, Any]:
             f"{name} ended {ended.state.name} with no verdict and no model ({trained_model(ended)}): the train step "
             "did not run to its end (its log says why: tpu-mlm logs RUN)"
         )
-    return {"job": name, "state": ended.state.name, "step": found.step if found else None}
+    return {"job": name, "state": ended.state.name, "verdict": found.line if found else "none written"}
 
 
 def recorded_job(client: Any, gcp_resources: str) -> Any:

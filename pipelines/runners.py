@@ -11,7 +11,7 @@ from typing import Any
 
 from components.downstream import DownstreamArguments, downstream
 from components.evaluate import EvaluateArguments, evaluate
-from components.lib import storage
+from components.lib import storage, verdict
 from components.lib.errors import InvalidParameter, first_line
 from components.lib.results import DOWNSTREAM_FILE, PROBE_MODELS, REPORT_FILE, downstream_table
 from components.lib.tpu_catalogue import TPU_TYPES
@@ -103,6 +103,10 @@ def run_train(
     )
     keys = ("total_steps", "samples", "tokens", "first_loss", "last_loss", "accelerator")
     model.metadata.update({key: summary[key] for key in keys})
+    # in the TPU job: the launcher tells a finished training from a job that ended without a word
+    resumed = summary["resumed_from_step"]
+    resumed_from = f", resumed from the checkpoint of step {resumed}" if resumed else ""
+    verdict.record(0, f"trained to step {summary['total_steps']}{resumed_from}", summary["total_steps"])
 
 
 def run_evaluate(
