@@ -52,7 +52,7 @@ from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_START_MINUTE
 from components.lib.train_function import train_function
 from components.lib.training_log import LogWindow, format_point, write_summaries
 from components.lib.training_plan import TrainingPlan, TrainingSettings, plan_training
-from components.lib.training_state import TrainingState, start_or_resume
+from components.lib.training_state import TrainingState, WeightsNotFinite, start_or_resume
 
 log = logging.getLogger("tpu_mlm.train")
 
@@ -195,8 +195,33 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
     run.writer = writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
     step = saved = state.start_step  # saved: the step of the last checkpoint this loop knows of
     skipped = 0  # micro-batches the stream went past in rewinds
+    # the last step with a point in TensorBoard: a rewind's steps up to where it diverged are there already, and
+    # TensorBoard would keep both points of a step written twice (TF2's writers write no SessionLog.START, which is
+    # what its loader purges on, tensorboard/backend/event_processing/plugin_event_accumulator.py)
+    in_tensorboard = state.start_step
     compiled: set[int] = set()  # the step functions called so far, by micro-batches
     pace = CallPace()
+
+    def rewind_or_stop(what: str) -> None:
+        """Goes back to the last checkpoint after ``what`` was found not finite at ``step`` (or stops the run)."""
+        nonlocal step, saved, skipped
+        rewound_to = _rewind_or_stop(run, step, what)
+        skipped += shape.micro_batches_before(step) - shape.micro_batches_before(rewound_to)
+        step = saved = rewound_to
+        window.restart()
+
+    def saved_or_rewound(save: Callable[[int], None]) -> bool:
+        """Runs ``save`` at ``step`` (a checkpoint first); with weights that are not finite, nothing is saved and,
+        under ``--on_divergence rewind``, the run rewinds (False) rather than stops."""
+        try:
+            save(step)
+        except WeightsNotFinite:
+            if arguments.on_divergence != "rewind":
+                raise
+            rewind_or_stop("the model's weights are not finite")
+            return False
+        return True
+
     stop.in_loop = True  # a SIGTERM from here on is acted on between calls: checkpoint, then exit
     try:
         while step < plan.total_steps:
@@ -211,7 +236,8 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
             micro = shape.accumulation_at(step)
             if compiled and micro not in compiled:
                 if saved != step:
-                    state.save(step)
+                    if not saved_or_rewound(state.save):
+                        continue
                     saved = step
                 log.info("step %d: the batch warm-up's next stage, %d micro-batch(es) a step, compiles", step, micro)
                 steps = 1
@@ -224,10 +250,7 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
             samples = shape.samples_before(step + steps) - shape.samples_before(step)
             step += steps
             if not (math.isfinite(loss) and math.isfinite(gradient_norm)):
-                rewound_to = _rewind_or_stop(run, step, loss, gradient_norm)
-                skipped += shape.micro_batches_before(step) - shape.micro_batches_before(rewound_to)
-                step = saved = rewound_to
-                window.restart()
+                rewind_or_stop(f"the loss is {loss} and the gradient norm {gradient_norm}")
                 continue
             window.add(steps, samples, loss, gradient_norm)
             if step % arguments.log_every_steps == 0 or step == plan.total_steps:
@@ -235,18 +258,25 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
                 read = shape.micro_batches_before(step) - shape.micro_batches_before(state.start_step) + skipped
                 point = window.point(step, float(state.schedule(step)), float(masking.rate(read)))
                 state.history.append(point)
-                write_summaries(writer, point)
+                if step > in_tensorboard:
+                    write_summaries(writer, point)
+                    in_tensorboard = step
                 log.info(format_point(point, plan.total_steps))
             if stop.requested and step < plan.total_steps:
-                state.save(step)  # no validation or Hub push: the grace period is short
+                # no validation or Hub push: the grace period is short
+                saved_now = saved_or_rewound(state.save)
                 log.warning(
-                    "SIGTERM: checkpoint at step %d of %d saved; a restarted job resumes there", step, plan.total_steps
+                    "SIGTERM: checkpoint at step %d of %d %s; a restarted job resumes there",
+                    step,
+                    plan.total_steps,
+                    "saved" if saved_now else "kept (the weights were not finite: rewound to it)",
                 )
                 writer.flush()
                 raise SystemExit(STOPPED_EXIT)  # a failure, so that Vertex AI or the pipeline runs it again
             if step % arguments.checkpoint_every_steps == 0 or step == plan.total_steps:
                 with naming_corrupt_shards(*shard_sources):
-                    _at_checkpoint(run, step, validation)
+                    if not saved_or_rewound(lambda at: _at_checkpoint(run, at, validation)):
+                        continue
                 saved = step
     finally:
         stop.in_loop = False
@@ -280,14 +310,15 @@ def _at_checkpoint(run: TrainingRun, step: int, validation: tuple[Callable[..., 
         state.save_history()  # with the validation: a rerun that finds every step done reports it too
 
 
-def _rewind_or_stop(run: TrainingRun, step: int, loss: float, norm: float) -> int:
-    """After a call whose loss or gradient norm is not finite: the step of the last checkpoint, restored, where the
-    run rewinds (``--on_divergence rewind``, at most ``--max_rewinds`` times); else ``Diverged``, with nothing saved
-    from these weights and what to try."""
+def _rewind_or_stop(run: TrainingRun, step: int, what: str) -> int:
+    """After a call whose loss or gradient norm is not finite, or a checkpoint asked for from weights that are not
+    (``what`` was seen at ``step``): the step of the last checkpoint, restored, where the run rewinds
+    (``--on_divergence rewind``, at most ``--max_rewinds`` times in the training, its earlier jobs' rewinds
+    included); else ``Diverged``, with nothing saved from these weights and what to try."""
     arguments, state = run.arguments, run.state
     learning_rate = float(state.schedule(step))
     latest = state.manager.latest_checkpoint
-    seen = f"the loss is {loss} and the gradient norm {norm} at step {step} (learning rate {learning_rate:.2e})"
+    seen = f"{what} at step {step} (learning rate {learning_rate:.2e})"
     if arguments.on_divergence == "rewind" and latest and len(state.rewinds) < arguments.max_rewinds:
         to_step = state.rewind(step)
         log.warning(
@@ -302,7 +333,12 @@ def _rewind_or_stop(run: TrainingRun, step: int, loss: float, norm: float) -> in
         )
         return to_step
     if arguments.on_divergence == "rewind":
-        why = f"{len(state.rewinds)} rewind(s) done, at most {arguments.max_rewinds}" if latest else "no checkpoint yet"
+        why = (
+            f"{len(state.rewinds)} rewind(s) done in this training, its earlier jobs' included, at most "
+            f"{arguments.max_rewinds}"
+            if latest
+            else "no checkpoint yet"
+        )
         stopped = f"stopped ({why})"
     else:
         stopped = "stopped"

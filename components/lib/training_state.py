@@ -1,12 +1,14 @@
 """Where a training stands: the model and optimizer built in the strategy's scope, the latest checkpoint
 restored into them, and the log points so far; what a checkpoint saves and a restarted job resumes from, and what a
-rewind after a divergence goes back to. No checkpoint is ever written from weights that are not finite."""
+rewind after a divergence goes back to. No checkpoint is ever written from weights that are not finite. The rewinds
+are the training's, kept beside its checkpoints: a restarted job counts those of the jobs before it."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,6 +20,11 @@ from components.lib.results import HISTORY_FILE
 from components.lib.training_plan import CHECKPOINT_IDENTITY_FILE, TrainingPlan
 
 log = logging.getLogger("tpu_mlm.train")
+REWINDS_FILE = "rewinds.json"  # in the checkpoint folder: every rewind of the training, whichever job made it
+
+
+class WeightsNotFinite(Diverged):
+    """A checkpoint asked for from weights that are not finite: none is written."""
 
 
 @dataclass
@@ -29,14 +36,16 @@ class TrainingState:
     checkpoint_dir: str
     start_step: int
     history: list[dict[str, float]]  # log points so far, those of earlier runs of a resumed training included
+    weights_finite: Callable[[], bool]  # finite_check's, over the model's and the optimizer's variables
     first_call_seconds: float | None = None  # this run's first call into the graph: tracing, compiling, its steps
-    rewinds: list[dict[str, int]] = field(default_factory=list)  # this run's: {"at_step": ..., "to_step": ...}
+    # the training's, earlier jobs' included: {"at_step": ..., "to_step": ...}
+    rewinds: list[dict[str, int]] = field(default_factory=list)
 
     def save(self, step: int) -> None:
         """Checkpoints the model and optimizer at ``step``, whatever asked (the period, a SIGTERM): never from weights
         that are not finite, which would replace a good checkpoint that a resume or a rewind needs."""
-        if not weights_finite(self.model, self.optimizer):
-            raise Diverged(
+        if not self.weights_finite():
+            raise WeightsNotFinite(
                 f"the model's weights are not finite at step {step}: no checkpoint written; the last good one is "
                 f"{self.manager.latest_checkpoint or 'none'}"
             )
@@ -46,11 +55,14 @@ class TrainingState:
 
     def rewind(self, at_step: int) -> int:
         """Restores the last checkpoint into the model and optimizer (the schedule with them), drops the log points
-        after it, and returns its step; the training's stream goes on, so the batches since are skipped."""
+        after it, and returns its step; the training's stream goes on, so the batches since are skipped. The rewind
+        is written beside the checkpoints at once: a job that restarts before the next checkpoint still counts it."""
         self.manager.checkpoint.restore(self.manager.latest_checkpoint)
         step = int(self.optimizer.iterations.numpy())
         self.history = [point for point in self.history if point["step"] <= step]
         self.rewinds.append({"at_step": at_step, "to_step": step})
+        rewinds = json.dumps(self.rewinds, indent=1) + "\n"
+        storage.write_text_atomic(storage.join(self.checkpoint_dir, REWINDS_FILE), rewinds)
         return step
 
     def save_history(self) -> None:
@@ -91,15 +103,26 @@ class TrainingState:
         return summary
 
 
-def weights_finite(model: Any, optimizer: Any = None) -> bool:
-    """Whether every float weight of ``model`` (and of ``optimizer``: its moments) is finite: a few eager ops a
-    variable on its own device and one value read back (each distinct shape compiles once on a TPU, at the first
-    checkpoint; a graph function reading TPU variables outside the strategy's step is not tried without a TPU)."""
+def finite_check(model: Any, optimizer: Any, strategy: Any) -> Callable[[], bool]:
+    """A function saying whether every float weight of ``model`` and ``optimizer`` (its moments) is finite: one
+    ``tf.function`` that runs a replica function over all of them through ``strategy.run``, as the train step does
+    (on a TPU, one XLA program over the replicas' copies, not an op and a compile per variable shape), and reads one
+    value back. Traced at its first call, once the optimizer has made its moments, and again only when the count of
+    variables changes."""
     import tensorflow as tf
 
-    variables = [*model.weights, *(optimizer.variables() if optimizer is not None else [])]
-    floats = [variable for variable in variables if variable.dtype.is_floating]
-    return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(variable)) for variable in floats]))
+    def floats() -> list[Any]:
+        return [variable for variable in (*model.weights, *optimizer.variables()) if variable.dtype.is_floating]
+
+    def replica_not_finite() -> Any:  # 1 where a variable of this replica's holds a value that is not finite
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(variable)) for variable in floats()])
+        return 1 - tf.cast(finite, tf.int32)
+
+    @tf.function
+    def replicas_not_finite(count: int) -> Any:  # count: a new trace when the variables change
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_not_finite), axis=None)
+
+    return lambda: int(replicas_not_finite(len(floats()))) == 0
 
 
 def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint_dir: str) -> TrainingState:
@@ -121,6 +144,7 @@ def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint
     identity_uri = storage.join(checkpoint_dir, CHECKPOINT_IDENTITY_FILE)  # plan_training checked it
     storage.write_text_atomic(identity_uri, json.dumps(plan.checkpoint_identity, indent=2) + "\n")
     history: list[dict[str, float]] = []
+    rewinds: list[dict[str, int]] = []
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint)
     start_step = int(optimizer.iterations.numpy())
@@ -129,4 +153,10 @@ def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint
         history_uri = storage.join(checkpoint_dir, HISTORY_FILE)
         if storage.exists(history_uri):
             history = [p for p in json.loads(storage.read_text(history_uri)) if p["step"] <= start_step]
-    return TrainingState(model, optimizer, schedule, manager, checkpoint_dir, start_step, history)
+        rewinds_uri = storage.join(checkpoint_dir, REWINDS_FILE)
+        if storage.exists(rewinds_uri):
+            rewinds = json.loads(storage.read_text(rewinds_uri))
+    finite = finite_check(model, optimizer, strategy)
+    return TrainingState(
+        model, optimizer, schedule, manager, checkpoint_dir, start_step, history, finite, rewinds=rewinds
+    )
