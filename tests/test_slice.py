@@ -274,7 +274,7 @@ def test_host_zero_fails_in_bounded_time_when_a_host_never_comes_up(tmp_path):
     # 3 s: hosts 1 to 3 never come up; host 0's own server (a TensorFlow import) may not have either
     launcher = launch_host(0, ports, status_port, "true", timeout_minutes=0.05, linger=1, report_dir=str(tmp_path))
     _, stderr = launcher.communicate(timeout=180)
-    assert launcher.returncode == 1, stderr[-3000:]
+    assert launcher.returncode == 3, stderr[-3000:]  # a slice that did not come up: another job meets it again
     assert time.monotonic() - started < 60
     named = [re.escape(f"{host} (127.0.0.1:{ports[host]})") for host in range(4)]
     failure = rf"the worker server of host\(s\) ({named[0]}, )?{', '.join(named[1:])} did not come up in 3 s"
