@@ -51,6 +51,23 @@ CPU_RESOURCES = {
 }
 
 
+def peak_cpus(num_parts: int) -> tuple[str, int]:
+    """The widest stage of a run's CPU steps on Vertex AI and the vCPUs it holds at once (``CPU_RESOURCES``; the
+    stages in the order of the DAG, ``data_tasks`` and ``result_tasks``): the shards step runs for both splits of
+    every part side by side, the evaluation beside the probe, the report beside the push. The merges and the TPU
+    task's launcher take Vertex AI's default machine, which ``CPU_RESOURCES`` does not size: they are not counted."""
+    cpus = {name: int(cpu) for name, (cpu, _) in CPU_RESOURCES.items()}
+    stages = {
+        "tokenizer": cpus["tokenizer"],
+        f"shards: 2 x {num_parts} part(s) at once": 2 * num_parts * cpus["shards"],
+        "preflight": cpus["preflight"],
+        "evaluation beside the probe": cpus["evaluate"] + cpus["downstream"],
+        "report beside the push": cpus["report"] + cpus["push"],
+    }
+    widest = max(stages, key=lambda stage: stages[stage])
+    return widest, stages[widest]
+
+
 def check_target(target: str, tpu_type: str) -> None:
     if target not in TARGETS:
         raise InvalidParameter("target", target, f"must be one of {TARGETS}")

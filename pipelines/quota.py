@@ -1,5 +1,8 @@
 """The TPU's Vertex AI custom-training quota in the run's region, read before a submission sends anything: a job on a
-TPU without quota waits queued (a day, then it is cancelled) after the pipeline has paid for its CPU data steps.
+TPU without quota waits queued (a day, then it is cancelled) after the pipeline has paid for its CPU data steps. And
+the region's custom-training CPU quota, which every CPU task of the pipeline takes (Vertex AI Pipelines runs each
+task as a custom job): a run whose widest stage (the shards step's 2 x num_parts tasks of 8 vCPUs) it cannot hold is
+refused, before its tokenizer is paid for.
 
 The check reads the quota's limit through the Cloud Quotas API and compares it with what the TPU takes. It never
 stops a run it cannot check: without credentials, without permission, with the API disabled, with a quota id the
@@ -37,9 +40,9 @@ UNLIMITED = -1
 
 
 @dataclass(frozen=True)
-class TpuQuota:
-    """A Vertex AI custom-training TPU quota: its Cloud Quotas id, the unit it counts, and its display name and
-    metric where a page read gave them ("" where none did: the API's answer gives them)."""
+class TrainingQuota:
+    """A Vertex AI custom-training quota (a TPU's, the CPUs'): its Cloud Quotas id, the unit it counts, and its
+    display name and metric where a page read gave them ("" where none did: the API's answer gives them)."""
 
     quota_id: str
     unit: str  # "cores": TensorCores, two a v3 chip; "chips": one TensorCore a v5e chip (the quota calls them cores)
@@ -73,19 +76,34 @@ class TpuQuota:
 #   preemptible ... GPUs per region"). That the Spot TPU ids below exist is inferred from the pattern, not confirmed,
 #   and whether a multi-host v5e slice takes the single-host quota was not found either. A wrong id answers 404 and
 #   the check says "unknown": it never guesses "missing".
-TPU_QUOTAS: dict[tuple[str, str], TpuQuota] = {
-    ("v3", ON_DEMAND): TpuQuota(
+TPU_QUOTAS: dict[tuple[str, str], TrainingQuota] = {
+    ("v3", ON_DEMAND): TrainingQuota(
         "CustomModelTrainingV3TPUsPerProjectPerRegion",
         "cores",
         "Custom model training TPU V3 cores per region",
         f"{SERVICE}/custom_model_training_tpu_v3",
     ),
-    ("v3", SPOT): TpuQuota("CustomModelTrainingPreemptibleV3TPUsPerProjectPerRegion", "cores"),
-    ("v5e", ON_DEMAND): TpuQuota(
+    ("v3", SPOT): TrainingQuota("CustomModelTrainingPreemptibleV3TPUsPerProjectPerRegion", "cores"),
+    ("v5e", ON_DEMAND): TrainingQuota(
         "CustomModelTrainingV5ETPUPerProjectPerRegion", "chips", metric=f"{SERVICE}/custom_model_training_tpu_v5e"
     ),
-    ("v5e", SPOT): TpuQuota("CustomModelTrainingPreemptibleV5ETPUPerProjectPerRegion", "chips"),
+    ("v5e", SPOT): TrainingQuota("CustomModelTrainingPreemptibleV5ETPUPerProjectPerRegion", "chips"),
 }
+# The CPUs of the pipeline's CPU tasks, each a custom job of Vertex AI Pipelines on the machine its CPU limit sizes.
+# - metric: aiplatform.googleapis.com/custom_model_training_cpus, the one users quote from Vertex AI's refusal of a
+#   CPU training job ("429 RESOURCE_EXHAUSTED ... The following quota metrics exceed quota limits: aiplatform.
+#   googleapis.com/custom_model_training_cpus"), e.g. github.com/himanshusdeshmukh2106/tr, AlgoTrading/LSTM_strategy/
+#   QUOTA_CHECK_RESULTS.md; display name "Custom model training CPUs per region", as the console shows it there.
+# - id: inferred from the pattern of the TPU ids above (CustomModelTraining + what it counts + PerProjectPerRegion);
+#   no page or code that names it was found. A wrong id answers 404 and the check says "unknown", never "missing".
+# - whether pipeline tasks count there as training jobs do, and whether a machine family of its own (N2, C2, ...)
+#   takes another quota, was not found either: the tasks run on Vertex AI's default family for their CPU limit.
+CPU_QUOTA = TrainingQuota(
+    "CustomModelTrainingCPUsPerProjectPerRegion",
+    "vCPUs",
+    "Custom model training CPUs per region",
+    f"{SERVICE}/custom_model_training_cpus",
+)
 
 
 @dataclass(frozen=True)
@@ -130,6 +148,13 @@ def require_tpu_quota(
     return check
 
 
+@dataclass(frozen=True)
+class CpuQuotaCheck(QuotaCheck):
+    """A CPU quota check, and the most parts a run could take within the limit read (0: none, or not read)."""
+
+    fitting_parts: int = 0
+
+
 class QuotaRefused(Exception):
     """The Cloud Quotas API answered with an error; the message is its one-line reason."""
 
@@ -152,13 +177,7 @@ def check_tpu_quota(
         log.warning(message)
         return QuotaCheck("", "", region, None, 0, "", UNKNOWN, message)
     needed = quota.need(tpu)
-    try:
-        info = read_quota_info(project, quota.quota_id, endpoint, credentials)
-        limit = region_limit(info, region)
-    except Exception as error:  # a check that cannot read the quota lets the run go on, whatever stopped it
-        info, limit, reason = {}, None, unreadable(error)
-    else:
-        reason = f"it has no value for {region}"
+    info, limit, reason = read_region_limit(project, region, quota, endpoint, credentials)
     name = quota_name(quota, info.get("quotaDisplayName", ""))
     url = console_url(project, info.get("metric") or quota.metric)
     need = f"the {tpu.name} ({kind}) needs {needed} {quota.unit}"
@@ -181,7 +200,64 @@ def check_tpu_quota(
     return QuotaCheck(quota.quota_id, name, region, limit, needed, quota.unit, verdict, message)
 
 
-def quota_name(quota: TpuQuota, display_name: str) -> str:
+def read_region_limit(
+    project: str, region: str, quota: TrainingQuota, endpoint: str, credentials: Any
+) -> tuple[dict[str, Any], int | None, str]:
+    """The quota's QuotaInfo, its limit in ``region`` (None: not read) and, where there is none, why."""
+    try:
+        info = read_quota_info(project, quota.quota_id, endpoint, credentials)
+        limit = region_limit(info, region)
+    except Exception as error:  # a check that cannot read the quota lets the run go on, whatever stopped it
+        return {}, None, unreadable(error)
+    return info, limit, f"it has no value for {region}"
+
+
+def require_cpu_quota(
+    arguments: QuotaArguments, project: str, region: str, num_parts: int, credentials: Any = None
+) -> QuotaCheck | None:
+    """The CPU quota check before a pipeline run is created: a limit read that cannot hold the run's widest stage
+    of CPU tasks refuses the run in one line (unless --skip_quota_check); one that cannot be read lets it go on."""
+    if arguments.skip_quota_check:
+        return None
+    check = check_cpu_quota(project, region, num_parts, arguments.quota_endpoint, credentials)
+    if check.verdict == MISSING:
+        parameter, value = ("num_parts", num_parts) if check.fitting_parts else ("region", region)
+        raise InvalidParameter(parameter, value, f"{check.message} (--skip_quota_check: create the run anyway)")
+    return check
+
+
+def check_cpu_quota(
+    project: str, region: str, num_parts: int, endpoint: str = "", credentials: Any = None
+) -> CpuQuotaCheck:
+    """Whether the region's custom-training CPU quota holds the run's widest stage of CPU tasks (``peak_cpus``),
+    read as ``check_tpu_quota`` reads a TPU's; ``fitting_parts``: the most parts a run there could take (0: none)."""
+    from pipelines.pipeline import peak_cpus
+
+    widest, needed = peak_cpus(num_parts)
+    info, limit, reason = read_region_limit(project, region, CPU_QUOTA, endpoint, credentials)
+    name = quota_name(CPU_QUOTA, info.get("quotaDisplayName", ""))
+    url = console_url(project, info.get("metric") or CPU_QUOTA.metric)
+    need = f"the run's widest stage ({widest}) holds {needed} vCPUs at once"
+    fitting = 0
+    if limit is None:
+        verdict = UNKNOWN
+        message = f"CPU quota not checked, the run goes on: could not read {name} in {region} ({reason}); {need}"
+    elif limit == UNLIMITED or limit >= needed:
+        verdict = ENOUGH
+        message = f"CPU quota: {name} in {region} is {'unlimited' if limit == UNLIMITED else limit}, {need}: enough"
+    else:
+        verdict = MISSING
+        fitting = max((parts for parts in range(1, num_parts) if peak_cpus(parts)[1] <= limit), default=0)
+        fewer = f"take at most {fitting} part(s) (num_parts) or " if fitting else ""
+        message = (
+            f"CPU quota too small: {name} in {region} is {limit} vCPUs, {need}: the tasks past it fail or wait; "
+            f"{fewer}request more at {url}"
+        )
+    log.log(logging.INFO if verdict == ENOUGH else logging.WARNING, message)
+    return CpuQuotaCheck(CPU_QUOTA.quota_id, name, region, limit, needed, CPU_QUOTA.unit, verdict, message, fitting)
+
+
+def quota_name(quota: TrainingQuota, display_name: str) -> str:
     """The quota as a person finds it in the console (its display name) and as the API names it (its id)."""
     display_name = display_name or quota.display_name
     return f'"{display_name}" ({quota.quota_id})' if display_name else quota.quota_id

@@ -1,5 +1,6 @@
-"""The TPU quota check against a stand-in of the Cloud Quotas API (tests/quota_server.py): its verdicts, the quota it
-reads for each TPU and provisioning, and that it never stops a run it cannot check."""
+"""The TPU and CPU quota checks against a stand-in of the Cloud Quotas API (tests/quota_server.py): their verdicts,
+the quota read for each TPU and provisioning and for the run's widest stage of CPU tasks, and that they never stop a
+run they cannot check."""
 
 from __future__ import annotations
 
@@ -10,15 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from components.lib.errors import InvalidParameter
 from components.lib.tpu_catalogue import ON_DEMAND, SPOT, TpuType, tpu_type
 from pipelines.quota import (
+    CPU_QUOTA,
     ENOUGH,
     MISSING,
     TIMEOUT_SECONDS,
     TPU_QUOTAS,
     UNKNOWN,
     VIEWER_ROLE,
+    QuotaArguments,
+    check_cpu_quota,
     check_tpu_quota,
+    require_cpu_quota,
 )
 from tests.quota_server import QuotaStandIn, StoredQuota
 
@@ -145,3 +151,48 @@ def test_a_tpu_without_a_known_quota_is_unknown() -> None:
     v5p = TpuType("v5p-8", "ct5p-hightpu-4t", "", 0, "2x2x1", 4, 459.0, 95.0, 16.8, 0.0)
     check = check_tpu_quota(PROJECT, REGION, v5p, ON_DEMAND, endpoint="http://127.0.0.1:9")
     assert check.verdict == UNKNOWN and "TPU_QUOTAS" in check.message
+
+
+@pytest.mark.parametrize(
+    ("num_parts", "limit", "verdict", "fitting_parts"),
+    [(16, 256, ENOUGH, 0), (16, -1, ENOUGH, 0), (16, 255, MISSING, 15), (16, 24, MISSING, 1), (1, 8, MISSING, 0)],
+)
+def test_the_cpu_quota_must_hold_every_shards_task_at_once(num_parts, limit, verdict, fitting_parts) -> None:
+    """16 parts are 2 x 16 shards tasks of 8 vCPUs side by side: 256 vCPUs of the region's custom-training CPU quota,
+    read as the TPU's is; too small a limit names the most parts that fit (none: even one part's 16 vCPUs do not)."""
+    with stand_in(CPU_QUOTA.quota_id, limit) as server:
+        check = check_cpu_quota(PROJECT, REGION, num_parts, endpoint=server.url)
+    assert (check.quota_id, check.needed, check.verdict, check.fitting_parts) == (
+        CPU_QUOTA.quota_id,
+        16 * num_parts,
+        verdict,
+        fitting_parts,
+    )
+    assert f"shards: 2 x {num_parts} part(s) at once) holds {16 * num_parts} vCPUs" in check.message
+    if verdict == MISSING:
+        assert f"{REGION} is {limit} vCPUs" in check.message and f"metric={CPU_QUOTA.metric}" in check.message
+
+
+def test_a_cpu_quota_too_small_refuses_the_run_in_one_line_naming_what_to_change() -> None:
+    """Fewer parts where some fit (num_parts named), another region where none does (region named); enough, or
+    --skip_quota_check, goes on."""
+    with stand_in(CPU_QUOTA.quota_id, 24) as server:
+        arguments = QuotaArguments(quota_endpoint=server.url)
+        with pytest.raises(InvalidParameter) as fewer_parts:
+            require_cpu_quota(arguments, PROJECT, REGION, 16)
+        assert require_cpu_quota(arguments, PROJECT, REGION, 1).verdict == ENOUGH
+        assert require_cpu_quota(QuotaArguments(skip_quota_check=True), PROJECT, REGION, 16) is None
+    with stand_in(CPU_QUOTA.quota_id, 8) as server, pytest.raises(InvalidParameter) as other_region:
+        require_cpu_quota(QuotaArguments(quota_endpoint=server.url), PROJECT, REGION, 1)
+    refused = str(fewer_parts.value)
+    assert refused.startswith("--num-parts=16: CPU quota too small:") and "\n" not in refused
+    assert "take at most 1 part(s) (num_parts) or request more at" in refused
+    assert refused.endswith("(--skip_quota_check: create the run anyway)")
+    assert str(other_region.value).startswith(f"--region='{REGION}': CPU quota too small:")
+    assert "take at most" not in str(other_region.value)
+
+
+def test_an_unread_cpu_quota_lets_the_run_go_on() -> None:
+    with QuotaStandIn(PROJECT, {}) as server:  # the id unknown to the service: the inferred id may be wrong
+        check = require_cpu_quota(QuotaArguments(quota_endpoint=server.url), PROJECT, REGION, 16)
+    assert check.verdict == UNKNOWN and "404 NOT_FOUND" in check.message and "the run goes on" in check.message
