@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.lib import storage
+from components.lib import storage, verdict
 from components.lib.attempts import Attempts
 from components.lib.devices import peak_tflops_per_replica, prepare_runtime, select_strategy
 from components.lib.errors import Diverged, InvalidParameter
@@ -50,7 +50,7 @@ from components.lib.recipe import highest_mlm_probability
 from components.lib.results import SUMMARY_FILE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_START_MINUTES
 from components.lib.train_function import train_function
-from components.lib.training_log import LogWindow, format_point, write_summaries
+from components.lib.training_log import LogWindow, format_point, last_step_in_tensorboard, write_summaries
 from components.lib.training_plan import TrainingPlan, TrainingSettings, plan_training
 from components.lib.training_state import TrainingState, WeightsNotFinite, start_or_resume
 
@@ -195,10 +195,11 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
     run.writer = writer = tf.summary.create_file_writer(arguments.tensorboard_dir)
     step = saved = state.start_step  # saved: the step of the last checkpoint this loop knows of
     skipped = 0  # micro-batches the stream went past in rewinds
-    # the last step with a point in TensorBoard: a rewind's steps up to where it diverged are there already, and
-    # TensorBoard would keep both points of a step written twice (TF2's writers write no SessionLog.START, which is
-    # what its loader purges on, tensorboard/backend/event_processing/plugin_event_accumulator.py)
-    in_tensorboard = state.start_step
+    # the last step with a point in TensorBoard: a rewind's steps up to where it diverged are there already, and so
+    # are a resumed training's up to where its earlier job got; TensorBoard would keep both points of a step written
+    # twice (TF2's writers write no SessionLog.START, which is what its loader purges on,
+    # tensorboard/backend/event_processing/plugin_event_accumulator.py)
+    in_tensorboard = last_step_in_tensorboard(arguments.tensorboard_dir) if state.start_step else 0
     compiled: set[int] = set()  # the step functions called so far, by micro-batches
     pace = CallPace()
 
@@ -278,10 +279,25 @@ def _training_loop(run: TrainingRun, streams: tuple[Any, Any, Any]) -> None:
                     if not saved_or_rewound(lambda at: _at_checkpoint(run, at, validation)):
                         continue
                 saved = step
+                if _rehearses_a_restart(run, step):
+                    log.warning(
+                        "step %d: rehearsing a preemption (--rehearse_restart): exiting as a preempted job does; "
+                        "Vertex AI's restart resumes from this checkpoint",
+                        step,
+                    )
+                    writer.flush()
+                    raise SystemExit(STOPPED_EXIT)
     finally:
         stop.in_loop = False
     state.first_call_seconds = pace.first_call_seconds
     writer.flush()
+
+
+def _rehearses_a_restart(run: TrainingRun, step: int) -> bool:
+    """Whether the loop exits now to rehearse a restart: once, at the first checkpoint before the end of a training
+    that started from nothing, inside the TPU job the launcher created (where Vertex AI restarts the worker)."""
+    rehearsing = run.arguments.rehearse_restart and run.state.start_step == 0 and step < run.plan.total_steps
+    return rehearsing and bool(verdict.verdict_file())
 
 
 def _at_checkpoint(run: TrainingRun, step: int, validation: tuple[Callable[..., Any], MaskedLMScorer] | None) -> None:

@@ -125,6 +125,7 @@ def preflight_step(
     eval_batches: int = 20,
     on_divergence: str = 'stop',
     max_rewinds: int = 3,
+    rehearse_restart: bool = False,
     accelerator: str = 'auto',
     replicas: int = 0,
     tpu: str = 'local',
@@ -179,6 +180,7 @@ def preflight_step(
         eval_batches: Validation batches at each checkpoint.
         on_divergence: When the loss or the gradient norm is not finite (checked at every call into the graph, at least every log point): stop (exit 4, nothing written from those weights), or rewind to the last checkpoint, skip the batches that followed it and go on, lowering nothing, at most max_rewinds times.
         max_rewinds: With on_divergence rewind: the most rewinds in a run before it stops.
+        rehearse_restart: Once, at the first checkpoint of a training that starts from nothing, exit as a preempted job does, so that Vertex AI's restart resumes from that checkpoint: what a first run proves before a long run meets its first preemption. Only inside the TPU job the pipeline's launcher created (where Vertex AI restarts the worker); nothing elsewhere.
         accelerator: auto, tpu, gpu or cpu; tpu and gpu fail when absent rather than train on the host's CPU.
         replicas: Replicas: 0 for every device of the accelerator. A TPU or the GPUs found must have exactly this many; on the CPU, N > 1 splits it into N logical devices (rehearse a v3-8 with 8).
         tpu: TPU name for TPUClusterResolver ('local' on TPU VMs).
@@ -242,6 +244,7 @@ def train_step(
     eval_batches: int = 20,
     on_divergence: str = 'stop',
     max_rewinds: int = 3,
+    rehearse_restart: bool = False,
     accelerator: str = 'auto',
     replicas: int = 0,
     tpu: str = 'local',
@@ -288,6 +291,7 @@ def train_step(
         eval_batches: Validation batches at each checkpoint.
         on_divergence: When the loss or the gradient norm is not finite (checked at every call into the graph, at least every log point): stop (exit 4, nothing written from those weights), or rewind to the last checkpoint, skip the batches that followed it and go on, lowering nothing, at most max_rewinds times.
         max_rewinds: With on_divergence rewind: the most rewinds in a run before it stops.
+        rehearse_restart: Once, at the first checkpoint of a training that starts from nothing, exit as a preempted job does, so that Vertex AI's restart resumes from that checkpoint: what a first run proves before a long run meets its first preemption. Only inside the TPU job the pipeline's launcher created (where Vertex AI restarts the worker); nothing elsewhere.
         accelerator: auto, tpu, gpu or cpu; tpu and gpu fail when absent rather than train on the host's CPU.
         replicas: Replicas: 0 for every device of the accelerator. A TPU or the GPUs found must have exactly this many; on the CPU, N > 1 splits it into N logical devices (rehearse a v3-8 with 8).
         tpu: TPU name for TPUClusterResolver ('local' on TPU VMs).

@@ -44,6 +44,7 @@ ROUTES = {
     'eval_batches': {'preflight': 'eval_batches', 'train': 'eval_batches'},
     'on_divergence': {'preflight': 'on_divergence', 'train': 'on_divergence'},
     'max_rewinds': {'preflight': 'max_rewinds', 'train': 'max_rewinds'},
+    'rehearse_restart': {'preflight': 'rehearse_restart', 'train': 'rehearse_restart'},
     'accelerator': {'preflight': 'accelerator', 'train': 'accelerator'},
     'replicas': {'preflight': 'replicas', 'train': 'replicas'},
     'tpu_price_per_hour': {'preflight': 'price_per_hour', 'train': 'price_per_hour'},

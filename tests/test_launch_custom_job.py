@@ -435,3 +435,27 @@ def test_a_job_that_succeeded_with_no_verdict_succeeds_only_with_its_model(tmp_p
         f"error: {name} ended JOB_STATE_SUCCEEDED with no verdict and no model ({tmp_path / 'model'}): the train "
         "step did not run to its end (its log says why: tpu-mlm logs RUN)"
     )
+
+
+def test_a_first_run_s_rehearsed_preemption_is_restarted_by_vertex_ai_and_resumes_from_its_checkpoint(
+    tmp_path, embedded_shards
+):
+    """``rehearse_restart`` (what ``submit --first_run`` sets): the compiled train step, in the launcher's job on the
+    stand-in, exits as a preempted job does at its first checkpoint; Vertex AI's restart of the worker, in the same
+    job, restores that checkpoint and trains to the end; the verdict, which the task prints, says so."""
+    tiny = {"model_config": "tiny", "per_replica_batch_size": 8, "accelerator": "cpu", "replicas": 0, "max_steps": 20}
+    pace = {"steps_per_execution": 5, "log_every_steps": 5, "checkpoint_every_steps": 10, "eval_batches": 1}
+    command = compiled_train_job(tmp_path, embedded_shards, {**tiny, **pace, "rehearse_restart": True})
+    pool = {"machine_spec": {"machine_type": "cloud-tpu"}, "replica_count": 1, "container_spec": {"command": command}}
+    payload = {"display_name": "train", "job_spec": {"worker_pool_specs": [pool]}}
+    with VertexStandIn() as vertex:
+        result = run_module("pipelines.launch_custom_job", *launcher(vertex, payload, tmp_path / "record"), timeout=600)
+        (name,) = vertex.jobs
+    assert result.returncode == 0, result.stderr[-3000:] + vertex.logs[name][-3000:]
+    assert vertex.starts[name] == 2 and vertex.jobs[name]["state"] == "JOB_STATE_SUCCEEDED"
+    assert "rehearsing a preemption (--rehearse_restart)" in vertex.logs[name]
+    assert "verdict: trained to step 20, resumed from the checkpoint of step 10" in result.stdout
+    summary = json.loads((tmp_path / "model" / "training_summary.json").read_text())
+    assert summary["resumed_from_step"] == 10 and summary["total_steps"] == 20
+    attempts = json.loads((tmp_path / "checkpoints" / "attempts.json").read_text())
+    assert [(attempt["step"], attempt["outcome"]) for attempt in attempts] == [(0, "stopped"), (10, "done")]

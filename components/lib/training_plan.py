@@ -85,6 +85,15 @@ class TrainingSettings(Recipe, TrainingData):
     max_rewinds: int = field(
         default=3, metadata={"help": "With on_divergence rewind: the most rewinds in a run before it stops."}
     )
+    rehearse_restart: bool = field(
+        default=False,
+        metadata={
+            "help": "Once, at the first checkpoint of a training that starts from nothing, exit as a preempted job "
+            "does, so that Vertex AI's restart resumes from that checkpoint: what a first run proves before a long "
+            "run meets its first preemption. Only inside the TPU job the pipeline's launcher created (where Vertex "
+            "AI restarts the worker); nothing elsewhere."
+        },
+    )
     accelerator: str = field(
         default="auto",
         metadata={
