@@ -1,8 +1,9 @@
 """Rewinds that hold across restarts: ``--max_rewinds`` counts every rewind of the training, whichever job made it
 (``rewinds.json`` beside the checkpoints, written at the rewind); a checkpoint asked for from weights that are not
-finite rewinds under ``--on_divergence rewind`` instead of stopping; a rewound step's point is not written to
-TensorBoard twice. Each run is the train step's own command on the tiny model, the weights set to NaN at a chosen
-call and the process SIGKILLed at another (``tests/kill_at.py``'s actions, two armed in one process)."""
+finite rewinds under ``--on_divergence rewind`` instead of stopping; a step's point is not written to TensorBoard
+twice, by a rewind or by a restarted job. Each run is the train step's own command on the tiny model, the weights
+set to NaN at a chosen call and the process SIGKILLed at another (``tests/kill_at.py``'s actions, two armed in one
+process)."""
 
 import json
 import os
@@ -74,6 +75,8 @@ def test_rewinds_are_counted_across_jobs_and_a_non_finite_checkpoint_rewinds(tmp
     assert last.startswith("error: the training diverged: the model's weights are not finite at step 20 (learning")
     assert "stopped (1 rewind(s) done in this training, its earlier jobs' included, at most 1)" in last
     assert checkpoint_steps_all_finite(checkpoints) == [10]
+    # the restarted job trained steps 11 to 20 again: TensorBoard still has one point of each
+    assert tensorboard_steps(logs, "train/loss") == [5, 10, 15, 20]
 
 
 def test_tensorboard_keeps_both_points_of_a_step_written_twice(tmp_path):

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.lib import storage
 from components.lib.training_plan import TrainingPlan
 
 
@@ -71,6 +72,23 @@ def write_summaries(writer: Any, point: dict[str, float]) -> None:
         for name, value in point.items():
             if name != "step":
                 tf.summary.scalar(f"train/{name}", value)
+
+
+def last_step_in_tensorboard(folder: str, tag: str = "train/loss") -> int:
+    """The last step of ``tag``'s points in the event files under ``folder`` (0 without any): what a resumed training
+    must not write again, since TensorBoard keeps both points of a step written twice. Points a killed process
+    wrote but never flushed are not there, and are written again."""
+    import tensorflow as tf
+
+    last = 0
+    for events in storage.glob(storage.join(folder, "events.out.tfevents.*")):
+        try:
+            for event in tf.compat.v1.train.summary_iterator(events):
+                if any(value.tag == tag for value in event.summary.value):
+                    last = max(last, event.step)
+        except tf.errors.DataLossError:  # the record a killed process was writing: the ones before it count
+            continue
+    return last
 
 
 def format_point(point: dict[str, float], total_steps: int) -> str:
