@@ -364,7 +364,8 @@ def _rewind_or_stop(run: TrainingRun, step: int, what: str) -> int:
         f"the training diverged: {seen}; {stopped}, with no checkpoint or model written from these weights (the "
         f"last good checkpoint: {latest or 'none'}). Try --on_divergence rewind (back to the last checkpoint, "
         "skipping the batches after it), or, in a new checkpoint_dir (a checkpoint folder keeps its recipe), a lower "
-        f"peak learning rate (--learning_rate, now {arguments.learning_rate:g}) or {clipping}; now {clip:g})"
+        f"peak learning rate (--learning_rate, now {arguments.learning_rate:g}) or {clipping}; now {clip:g})",
+        step,
     )
 
 

@@ -65,7 +65,7 @@ def test_an_absurd_peak_rate_stops_the_run_at_once_and_its_tpu_job_is_not_replac
     assert first.stderr.strip().splitlines()[-1] == last  # the step's own line, where Vertex AI Pipelines shows it
     assert retried.returncode == DIVERGED_EXIT and retried.stderr.strip().splitlines()[-1] == last
     (verdict,) = (tmp_path / "verdicts").iterdir()  # in the task's folder, beside its model's
-    assert json.loads(verdict.read_text())["status"] == DIVERGED_EXIT
+    assert tuple(json.loads(verdict.read_text())[key] for key in ("status", "step")) == (DIVERGED_EXIT, 5)
     assert "Traceback" not in job_log
     assert last.startswith("error: the training diverged: the loss is nan and the gradient norm nan at step 5 ")
     assert "(learning rate 8.33e+29); stopped, with no checkpoint or model written from these weights" in last

@@ -25,7 +25,12 @@ class ServiceFailed(RuntimeError):
 
 class Diverged(RuntimeError):
     """The training's loss or gradient norm stopped being finite: the run stopped with no checkpoint or model written
-    from those weights. The message names the step, the learning rate and what to try."""
+    from those weights. The message names the step, the learning rate and what to try; ``step`` is the step (the
+    TPU job's verdict carries it)."""
+
+    def __init__(self, message: str, step: int | None = None):
+        self.step = step
+        super().__init__(message)
 
 
 class Refused(RuntimeError):

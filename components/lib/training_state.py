@@ -47,7 +47,8 @@ class TrainingState:
         if not self.weights_finite():
             raise WeightsNotFinite(
                 f"the model's weights are not finite at step {step}: no checkpoint written; the last good one is "
-                f"{self.manager.latest_checkpoint or 'none'}"
+                f"{self.manager.latest_checkpoint or 'none'}",
+                step,
             )
         # the history first: a kill between the two leaves points past the checkpoint, which a resume drops
         self.save_history()
