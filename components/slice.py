@@ -25,9 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.lib import verdict
 from components.lib.devices import skip_tpu_runtime
 from components.lib.errors import InvalidParameter
-from components.lib.job_runner import run_job
+from components.lib.job_runner import reported_status, run_job
 from components.lib.slice_hosts import (
     ENDPOINTS_VARIABLE,
     MESH_CONTROLLER_VARIABLE,
@@ -46,6 +47,7 @@ from components.lib.tpu_catalogue import SLICE_HOSTS_MINUTES, TPU_TYPES, TpuType
 
 log = logging.getLogger("tpu_mlm.slice")
 POLL_SECONDS = 2.0
+VERDICT_POLL_SECONDS = 10.0  # how often a host that cannot reach host 0 looks for the job's verdict
 
 
 @dataclass
@@ -149,7 +151,14 @@ def _run_host_zero(
     previous = {number: signal.signal(number, on_signal) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
         started = time.monotonic()
-        wait_for_servers(hosts, arguments.server_port, arguments.hosts_timeout_minutes * 60, server)
+        try:
+            wait_for_servers(hosts, arguments.server_port, arguments.hosts_timeout_minutes * 60, server)
+        except SliceFailed as error:
+            report.update(failed=str(error))
+            # its one line, and the status the other hosts end with: 0 where it is the TPU job's verdict (a slice
+            # that did not come up), so that no host's exit has Vertex AI restart the job to wait again
+            exit_code = reported_status(error)
+            return exit_code
         report.update(every_server_up_after_seconds=round(time.monotonic() - started, 1))
         log.info("every host's worker server is up; running %s", " ".join(command[:4]))
         program = subprocess.Popen(
@@ -167,9 +176,11 @@ def _run_host_zero(
 
 def _follow_host_zero(arguments: SliceArguments, hosts: Any, server: subprocess.Popen) -> int:
     """Serves until host 0 says its program ended, and ends with its exit code. A SIGTERM does not end the server
-    early: host 0's program may still be saving a checkpoint, which needs every host's chips."""
+    early: host 0's program may still be saving a checkpoint, which needs every host's chips. A host 0 that does not
+    answer may have ended the TPU job with its verdict (it found no hosts, say): this host then ends cleanly too."""
     signal.signal(signal.SIGTERM, lambda number, frame: log.warning("SIGTERM: serving until host 0 ends"))
-    last_seen = time.monotonic()
+    started = time.time()
+    last_seen = last_verdict_check = time.monotonic()
     patience = (arguments.hosts_timeout_minutes + arguments.host_zero_lost_minutes) * 60  # before its first answer
     while True:
         if server.poll() is not None:
@@ -180,6 +191,12 @@ def _follow_host_zero(arguments: SliceArguments, hosts: Any, server: subprocess.
             return status["exit_code"]
         if status is not None:
             last_seen, patience = time.monotonic(), arguments.host_zero_lost_minutes * 60
+        elif time.monotonic() - last_verdict_check > VERDICT_POLL_SECONDS:
+            last_verdict_check = time.monotonic()
+            ended = verdict.written_since(started)
+            if ended is not None and ended.status:
+                log.info("host 0 ended the TPU job with its verdict (%s): this host ends too", ended.line)
+                return 0
         elif time.monotonic() - last_seen > patience:
             raise SliceFailed(f"host 0 ({hosts.addresses[0]}) could not be reached for {patience / 60:g} minutes")
         time.sleep(POLL_SECONDS)

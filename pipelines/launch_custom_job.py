@@ -18,7 +18,9 @@ The train step reports what it knows would happen again (bad input, a refusal of
 slice that did not come up) as its verdict, in a file this launcher names in the job's environment, and ends the job
 cleanly: Vertex AI restarts a worker that exits non-zero, and retries the job, each time paying for the same outcome
 (``components/lib/verdict.py``). The task then fails with the verdict's status (2, 3 or 4) and its one line, and no
-job replaces it; a job that succeeded with neither a verdict nor a model is a failure.
+job replaces it. A TPU that did not start ends its job the same way with status 1: the task fails, and its next try
+creates a new job (another VM) within the time left. A job that succeeded with neither a verdict nor a model is a
+failure, and so is a first run whose rehearsed restart (``rehearse_restart``) restored no checkpoint.
 
 A job queued or pending longer than the payload's ``max_wait_duration`` (the pipeline's ``tpu_max_queued_hours``,
 which the API itself takes only for FLEX_START), else ``--max_queued_minutes``, is cancelled, and a SIGTERM (the
@@ -142,12 +144,19 @@ def launch(arguments: LaunchArguments) -> dict[str, Any]:
             raise ServiceFailed(f"stopped by {signal.Signals(waiting.stop_signal).name} before the job was created")
         ended = waiting.follow(name)
     found = job_verdict(ended)
+    if found is not None and found.status:  # a start that failed: the task's next try creates a new job
+        raise ServiceFailed(f"{found.line} ({name}; the task's next try creates a new job)")
     if ended.state.name != SUCCEEDED:
         raise ServiceFailed(f"{name} ended {ended.state.name}: {ended.error.message or 'no error given'}")
     if found is None and verdict_file_of(ended) and not model_saved(ended):
         raise ServiceFailed(
             f"{name} ended {ended.state.name} with no verdict and no model ({trained_model(ended)}): the train step "
             "did not run to its end (its log says why: tpu-mlm logs RUN)"
+        )
+    if found is not None and rehearsed_restart(ended) and not found.resumed_from_step:
+        raise ServiceFailed(
+            f"{name} trained to its end without the rehearsed restart (rehearse_restart): no checkpoint was restored, "
+            "so the first run did not prove the path a preempted run takes"
         )
     return {"job": name, "state": ended.state.name, "verdict": found.line if found else "none written"}
 
@@ -191,12 +200,15 @@ def follow_or_replace(earlier: Any) -> tuple[str, int]:
     """The earlier job's name if it is to be followed (queued, running or done), else "" and the seconds the
     task's jobs have run, for its replacement. Raises ``ServiceFailed`` for a job that is not to be replaced."""
     name, state = earlier.name, earlier.state.name
-    if state not in ENDED_WITHOUT_SUCCESS:
+    found = job_verdict(earlier)  # an outcome the step knew would repeat is not tried again
+    start_failed = found is not None and found.status != 0
+    if state not in ENDED_WITHOUT_SUCCESS and not start_failed:
         log.info("following this task's earlier job, %s (%s)", name, state)
         return name, 0
-    job_verdict(earlier)  # an outcome the step reported is not tried again
     why = f"{name} ended {state} ({earlier.error.code}: {earlier.error.message or 'no error given'})"
-    if not replaceable(earlier):
+    if start_failed:
+        why = f"{name}'s accelerator did not start ({found.line})"
+    elif not replaceable(earlier):
         raise ServiceFailed(f"{why}: not replaced, as another job would stop or fail the same way")
     ran = earlier.end_time - earlier.start_time if earlier.start_time and earlier.end_time else None
     seconds_used = int(earlier.labels.get(SECONDS_USED_LABEL, 0)) + int(ran.total_seconds() if ran else 0)
@@ -276,16 +288,23 @@ def verdict_file_of(job: Any) -> str:
 
 
 def job_verdict(job: Any) -> verdict.Verdict | None:
-    """The verdict ``job`` wrote, if any; raises ``ReportedFailure`` (the task's status and one line) for an outcome
-    the step knew would come again."""
+    """The verdict of ``job``, if it succeeded with one (a job whose last start exited with an error has none that
+    counts: a verdict ends the job cleanly, so one found there is an earlier start's); raises ``ReportedFailure``
+    (the step's status and one line) for an outcome the step knew would come again (2, 3, 4)."""
     uri = verdict_file_of(job)
-    found = verdict.read(uri) if uri else None
+    found = verdict.read(uri) if uri and job.state.name == SUCCEEDED else None
     if found is not None and found.status:
         log.info(
             "%s ended %s; its verdict (%s): exit %d at step %s", job.name, job.state.name, uri, found.status, found.step
         )
+    if found is not None and found.status in NOT_RETRIED_EXITS:
         raise ReportedFailure(found.status, found.line)
     return found
+
+
+def rehearsed_restart(job: Any) -> bool:
+    """Whether the job's train step was asked to rehearse a restart (a first run's ``rehearse_restart``)."""
+    return bool(executor_input(job).get("inputs", {}).get("parameterValues", {}).get("rehearse_restart"))
 
 
 def executor_input(job: Any) -> dict[str, Any]:

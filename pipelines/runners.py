@@ -106,7 +106,7 @@ def run_train(
     # in the TPU job: the launcher tells a finished training from a job that ended without a word
     resumed = summary["resumed_from_step"]
     resumed_from = f", resumed from the checkpoint of step {resumed}" if resumed else ""
-    verdict.record(0, f"trained to step {summary['total_steps']}{resumed_from}", summary["total_steps"])
+    verdict.record(0, f"trained to step {summary['total_steps']}{resumed_from}", summary["total_steps"], resumed)
 
 
 def run_evaluate(

@@ -10,7 +10,8 @@ the kernel's OOM killer strikes. The crash tests use it to stop a job at exact, 
 Other actions at that point: ``--action term`` sends the process a SIGTERM (as Vertex AI does before a preemption)
 and goes on; ``--action hang`` makes the call never return, never giving Python's signal handlers a turn, as a long
 native call does (the TPU's initialisation, a compile); ``--action nan`` sets every weight of the model its first
-argument holds (a ``TrainingState``) to NaN and goes on, as a step that blew up would leave them.
+argument holds (a ``TrainingState``) to NaN and goes on, as a step that blew up would leave them; ``--action
+unavailable`` raises TensorFlow's ``UnavailableError`` in place of the call, as a TPU worker not answering yet does.
 """
 
 import argparse
@@ -47,6 +48,10 @@ def arm(function: str, matching: str, nth: int, after: bool, action: str = "kill
             return
         if action == "hang":
             hang()
+        if action == "unavailable":
+            import tensorflow as tf
+
+            raise tf.errors.UnavailableError(None, None, "Socket closed")
         os.kill(os.getpid(), signal.SIGTERM if action == "term" else signal.SIGKILL)
 
     def wrapper(*args, **kwargs):
@@ -70,7 +75,8 @@ def main() -> None:
     parser.add_argument("--matching", default="", help="count only calls with an argument containing this")
     parser.add_argument("--nth", type=int, default=1, help="act at this (counted) call")
     parser.add_argument("--after", action="store_true", help="act just after the call returns, not before")
-    parser.add_argument("--action", choices=("kill", "term", "hang", "nan"), default="kill", help="what to do there")
+    actions = ("kill", "term", "hang", "nan", "unavailable")
+    parser.add_argument("--action", choices=actions, default="kill", help="what to do there")
     parser.add_argument("--marker", default="", help="a file to create just before acting")
     split = sys.argv.index("--")
     options = parser.parse_args(sys.argv[1:split])

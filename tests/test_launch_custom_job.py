@@ -58,10 +58,13 @@ def recorded(record) -> str:
     return resource["resourceUri"].split("/v1/", 1)[1]
 
 
-def earlier_job(vertex: VertexStandIn, command: str | list[str], record, labels: dict | None = None) -> str:
+def earlier_job(
+    vertex: VertexStandIn, command: str | list[str], record, labels: dict | None = None, env: dict | None = None
+) -> str:
     """A job of the task's earlier attempt, recorded in ``record`` as GCPC's launcher records it; ``command``: Python
-    code, or a container's whole command."""
+    code, or a container's whole command; ``env``: its container's environment."""
     pool = {"containerSpec": {"command": ["python", "-c", command] if isinstance(command, str) else command}}
+    pool["containerSpec"]["env"] = [{"name": name, "value": value} for name, value in (env or {}).items()]
     name = vertex.create(PARENT, {"jobSpec": {"workerPoolSpecs": [pool]}, "labels": labels or {}})["name"]
     resource = {"resourceType": "CustomJob", "resourceUri": f"{vertex.url}/v1/{name}"}
     record.write_text(json.dumps({"resources": [resource]}))
@@ -459,3 +462,37 @@ def test_a_first_run_s_rehearsed_preemption_is_restarted_by_vertex_ai_and_resume
     assert summary["resumed_from_step"] == 10 and summary["total_steps"] == 20
     attempts = json.loads((tmp_path / "checkpoints" / "attempts.json").read_text())
     assert [(attempt["step"], attempt["outcome"]) for attempt in attempts] == [(0, "stopped"), (10, "done")]
+
+
+def test_a_tpu_that_did_not_start_ends_its_job_after_one_start_and_the_task_s_next_try_creates_a_new_job(
+    tmp_path, embedded_shards
+):
+    """The train step whose TPU worker is not answering yet (TensorFlow's UnavailableError where it connects: what a
+    new job on another VM may not meet), in a job given a verdict file as the launcher gives one: the step's
+    verdict (1) ends the job after one start rather than Vertex AI's restarts on the same VM; the task following
+    that job fails with the step's line, and its next try creates a new job."""
+    record, file = tmp_path / "gcp_resources", tmp_path / "verdicts" / "first.json"
+    unavailable = ["--function", "tensorflow:config.experimental_connect_to_cluster", "--action", "unavailable"]
+    data = ["--tokenizer", embedded_shards["tokenizer"], "--train_shards", embedded_shards["train"]]
+    tpu = ["--accelerator", "tpu", "--tpu", "grpc://127.0.0.1:9", "--model_config", "tiny", "--max_steps", "10"]
+    step = ["components.train", *data, *tpu, "--output", str(tmp_path / "model")]
+    with VertexStandIn() as vertex:
+        code, release_after_reads = running_until_read(vertex, tmp_path)
+        # held until the launcher has seen it running, then the step as its container would run it
+        then_run = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+        command = ["python", "-c", f"{code}\n{then_run}", "tests/kill_at.py", *unavailable, "--", *step]
+        first = earlier_job(vertex, command, record, env={"TPU_MLM_VERDICT": str(file)})
+        release_after_reads(first)
+        followed = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('new')"), record))
+        retried = run_module("pipelines.launch_custom_job", *launcher(vertex, job("print('trained')"), record))
+        names = list(vertex.jobs)
+    assert vertex.starts[first] == 1 and vertex.jobs[first]["state"] == "JOB_STATE_SUCCEEDED", vertex.logs[first]
+    line = vertex.logs[first].strip().splitlines()[-1]
+    assert line.startswith("error: the TPU at --tpu='grpc://127.0.0.1:9' did not start with ")
+    assert json.loads(file.read_text())["status"] == 1
+    assert followed.returncode == 1 and followed.stderr.strip().splitlines()[-1] == (
+        f"{line} ({first}; the task's next try creates a new job)"
+    )
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert len(names) == 2 and recorded(record) == names[1] and vertex.starts[names[1]] == 1
+    assert f"{first}'s accelerator did not start" in retried.stderr

@@ -131,12 +131,19 @@ def free_ports(count: int) -> list[int]:
 
 
 def launch_host(
-    index: int, ports: list[int], status_port: int, *command: str, timeout_minutes=2.0, linger=60, report_dir=""
+    index: int | str,
+    ports: list[int],
+    status_port: int,
+    *command: str,
+    timeout_minutes=2.0,
+    linger=60,
+    report_dir="",
+    env: dict[str, str] | None = None,
 ):
-    """Host ``index``'s launcher of a v5e-16 (4 hosts) whose hosts are localhost servers on ``ports``; no metadata
-    server answers (a closed port)."""
+    """Host ``index``'s launcher of a v5e-16 (4 hosts) whose hosts are localhost servers on ``ports``, with ``env``
+    on top of this process's; no metadata server answers (a closed port)."""
     hostnames = ",".join(f"127.0.0.1:{port}" for port in ports)
-    env = {**os.environ, "TPU_WORKER_ID": str(index), "TPU_WORKER_HOSTNAMES": hostnames}
+    env = {**os.environ, **(env or {}), "TPU_WORKER_ID": str(index), "TPU_WORKER_HOSTNAMES": hostnames}
     env["GCE_METADATA_HOST"] = f"127.0.0.1:{status_port + 1 if status_port < 65535 else 1}"
     flags = ["--tpu_type", "v5e-16", "--status_port", str(status_port), "--report_dir", report_dir]
     flags += ["--hosts_timeout_minutes", str(timeout_minutes), "--linger_seconds", str(linger)]
@@ -281,6 +288,29 @@ def test_host_zero_fails_in_bounded_time_when_a_host_never_comes_up(tmp_path):
     assert re.search(f"error: {failure}", stderr), stderr[-3000:]
     reported = json.loads((tmp_path / "hosts" / "host-0.json").read_text())  # what the smoke test gathers
     assert re.fullmatch(failure, reported["failed"])
+
+
+@pytest.mark.slow  # two launchers and their TensorFlow servers
+@pytest.mark.parametrize("failing", ["host 0 waits for the others", "host 0 finds no hosts"])
+def test_a_slice_that_does_not_come_up_ends_every_host_cleanly_with_the_tpu_job_s_verdict(tmp_path, failing):
+    """In the launcher's TPU job (its verdict file named), a slice whose hosts 2 and 3 never come up, or whose host 0
+    finds no slice hosts, is a verdict (3): host 0 writes it, and every host ends with 0, the one that follows host 0
+    too (told by host 0, or finding the verdict when host 0 is gone), so that no host's exit has Vertex AI restart
+    the job to wait again."""
+    *ports, status_port = free_ports(5)
+    job = {"TPU_MLM_VERDICT": str(tmp_path / "verdict.json")}
+    host_zero = 0 if failing == "host 0 waits for the others" else "9"  # no host 9 on a v5e-16
+    launchers = [
+        launch_host(host_zero, ports, status_port, "true", timeout_minutes=0.05, linger=5, env=job),
+        launch_host(1, ports, status_port, "true", timeout_minutes=0.05, linger=5, env=job),
+    ]
+    outcomes = [launcher.communicate(timeout=240) for launcher in launchers]
+    assert [launcher.returncode for launcher in launchers] == [0, 0], [err[-2000:] for _, err in outcomes]
+    written = json.loads((tmp_path / "verdict.json").read_text())
+    assert written["status"] == 3 and outcomes[0][1].strip().splitlines()[-1] == f"error: {written['line']}"
+    told = "host 0's command ended with exit code 0"
+    ending = told if host_zero == 0 else "host 0 ended the TPU job with its verdict"
+    assert ending in outcomes[1][1], outcomes[1][1][-2000:]
 
 
 def test_the_launcher_refuses_a_one_host_tpu_and_a_missing_command():

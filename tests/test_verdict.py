@@ -27,15 +27,15 @@ def job_environment(monkeypatch, **variables: str) -> None:
 def test_a_refusal_ends_a_vertex_ai_job_cleanly_with_its_verdict_and_exits_2_anywhere_else(
     tmp_path, monkeypatch, capsys, where
 ):
-    """The slice launcher refuses a one-host TPU (bad input): in the launcher's job, exit 0 and the verdict; in a
-    terminal (a verdict file named, no job), in a pipeline's CPU step (a job, no file named) and where the file
-    cannot be written, exit 2 as before."""
+    """The slice launcher refuses a one-host TPU (bad input): in the launcher's job (its verdict file named), exit 0
+    and the verdict; in a terminal, in a pipeline's CPU step (a Vertex AI job, no verdict file named) and where the
+    file cannot be written, exit 2 as before."""
     file = tmp_path / "verdicts" / "job.json"
     if where == "unwritable":
         (tmp_path / "verdicts").write_text("a file where the folder would be")
     environment = {
         "launcher's job": {**JOB, verdict.VERDICT_VARIABLE: str(file)},
-        "terminal": {verdict.VERDICT_VARIABLE: str(file)},
+        "terminal": {},
         "pipeline CPU step": JOB,
         "unwritable": {**JOB, verdict.VERDICT_VARIABLE: str(file)},
     }[where]
@@ -49,7 +49,9 @@ def test_a_refusal_ends_a_vertex_ai_job_cleanly_with_its_verdict_and_exits_2_any
     assert status == 0
     written = json.loads(file.read_text())
     assert (written["status"], written["line"], written["job"]) == (2, line.removeprefix("error: "), "1234567890")
-    assert verdict.read(str(file)) == verdict.Verdict(2, line.removeprefix("error: "), None, "1234567890")
+    assert verdict.read(str(file)) == verdict.Verdict(2, line.removeprefix("error: "), job="1234567890", **{
+        "written": written["written"]
+    })
 
 
 def test_an_unresolved_run_name_in_the_tpu_job_is_a_verdict_not_a_restart(tmp_path, monkeypatch, capsys):

@@ -13,7 +13,7 @@ import os
 import re
 from typing import Any
 
-from components.lib.errors import InvalidParameter, ServiceFailed
+from components.lib.errors import InvalidParameter, StartFailed
 from components.lib.slice_hosts import ENDPOINTS_VARIABLE
 from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_RUNTIMES, accelerator_type_peak
 
@@ -156,10 +156,11 @@ def tpu_runtime() -> str:
     return " + ".join(pair)
 
 
-class AcceleratorStartFailed(ServiceFailed):
+class AcceleratorStartFailed(StartFailed):
     """The TPU did not start for a reason a new start may not meet (its runtime or a host not answering yet, a
-    deadline, an internal error, an abort): exit status 1 in one line, which Vertex AI's restarts and the pipeline's
-    launcher try again within the run's time limit; not a failure the attempts record counts."""
+    deadline, an internal error, an abort, no TPU system device): exit status 1 in one line; inside the TPU job, the
+    job's verdict, and the launcher's next try creates a new job within the run's time limit; not a failure the
+    attempts record counts."""
 
 
 # What TensorFlow says when the image's runtime cannot drive the TPU at all, which every new job with the same image
@@ -169,9 +170,6 @@ RUNTIME_CANNOT_DRIVE_TPU = (
     # no TPU kernel in this TensorFlow: not the TPU build, or libtpu not loaded (what the CPU wheel says here;
     # tensorflow/tensorflow#28395, google-research/google-research#651)
     "No OpKernel was registered to support Op 'ConfigureDistributedTPU'",
-    # no TPU system device registered: the runtime found no TPU it can drive
-    # (GoogleCloudPlatform/ml-testing-accelerators#809)
-    "No matching devices found for '/device:TPU_SYSTEM:0'",
     # the TPU worker's TensorFlow is not the client's: the function is not in the worker's binary
     # (tensorflow/tensorflow#35700)
     "is neither a type of a primitive operation nor a name of a function registered in binary",
@@ -182,7 +180,9 @@ def tpu_start_failed(error: Exception, tpu: str, runtime: str) -> InvalidParamet
     """The one line for a TPU that TensorFlow found but could not start. An error every new job with this image
     would meet again (``RUNTIME_CANNOT_DRIVE_TPU``) is a refusal naming the runtime pair and the other TPU image,
     which only a compile flag switches; anything else (``UnavailableError`` while a worker is not answering yet,
-    ``DeadlineExceededError``, ``InternalError``, ``AbortedError``...) fails this start only."""
+    ``DeadlineExceededError``, ``InternalError``, ``AbortedError``, "No matching devices found for
+    '/device:TPU_SYSTEM:0'", which libtpu held by another process gives too: jax-ml/jax#10192) fails this start
+    only."""
     version = re.match(r"tensorflow-tpu (\d+\.\d+)\.", runtime)
     others = [name for name in TPU_RUNTIMES if not version or name != f"tf{version[1]}"]
     other_image = (
@@ -200,9 +200,9 @@ def tpu_start_failed(error: Exception, tpu: str, runtime: str) -> InvalidParamet
         )
     return AcceleratorStartFailed(
         f"the TPU at --tpu={tpu!r} did not start with {runtime} ({cause}): an error a new start may not meet (a "
-        "worker not answering yet, a deadline, an internal error of the runtime); this attempt ends with status 1, "
-        "not counted in attempts.json, for Vertex AI's restart or the launcher's new job within the run's time "
-        f"limit. If every start fails this way, cancel the run and try {other_image}"
+        "worker not answering yet, a deadline, an internal error of the runtime); this start ends with status 1, "
+        "not counted in attempts.json, and the launcher's next try creates a new job within the run's time limit. "
+        f"If every start fails this way, cancel the run and try {other_image}"
     )
 
 

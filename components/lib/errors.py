@@ -33,6 +33,12 @@ class Diverged(RuntimeError):
         super().__init__(message)
 
 
+class StartFailed(ServiceFailed):
+    """The accelerator did not start, for a reason a new job (another VM) may not meet: inside the TPU job it ends
+    the job with its verdict (status 1) rather than a restart on the same VM, and the launcher's next try creates a
+    new job within the run's time left."""
+
+
 class Refused(RuntimeError):
     """What the platform refused or did not provide, as it would again for another job with the same settings (a TPU
     slice whose hosts are not found or do not come up): reported as Google Cloud's refusals are (exit 3)."""

@@ -4,9 +4,10 @@ files the job writes). Bad input exits with status 2 and one line naming the par
 that would repeat (a permission, no credentials, a TPU slice that did not come up) with 3; a training that diverged
 with 4; another failure of an outside service with 1; each in one line, without a traceback. A pipeline component
 exits the same way (``job_exit_status``): KFP's executor maps no exception to a status, and Vertex AI shows the
-last lines of a task's log. Inside a Vertex AI custom job that the pipeline's launcher created, the outcomes 2, 3
-and 4 are written as the job's verdict and the process exits 0 (``components/lib/verdict.py``): Vertex AI would
-restart a worker that exits non-zero, and pay for the same outcome again."""
+last lines of a task's log. Inside the Vertex AI custom job that the pipeline's launcher created, the outcomes 2, 3
+and 4, and an accelerator that did not start (1: a new job may get past it), are written as the job's verdict and
+the process exits 0 (``components/lib/verdict.py``): Vertex AI would restart a worker that exits non-zero on the
+same VM, and pay for the same outcome again."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from components.lib import storage, verdict
-from components.lib.errors import Diverged, InvalidParameter, Refused, ReportedFailure, ServiceFailed
+from components.lib.errors import Diverged, InvalidParameter, Refused, ReportedFailure, ServiceFailed, StartFailed
 
 Arguments = TypeVar("Arguments")
 BAD_INPUT_EXIT = 2  # the exit status of a job refused for its input: the same input fails the same way again
@@ -119,13 +120,15 @@ def one_line_failure(error: BaseException) -> tuple[int, str] | None:
 
 def reported_status(error: BaseException) -> int | None:
     """Prints the one line of an error a job reports without a traceback and returns its exit status: 0 for an
-    outcome that would repeat (``NOT_RETRIED_EXITS``) written as a Vertex AI job's verdict; None (and nothing
-    printed) for any other error."""
+    outcome written as the TPU job's verdict (one that would repeat, ``NOT_RETRIED_EXITS``, or a failed start);
+    None (and nothing printed) for any other error."""
     failure = one_line_failure(error)
     if failure is None:
         return None
     status, line = failure
-    as_verdict = status in NOT_RETRIED_EXITS and verdict.record(status, line, getattr(error, "step", None))
+    # what this job would meet again (2, 3, 4), or a start that a new job, not a restart on this VM, may get past
+    known = status in NOT_RETRIED_EXITS or isinstance(error, StartFailed)
+    as_verdict = known and verdict.record(status, line, getattr(error, "step", None))
     print(f"error: {line}", file=sys.stderr, flush=True)  # last: what Vertex AI shows of a failed task's log
     return 0 if as_verdict else status
 
