@@ -151,6 +151,13 @@ CASES = {
         "--tokenizer {tokenizer} --train_shards {shards} --learning_rate -0.0001 --output {out}",
         "--learning-rate=-0.0001: must be a positive number (1e-4 is usual)",
     ),
+    "a rehearsed restart with no checkpoint before the end": Case(
+        "train",
+        "--tokenizer {tokenizer} --train_shards {shards} --max_steps 10 --checkpoint_every_steps 10 "
+        "--rehearse_restart --output {out}",
+        "--rehearse-restart=True: needs a checkpoint before the end to restart from: checkpoint_every_steps (10) must "
+        "be below the training's 10 steps",
+    ),
     "a learning-rate schedule the recipes do not have": Case(
         "train",
         "--tokenizer {tokenizer} --train_shards {shards} --lr_schedule cosine --output {out}",

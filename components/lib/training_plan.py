@@ -237,6 +237,13 @@ def plan_training(
         samples=manifest["num_records"],
         config=config,
     )
+    if arguments.rehearse_restart and arguments.checkpoint_every_steps >= shape.steps:
+        raise InvalidParameter(
+            "rehearse_restart",
+            True,
+            f"needs a checkpoint before the end to restart from: checkpoint_every_steps "
+            f"({arguments.checkpoint_every_steps}) must be below the training's {shape.steps} steps",
+        )
     if eval_manifest is not None and shape.micro_batch_size > eval_manifest["num_records"]:
         raise InvalidParameter(
             "eval_shards",
