@@ -179,7 +179,9 @@ def _follow_host_zero(arguments: SliceArguments, hosts: Any, server: subprocess.
     early: host 0's program may still be saving a checkpoint, which needs every host's chips. A host 0 that does not
     answer may have ended the TPU job with its verdict (it found no hosts, say): this host then ends cleanly too."""
     signal.signal(signal.SIGTERM, lambda number, frame: log.warning("SIGTERM: serving until host 0 ends"))
-    started = time.time()
+    # a verdict of this start of the job: host 0 may have written it before this host started, as hosts start within
+    # the hosts' timeout of each other (each pulls the image on its own)
+    this_start = time.time() - arguments.hosts_timeout_minutes * 60
     last_seen = last_verdict_check = time.monotonic()
     patience = (arguments.hosts_timeout_minutes + arguments.host_zero_lost_minutes) * 60  # before its first answer
     while True:
@@ -193,7 +195,7 @@ def _follow_host_zero(arguments: SliceArguments, hosts: Any, server: subprocess.
             last_seen, patience = time.monotonic(), arguments.host_zero_lost_minutes * 60
         elif time.monotonic() - last_verdict_check > VERDICT_POLL_SECONDS:
             last_verdict_check = time.monotonic()
-            ended = verdict.written_since(started)
+            ended = verdict.written_since(this_start)
             if ended is not None and ended.status:
                 log.info("host 0 ended the TPU job with its verdict (%s): this host ends too", ended.line)
                 return 0
