@@ -27,7 +27,7 @@ from typing import Any
 from components.lib import storage
 from components.lib.downstream_tasks import METRICS, Task, TaskSelection, published_score
 from components.lib.errors import InvalidParameter
-from components.lib.estimates import fine_tuning_steps
+from components.lib.estimates import PROBE_FINE_TUNING, fine_tuning_steps
 from components.lib.job_runner import run_job
 from components.lib.pytorch_weights import TF_LOADING, check_model_folder
 from components.lib.results import DOWNSTREAM_FILE, PROBE_MODELS, REPORT_FILE, downstream_table
@@ -39,11 +39,22 @@ log = logging.getLogger("tpu_mlm.downstream")
 class DownstreamArguments(TaskSelection):
     model: str = field(metadata={"help": "Model folder from components.train (local or gs://)."})
     output: str = field(metadata={"help": "Folder for downstream.json and report.md."})
-    epochs: int = field(default=3, metadata={"help": "Passes over each task's training split."})
-    max_steps: int = field(default=0, metadata={"help": "Optimizer steps per task and seed; overrides epochs if > 0."})
-    max_train_samples: int = field(default=0, metadata={"help": "Fine-tune on at most this many samples; 0: all."})
-    max_eval_samples: int = field(default=0, metadata={"help": "Score at most this many samples; 0: all."})
-    batch_size: int = field(default=32, metadata={"help": "Samples per fine-tuning step."})
+    # the fine-tuning's defaults are the estimate's too (PROBE_FINE_TUNING): the estimate counts what runs
+    epochs: int = field(
+        default=PROBE_FINE_TUNING["epochs"], metadata={"help": "Passes over each task's training split."}
+    )
+    max_steps: int = field(
+        default=PROBE_FINE_TUNING["max_steps"],
+        metadata={"help": "Optimizer steps per task and seed; overrides epochs if > 0."},
+    )
+    max_train_samples: int = field(
+        default=PROBE_FINE_TUNING["max_train_samples"],
+        metadata={"help": "Fine-tune on at most this many samples; 0: all."},
+    )
+    max_eval_samples: int = field(
+        default=PROBE_FINE_TUNING["max_eval_samples"], metadata={"help": "Score at most this many samples; 0: all."}
+    )
+    batch_size: int = field(default=PROBE_FINE_TUNING["batch_size"], metadata={"help": "Samples per fine-tuning step."})
     learning_rate: float = field(
         default=2e-5, metadata={"help": "Peak learning rate of fine-tuning (RoBERTa's GLUE runs: 1e-5 to 3e-5)."}
     )
@@ -57,7 +68,10 @@ class DownstreamArguments(TaskSelection):
     warmup_fraction: float = field(default=0.06, metadata={"help": "Share of the steps of linear warmup."})
     weight_decay: float = field(default=0.1, metadata={"help": "Decoupled weight decay (RoBERTa's GLUE runs: 0.1)."})
     max_length: int = field(default=0, metadata={"help": "Tokens per sample; 0: the length the model trained at."})
-    seeds: str = field(default="1", metadata={"help": "Comma-separated seeds; each model fine-tunes once a seed."})
+    seeds: str = field(
+        default=PROBE_FINE_TUNING["seeds"],
+        metadata={"help": "Comma-separated seeds; each model fine-tunes once a seed."},
+    )
 
     def __post_init__(self) -> None:
         for parameter in ("model", "output"):

@@ -9,6 +9,7 @@ from components.lib.estimates import (
     CPU_TASK_START_HOURS,
     EstimateArguments,
     cpu_wall_hours,
+    data_size,
     estimate_run,
     estimate_table,
 )
@@ -92,10 +93,10 @@ def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_b
     data = result["data"]
     assert data["corpus_bytes"] == size and 0.15 < data["tokens_per_byte"] < 0.5
     assert data["samples"] == int(size * data["tokens_per_byte"] // 128)
-    # the CPU steps: those that make the data from the corpus, then the evaluation, each priced
+    # the CPU steps: those that make the data from the corpus, then the evaluation and the run report, each priced
     steps = {step["step"]: step for step in result["cpu_steps"]}
     data_steps = ["tokenizer", "train shards", "validation shards", "merge shards", "preflight"]
-    assert list(steps) == [*data_steps, "evaluate"]
+    assert list(steps) == [*data_steps, "evaluate", "run report"]
     assert all(step["cost"] > 0 for step in steps.values()) and "Vertex AI's n1-standard-4 rate" in estimate_table(
         result
     )
@@ -111,18 +112,20 @@ def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_b
         1000 * (steps["validation shards"]["hours"] - start)
     )
     # how long the CPU steps hold the run up: the tokenizer, the slower split's parts, the merges and preflight
-    # before the training; the evaluation after it (the probe beside it, in a dry run)
+    # before the training; the evaluation after it (the probe beside it, in a dry run), then the run report
     before, after = cpu_wall_hours(bigger["cpu_steps"])
     slower = max(big["train shards"]["wall_hours"], big["validation shards"]["wall_hours"])
     assert before == pytest.approx(
         big["tokenizer"]["wall_hours"] + slower + big["merge shards"]["wall_hours"] + big["preflight"]["wall_hours"]
     )
-    assert after == big["evaluate"]["wall_hours"] and "run time" in estimate_table(bigger)
+    assert after == big["evaluate"]["wall_hours"] + big["run report"]["wall_hours"]
+    assert "run time" in estimate_table(bigger)
     # with shards made, only the evaluation: 150 batches of 64 by default, forward only at the CPU rate measured
     made = estimate_run(
         EstimateArguments(train_shards=embedded_shards["train"], model_config="tiny", per_replica_batch_size=8)
     )
-    (evaluation,) = made["cpu_steps"]
+    evaluation, report = made["cpu_steps"]
+    assert report["step"] == "run report" and report["hours"] == start
     assert evaluation["step"] == "evaluate" and evaluation["samples"] == 150 * 64
     flops = 150 * 64 * 128 * made["model_flops_per_token"] / 3
     assert evaluation["hours"] == pytest.approx(flops / 343e9 / 3600 + start)
@@ -162,3 +165,79 @@ def test_the_cli_prints_a_table_for_people_and_json_for_scripts(embedded_shards,
     assert estimate.main([*common, "--json"]) == 0  # the same job in this process
     scripts = capsys.readouterr()
     assert "model FLOPs per token" not in scripts.out + scripts.err and json.loads(scripts.out)["steps"] > 0
+
+
+ISSUE_44_PLAN = ["--model_config", "roberta-base", "--tpu_type", "v5e-8"]
+A_CORPUS = ["--corpus", "gs://b/c/*.jsonl.gz", "--corpus_bytes", "20000000000"]
+
+
+def test_a_run_planned_from_a_corpus_counts_the_evaluation_and_the_probe_as_submit_s_dry_run(template, capsys):
+    """``tpu-mlm estimate`` from a corpus (nothing held out: a validation corpus, its size not known here) counts the
+    evaluation's batches as a run planned by its steps does, and shows the downstream probe's row, the same as
+    ``submit --dry_run`` shows for the same run."""
+    from pipelines.submit import SubmitArguments, submit
+
+    def planned(*arguments: str) -> dict:
+        assert estimate.main([*ISSUE_44_PLAN, *arguments, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    from_corpus, by_steps = planned(*A_CORPUS), planned("--max_steps", "1000")
+    steps = {step["step"]: step for step in from_corpus["cpu_steps"]}
+    assert steps["evaluate"] == {step["step"]: step for step in by_steps["cpu_steps"]}["evaluate"]
+    assert steps["evaluate"]["samples"] == 150 * 64 and steps["evaluate"]["wall_hours"] > 0.2  # not a start alone
+    # the probe: the pipeline's default settings, the row submit --dry_run prints for a run of this corpus
+    dry_run = SubmitArguments(
+        project="my-project",
+        pipeline_root="gs://bucket/root",
+        template=template,
+        dry_run=True,
+        corpus_bytes=20_000_000_000,
+        parameters=json.dumps({"corpus": "gs://b/c/*.jsonl.gz"}),
+    )
+    submitted = submit(dry_run)["estimate"]
+    assert steps["downstream probe"] == submitted["probe"] and steps["downstream probe"]["hours"] > 0
+    submit_rows = capsys.readouterr().err.splitlines()
+    assert estimate.main([*ISSUE_44_PLAN, *A_CORPUS]) == 0
+    cli_rows = capsys.readouterr().out.splitlines()
+    (probe_row,) = [row for row in cli_rows if row.startswith("  downstream probe")]
+    assert probe_row in submit_rows
+    (evaluate_row,) = [row for row in cli_rows if row.startswith("  evaluate")]
+    assert "(9,600 samples)" in evaluate_row
+
+
+def test_a_limited_run_counts_the_texts_its_data_steps_read(tmp_path, embedded_tokenizer):
+    """With ``limit`` (a first run), each data task reads at most that many texts: the estimate counts the sample
+    (texts of an assumed length where the corpus is not read, their measured mean where it is), never more than
+    the corpus."""
+    from components.lib.estimates import ASSUMED_TEXT_BYTES
+
+    offline = {"corpus": "gs://b/c/*.jsonl.gz", "corpus_bytes": 20_000_000_000, "offline": True, "max_steps": 100}
+    whole = estimate_run(EstimateArguments(**offline, num_parts=4, holdout_fraction=0.2))
+    sample = estimate_run(EstimateArguments(**offline, num_parts=4, holdout_fraction=0.2, limit=50_000))
+    assert sample["data"]["text_bytes"] == ASSUMED_TEXT_BYTES
+    read = 4 * 50_000 * ASSUMED_TEXT_BYTES  # four parts of 50,000 texts, of the corpus's 62 GB of text
+    share = read / whole["data"]["corpus_bytes"]
+    assert sample["data"]["samples"] == int(read * 0.312 / 128 * 0.8)
+    start = CPU_TASK_START_HOURS
+    by_step = [{step["step"]: step for step in run["cpu_steps"]} for run in (whole, sample)]
+    for split in ("train shards", "validation shards"):  # four tasks each, each reading its 50,000 texts
+        work = [steps[split]["hours"] - 4 * start for steps in by_step]
+        assert work[1] == pytest.approx(work[0] * share)
+    # the tokenizer, one task: 50,000 texts of its sample, where the long run's reads its whole 2 GB sample
+    tokenizer = [steps["tokenizer"]["hours"] - start for steps in by_step]
+    assert tokenizer[1] == pytest.approx(tokenizer[0] * 50_000 * ASSUMED_TEXT_BYTES / 2e9)
+    assert f"at most 50,000 texts a part read (limit): {read:,} bytes" in sample["data"]["source"]
+    # a corpus smaller than the limit: all of it, once
+    small = estimate_run(EstimateArguments(**{**offline, "corpus_bytes": 1_000_000}, limit=50_000))
+    assert small["data"]["samples"] == int(3.1e6 * 0.312 / 128)
+    # a corpus that is read (a tokenizer given): its texts' mean length, measured
+    from components.lib.corpus import embedded_lines
+
+    lines = embedded_lines()
+    (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n")
+    lines = [line for line in lines if line.strip()]  # a blank line is no text
+    measured = data_size(
+        EstimateArguments(corpus=str(tmp_path / "corpus.txt"), tokenizer=embedded_tokenizer, limit=10, max_steps=1)
+    )
+    assert measured["text_bytes"] == pytest.approx(sum(len(line.encode()) + 1 for line in lines) / len(lines))
+    assert measured["samples"] == int(10 * measured["text_bytes"] * measured["tokens_per_byte"] / 128)

@@ -12,6 +12,7 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
+from components.lib.downstream_tasks import TaskSelection
 from components.lib.errors import InvalidParameter
 from components.lib.masked_lm import EVALUATION_BATCH_SIZE, EVALUATION_MAX_BATCHES
 from components.lib.memory_model import GIB, MemoryEstimate
@@ -32,6 +33,10 @@ from components.lib.tpu_catalogue import (
 # Tokens per byte of English text with a Unigram tokenizer trained on it: 0.312, measured on WikiText-2's
 # valid.txt with a tokenizer trained on WikiText-2 (12,735 pieces). Used before any tokenizer exists (submit).
 DEFAULT_TOKENS_PER_BYTE = 0.312
+# Bytes of a text, for a run that reads at most ``limit`` texts a part (a first run) where none is read: 455, the
+# mean of WikiText-2's valid.txt's 2,461 non-blank lines (1,119,083 bytes with their line ends). A corpus of whole
+# documents has longer texts: its sample, and the data steps on it, grow with them.
+ASSUMED_TEXT_BYTES = 455
 
 
 @dataclass
@@ -60,6 +65,10 @@ class EstimateArguments(ShapeKnobs, TpuBatch):
     num_parts: int = field(
         default=1, metadata={"help": "Without shards: the training shards' parts, tasks side by side (as for shards)."}
     )
+    limit: int = field(
+        default=0,
+        metadata={"help": "Without shards: the data steps read at most this many texts a part (as theirs); 0: all."},
+    )
     offline: bool = field(
         default=False,
         metadata={"help": "Read nothing of the corpus (a dry run): its size is --corpus_bytes, its tokens assumed."},
@@ -86,6 +95,8 @@ class EstimateArguments(ShapeKnobs, TpuBatch):
             raise InvalidParameter("price_per_hour", self.price_per_hour, "must be 0 (unknown) or positive")
         if self.num_parts < 1:
             raise InvalidParameter("num_parts", self.num_parts, "must be a positive whole number")
+        if self.limit < 0:
+            raise InvalidParameter("limit", self.limit, "must be a positive number of texts, or 0 for all")
         if self.max_steps < 0:
             raise InvalidParameter("max_steps", self.max_steps, "must be 0 (use num_epochs) or positive")
         if not (self.train_shards or self.corpus or self.max_steps):
@@ -139,19 +150,24 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
     if not corpus_bytes:
         raise InvalidParameter("corpus_bytes", 0, f"the size of {arguments.corpus} is not known here; give it")
     tokens_per_byte, how = DEFAULT_TOKENS_PER_BYTE, "assumed (measured on WikiText-2)"
+    text_bytes, how_long = ASSUMED_TEXT_BYTES, "assumed (WikiText-2's mean line)"
     if corpus is not None and arguments.tokenizer:
         tokenizer, _ = load_tokenizer(arguments.tokenizer)
         texts = list(corpus)
         tokens = sum(len(ids) for ids in tokenizer(texts)["input_ids"])
-        tokens_per_byte = tokens / max(sum(len(text.encode("utf-8")) + 1 for text in texts), 1)
+        read = max(sum(len(text.encode("utf-8")) + 1 for text in texts), 1)
+        tokens_per_byte = tokens / read
         how = f"measured on {len(texts):,} texts of the corpus"
+        text_bytes, how_long = read / max(len(texts), 1), "their mean"
         size.update(vocab_size=len(tokenizer))
-    samples = corpus_bytes * tokens_per_byte / arguments.max_length
+    limited = {"corpus_bytes": corpus_bytes, "limit": arguments.limit, "text_bytes": text_bytes}
+    samples = bytes_read(limited, arguments.num_parts) * tokens_per_byte / arguments.max_length
     return {
         **size,
         "samples": int(samples * (1 - arguments.holdout_fraction)),
-        "validation_samples": int(samples * arguments.holdout_fraction),
-        "corpus_bytes": corpus_bytes,
+        # nothing held out: the validation corpus's size is not known here
+        "validation_samples": int(samples * arguments.holdout_fraction) if arguments.holdout_fraction else None,
+        **limited,
         "holdout_fraction": arguments.holdout_fraction,
         "tokens_per_byte": round(tokens_per_byte, 4),
         "source": f"{corpus_bytes:,} bytes of text x {tokens_per_byte:.3f} tokens per byte, {how}"
@@ -160,8 +176,21 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
             if expansion != 1.0
             else ""
         )
-        + (f", {arguments.holdout_fraction:.0%} held out" if arguments.holdout_fraction else ""),
+        + (f", {arguments.holdout_fraction:.0%} held out" if arguments.holdout_fraction else "")
+        + (
+            f"; at most {arguments.limit:,} texts a part read (limit): "
+            f"{bytes_read(limited, arguments.num_parts):,.0f} bytes at {text_bytes:,.0f} bytes a text, {how_long}"
+            if arguments.limit
+            else ""
+        ),
     }
+
+
+def bytes_read(data: dict[str, Any], parts: int) -> float:
+    """The bytes of text that ``parts`` tasks read of the corpus: all of it, or ``limit`` texts each at most."""
+    if not data["limit"]:
+        return data["corpus_bytes"]
+    return min(data["corpus_bytes"], data["limit"] * parts * data["text_bytes"])
 
 
 def compressed(corpus: str) -> bool:
@@ -210,7 +239,8 @@ def describe_estimate(
     num_parts: int = 1,
 ) -> dict[str, Any]:
     """Everything the table shows of a run's shape on ``tpu``, as numbers: the TPU's training, and the CPU steps
-    (``cpu_steps``: the data steps from a corpus, the evaluation given its settings, the probe given its)."""
+    (``cpu_steps``: the data steps from a corpus, the evaluation given its settings, the probe given its, and
+    with the evaluation the run report that waits for both)."""
     result: dict[str, Any] = {
         "data": data,
         "tpu_type": tpu.name,
@@ -237,6 +267,8 @@ def describe_estimate(
     if probe is not None:
         result["probe"] = probe_estimate(shape, probe)
         result["cpu_steps"].append(result["probe"])
+    if evaluation is not None:
+        result["cpu_steps"].append(cpu_task("run report", 1, 0.0))  # a task's start: it writes one page
     if from_run:
         result["from_run"] = measured_rate(from_run)
         rate = result["from_run"]["model_flops_per_second_per_replica"] * shape.replicas
@@ -287,6 +319,17 @@ ASSUMED_TEXT_PER_COMPRESSED_BYTE = 3.1
 
 # The evaluate step's defaults (components/evaluate.py's), for an estimate not given the run's
 DEFAULT_EVALUATION = {"max_batches": EVALUATION_MAX_BATCHES, "batch_size": EVALUATION_BATCH_SIZE}
+# The downstream probe's fine-tuning defaults: the downstream step's (components/downstream.py takes them from
+# here), and with its task selection's the probe an estimate counts when not given the run's
+PROBE_FINE_TUNING = {
+    "epochs": 3,
+    "max_steps": 0,
+    "max_train_samples": 0,
+    "max_eval_samples": 0,
+    "batch_size": 32,
+    "seeds": "1",
+}
+DEFAULT_PROBE = {**vars(TaskSelection()), **PROBE_FINE_TUNING}
 # The TPU job's hard limit when none is given: twice the estimated training time (the estimate assumes 40% MFU; a
 # run at half that still ends) plus an hour (TPU start, XLA compiles, validation, checkpoints, the final save);
 # never under 2 hours (a short run's start alone can take tens of minutes), never over Vertex AI's own default of
@@ -325,15 +368,17 @@ def cpu_task(step: str, tasks: int, machine_hours: float, wall_hours: float | No
 def data_steps(data: dict[str, Any], num_parts: int) -> list[dict[str, Any]]:
     """The CPU steps that make the data from the corpus, the training and the validation shards each in
     ``num_parts`` parts side by side (Vertex AI runs them at once); none when the shards exist. The validation
-    shards' parts read the whole corpus between them but tokenize only what they hold out."""
+    shards' parts read the whole corpus between them but tokenize only what they hold out. With a limit, each task
+    reads at most ``limit`` texts: the tokenizer of its sample, each part of its share."""
     if "corpus_bytes" not in data:
         return []
-    text_bytes, tokens_per_byte = data["corpus_bytes"], data["tokens_per_byte"]
+    text_bytes, tokens_per_byte = bytes_read(data, num_parts), data["tokens_per_byte"]
     held_out = data["holdout_fraction"]
     sharding = text_bytes * tokens_per_byte / SHARDING_TOKENS_PER_SECOND / 3600
     holding_out = text_bytes / HOLDOUT_READ_BYTES_PER_SECOND / 3600 + held_out * sharding
+    tokenizer_sample = min(bytes_read(data, 1), DEFAULT_SAMPLE_BYTES)
     return [
-        cpu_task("tokenizer", 1, min(text_bytes, DEFAULT_SAMPLE_BYTES) / TOKENIZER_BYTES_PER_SECOND / 3600),
+        cpu_task("tokenizer", 1, tokenizer_sample / TOKENIZER_BYTES_PER_SECOND / 3600),
         cpu_task("train shards", num_parts, (1 - held_out) * sharding, (1 - held_out) * sharding / num_parts),
         cpu_task("validation shards", num_parts, holding_out, holding_out / num_parts),
         cpu_task("merge shards", 2, 0.0),
@@ -467,9 +512,9 @@ def estimate_table(result: dict[str, Any]) -> str:
         rows.append(
             (
                 "run time",
-                f"about {_hours(before + result['hours'] + after)} from submit to the end: the steps before the TPU "
+                f"about {_hours(run_hours(result))} from submit to the end: the steps before the TPU "
                 f"{_hours(before)}, the training {_hours(result['hours'])}, the steps after it {_hours(after)} (the "
-                "TPU's start and any wait in its queue not counted)",
+                f"TPU's start and any wait in its queue not counted; {RUN_TIME_BASIS})",
             )
         )
     rows.append(
@@ -488,14 +533,28 @@ def two_columns(rows: list[tuple[str, str]]) -> str:
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
+# what the run time rests on: the CPU rates measured here, a task's start assumed, the TPU at the assumed MFU
+RUN_TIME_BASIS = (
+    f"an estimate: a start of {CPU_TASK_START_HOURS * 60:.0f} min a task assumed, not measured on Vertex AI"
+)
+
+
+def run_hours(result: dict[str, Any]) -> float:
+    """How long the run takes from submit to the end by the estimate ``result``: the CPU steps before the training,
+    the training at the assumed MFU, the CPU steps after it; the TPU's start and any queue not counted."""
+    before, after = cpu_wall_hours(result["cpu_steps"])
+    return before + result["hours"] + after
+
+
 def cpu_wall_hours(steps: list[dict[str, Any]]) -> tuple[float, float]:
     """How long the CPU steps hold the run up, before the training and after it: the tokenizer, then the training
     and the validation shards' parts side by side, the merges and preflight; then the evaluation and the probe side
-    by side. Steps whose size is not known count nothing."""
+    by side, and the run report. Steps whose size is not known count nothing."""
     wall = {step["step"]: step["wall_hours"] for step in steps if step["hours"] is not None}
     before = wall.get("tokenizer", 0.0) + max(wall.get("train shards", 0.0), wall.get("validation shards", 0.0))
     before += wall.get("merge shards", 0.0) + wall.get("preflight", 0.0)
-    return before, max(wall.get("evaluate", 0.0), wall.get("downstream probe", 0.0))
+    after = max(wall.get("evaluate", 0.0), wall.get("downstream probe", 0.0)) + wall.get("run report", 0.0)
+    return before, after
 
 
 def cpu_rows(steps: list[dict[str, Any]]) -> list[tuple[str, str]]:
