@@ -146,6 +146,7 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("warmup_fraction", "warmup_steps", "lr_schedule", "decay_fraction", "weight_decay", "dropout"),
         *("bf16", "steps_per_execution", "xla", "shuffle_buffer", "seed"),
         *("checkpoint_every_steps", "log_every_steps", "eval_batches", "on_divergence", "max_rewinds"),
+        *("rehearse_restart",),
         *("accelerator", "replicas"),
         *("tpu_price_per_hour", "checkpoint_dir", "tpu_job_timeout_hours"),
         *("tpu_max_queued_hours", "tpu_provisioning", "vertex_tensorboard"),
