@@ -30,13 +30,13 @@ from typing import Any
 import yaml
 
 from components.lib.corpus import EMBEDDED, HUB_PREFIX
-from components.lib.errors import InvalidParameter
+from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.hub import check_repo_id, check_secret_name
-from components.lib.job_runner import log, run_job
+from components.lib.job_runner import log, one_line_failure, run_job
 from components.lib.tpu_catalogue import TPU_TYPES
-from pipelines.pipeline import check_values, routed_values, step_values
-from pipelines.quota import QuotaArguments, require_tpu_quota
-from pipelines.run_folders import run_checkpoint_folder, run_name, tensorboard_folder
+from pipelines.pipeline import check_values, peak_cpus, routed_values, step_values
+from pipelines.quota import CPU_QUOTA, QuotaArguments, require_cpu_quota, require_tpu_quota
+from pipelines.run_folders import run_checkpoint_folder, run_name, run_root, tensorboard_folder
 from pipelines.vertex_jobs import JobServiceArguments, VertexProject
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
@@ -45,7 +45,9 @@ LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 # What --first_run changes: a sample of the corpus in one part, shard files small enough for a slice's hosts, a
 # hold-out large enough for two evaluation batches of a v5e-32 (2 x 2,048 samples: 20% of 50,000 WikiText rows is
 # about 5,000 samples of 128 tokens), a few steps with a checkpoint, validation and log points on the way, and the
-# TPU job's time limit derived from them (preflight's floor: 2 h), not the long run's
+# TPU job's time limit derived from them (preflight's floor: 2 h), not the long run's. The evaluation and the probe
+# after it run their paths on a few batches (the long run's defaults: 16 and 24 minutes on the CPU by the estimate),
+# so that the estimate's run time of a first run on a v5e-8 stays within 20 minutes (most of it the CPU tasks' starts)
 FIRST_RUN = {
     "limit": 50_000,
     "num_parts": 1,
@@ -55,11 +57,17 @@ FIRST_RUN = {
     "checkpoint_every_steps": 50,
     "log_every_steps": 10,
     "tpu_job_timeout_hours": 0.0,
+    "eval_max_batches": 2,
+    "downstream_max_steps": 2,
+    "downstream_max_eval_samples": 32,
+    # at its first checkpoint the job exits as a preempted one does, and Vertex AI's restart resumes from it
+    "rehearse_restart": True,
 }
 # what --first_run proves when it succeeds, which the TPU smoke test (a job of its own) does not run
 FIRST_RUN_PROVES = (
     "the compiled pipeline's TPU path: KFP's executor in the TPU image, the /gcs mount it writes outputs to, the "
-    "run's service account in the TPU job, the launcher, checkpoints, the evaluation and the report"
+    "run's service account in the TPU job, the launcher, checkpoints and a restart that restores one into the "
+    "TPU's variables (the train task's verdict says it resumed), the evaluation and the report"
 )
 
 
@@ -145,13 +153,23 @@ def first_run_values(values: dict[str, Any], push: bool) -> dict[str, Any]:
 # what the default display name leaves out of the values given: secrets' names, the Hub repository, folders
 NOT_IN_DISPLAY_NAMES = ("hf_token_secret", "hub_repo_id", "output_root", "checkpoint_dir")
 DISPLAY_NAME_LENGTH = 128  # Vertex AI's longest
+FIRST_RUN_SUFFIX = " (first run)"
 
 
-def default_display_name(tpu_type: str, values: dict[str, Any]) -> str:
-    """The run's display name by what differs from the template's defaults: the TPU and the values given, so that
-    two runs tell apart in the console's list."""
-    given = [f"{name}={value}" for name, value in values.items() if name not in NOT_IN_DISPLAY_NAMES]
-    return " ".join([f"tpu-mlm {tpu_type}", *given])[:DISPLAY_NAME_LENGTH]
+def run_display_name(given: str, tpu_type: str, values: dict[str, Any], suffix: str = "") -> str:
+    """The run's display name, ``suffix`` included, within Vertex AI's 128 characters: the name given (refused when
+    too long: cutting it would hide what its owner wrote), else by what differs from the template's defaults: the
+    TPU and the values given, so that two runs tell apart in the console's list (cut to fit)."""
+    room = DISPLAY_NAME_LENGTH - len(suffix)
+    if len(given) > room:
+        raise InvalidParameter(
+            "display_name",
+            given,
+            f"is {len(given)} characters; Vertex AI takes {DISPLAY_NAME_LENGTH}"
+            + (f", and {suffix.strip()!r} takes {len(suffix)} of them: at most {room}" if suffix else ""),
+        )
+    shown = [f"{name}={value}" for name, value in values.items() if name not in NOT_IN_DISPLAY_NAMES]
+    return (given or " ".join([f"tpu-mlm {tpu_type}", *shown])[:room]) + suffix
 
 
 def resumed_values(values: dict[str, Any], pipeline_root: str, resume: str) -> dict[str, Any]:
@@ -285,7 +303,7 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     if arguments.resume and arguments.first_run:
         raise InvalidParameter("resume", arguments.resume, "a first run trains in its own checkpoint folder")
     labels = parse_labels(arguments.labels)
-    display_name = arguments.display_name or default_display_name(template_tpu_type(template), values)
+    given = values
     name = (
         run_name(arguments.run_name, "run_name")
         if arguments.run_name
@@ -293,8 +311,11 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     )
     if arguments.first_run:
         values = first_run_values(values, arguments.first_run_push)
-        labels, display_name = {**labels, "tpu-mlm-kind": "first-run"}, f"{display_name} (first run)"
-        name = f"{name}-first-run"
+        given = {key: values[key] for key in given if key in values}  # as the first run uses them: num_parts=1
+        labels, name = {**labels, "tpu-mlm-kind": "first-run"}, f"{name}-first-run"
+    display_name = run_display_name(
+        arguments.display_name, template_tpu_type(template), given, FIRST_RUN_SUFFIX if arguments.first_run else ""
+    )
     if arguments.resume:
         values = resumed_values(values, arguments.pipeline_root, arguments.resume)
     check_parameters(template, values)
@@ -396,6 +417,7 @@ def run_bill(spec: dict[str, Any], values: dict[str, Any], estimate: dict[str, A
         "cpu_cost": cpu_cost,
         "worst_cost": limit_hours * price + cpu_cost,
         "limit": int(values["limit"]),
+        "peak_cpus": peak_cpus(int(values["num_parts"])),
     }
 
 
@@ -424,13 +446,19 @@ def bill_table(estimate: dict[str, Any]) -> str:
             f"the train task's retries) and the CPU steps' estimate (${bill['cpu_cost']:,.2f}, no limit of their own); "
             "not counted: the launcher's small CPU machine, up while the TPU job waits and runs",
         ),
+        (
+            "CPUs at once",
+            f'{bill["peak_cpus"][1]} vCPUs ({bill["peak_cpus"][0]}): the region\'s quota "{CPU_QUOTA.display_name}" '
+            "must hold them (submit reads it before anything is created, a dry run does not)",
+        ),
     ]
-    if bill["limit"]:  # a first run's sample: how much text its texts hold is not known here
+    if bill["limit"] and "text_bytes" in estimate["data"]:  # a sample (a first run's): its texts' length assumed
         rows.append(
             (
                 "limit",
-                f"at most {bill['limit']:,} texts a part are read: the data steps above are counted from the whole "
-                "corpus, far more than they will read",
+                f"at most {bill['limit']:,} texts a part are read: the data steps above count them at "
+                f"{estimate['data']['text_bytes']:,.0f} bytes a text (see data); texts longer than that (whole "
+                "documents) make the sample and those steps longer in proportion",
             )
         )
     return two_columns(rows)
@@ -441,7 +469,7 @@ def run_folders(arguments: SubmitArguments, request: dict[str, Any]) -> dict[str
     name = request["name"].rsplit("/", 1)[-1]
     values = request["runtimeConfig"].get("parameterValues", {})
     where = f"--project {arguments.project} --region {arguments.region}"
-    logs = tensorboard_folder(values.get("output_root") or arguments.pipeline_root, "")
+    logs = tensorboard_folder(run_root(values, arguments.pipeline_root), "")
     return {
         "run": name,
         "checkpoints": run_checkpoint_folder(values, arguments.pipeline_root, name),
@@ -485,16 +513,21 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
     else:
         if arguments.resume:
             check_resumable(values["checkpoint_dir"])
-        check_estimate(arguments, request, values)
+        estimate = check_estimate(arguments, request, values)
         check_parts(values)
         tpu = TPU_TYPES[template_tpu_type(request["pipelineSpec"])]
         require_tpu_quota(arguments, arguments.project, arguments.region, tpu, values["tpu_provisioning"])
-        job.submit(service_account=arguments.service_account or None, experiment=arguments.experiment or None)
+        require_cpu_quota(arguments, arguments.project, arguments.region, int(values["num_parts"]))
+        checked_experiment(job, arguments.experiment)
+        job.submit(service_account=arguments.service_account or None)  # the run exists from here: never twice
         request["name"] = job.resource_name
         summary = {"job": job.resource_name, "console": job._dashboard_uri()}
     summary["follow"] = run_folders(arguments, request)
     if arguments.first_run:  # a short run to prove the path: run it again, not on
         del summary["follow"]["resume"]
+    if arguments.experiment and not arguments.dry_run:
+        print(summary_for_people(summary), flush=True)  # the run's name and commands, before the link can fail
+        summary["experiment"] = add_to_experiment(job, arguments.experiment)
     if arguments.follow and not arguments.dry_run:
         from pipelines.runs import StatusArguments, status
 
@@ -502,23 +535,68 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
         followed = StatusArguments(
             run=summary["follow"]["run"], follow=True, poll_seconds=arguments.poll_seconds, **where
         )
-        print(summary_for_people(summary), flush=True)  # what was submitted, before the lines that follow it
+        print(summary_for_people(summary), flush=True)  # what was submitted (or linked), before the lines that follow
         summary["status"] = status(followed)
     if arguments.first_run:
         summary["first_run"] = (
-            f"{FIRST_RUN['max_steps']} steps on a sample; when it succeeds it proves {FIRST_RUN_PROVES}"
+            f"{FIRST_RUN['max_steps']} steps on a sample{first_run_time(estimate)}; when it succeeds it proves "
+            f"{FIRST_RUN_PROVES}"
         )
     return summary
 
 
+def first_run_time(estimate: dict[str, Any] | str) -> str:
+    """How long the first run takes by its estimate (its run time row), or nothing where there is none."""
+    from components.lib.estimates import RUN_TIME_BASIS, run_hours
+
+    if not isinstance(estimate, dict):
+        return ""
+    return (
+        f", about {run_hours(estimate) * 60:.0f} min from submit to the end ({RUN_TIME_BASIS}; the TPU job's start "
+        "and compile, twice with the rehearsed restart, and any queue come on top)"
+    )
+
+
+def checked_experiment(job: Any, experiment: str) -> None:
+    """The experiment found, or made, before the run is created (aiplatform's own check of
+    ``PipelineJob.submit(experiment=...)``, whose link comes after the run exists: ``add_to_experiment``). A failure
+    is one line, and no run is submitted."""
+    if not experiment:
+        return
+    try:
+        job._validate_experiment(experiment)
+    except (RuntimeError, ValueError) as error:
+        raise ServiceFailed(f"experiment {experiment}: {error_line(error)}; no run was submitted") from None
+
+
+def add_to_experiment(job: Any, experiment: str) -> str:
+    """Makes the submitted run one of the experiment's runs (aiplatform's link, the second half of
+    ``PipelineJob.submit(experiment=...)``); what the summary says of it. A failure is a line, not an error: the run
+    exists and goes on, and submitting it again would pay for a second run."""
+    try:
+        job._associate_to_experiment(experiment)
+    except Exception as error:
+        return f"not added to {experiment} ({error_line(error)}); the run goes on without it: do not submit it again"
+    return experiment
+
+
+def error_line(error: BaseException) -> str:
+    """One line for an error aiplatform wraps (its cause's: a refusal by Google Cloud as job_runner says it)."""
+    cause = error.__cause__ or error
+    failure = one_line_failure(cause)
+    return failure[1] if failure else " ".join(f"{type(cause).__name__}: {cause}".split())
+
+
 def summary_for_people(summary: dict[str, Any]) -> str:
-    """What was (or would be) submitted and what follows it; a followed run's final status instead (what was
-    submitted was printed before the following began)."""
+    """What was (or would be) submitted and what follows it; a followed run's final status instead, and for a run
+    in an experiment whether it was added (what was submitted was printed before the link and the following)."""
     if "status" in summary:
         from pipelines.runs import status_lines
 
         return status_lines(summary["status"])
     first_run = f"\nfirst run: {summary['first_run']}" if "first_run" in summary else ""
+    if "experiment" in summary:
+        return f"experiment:  {summary['experiment']}{first_run}"
     follow = "\n".join(f"{key + ':':<13}{value}" for key, value in summary["follow"].items())
     if summary.get("dry_run"):
         request = summary["would_submit"]

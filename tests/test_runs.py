@@ -88,7 +88,9 @@ def write_training_point(folder: str, step: int, total_steps: int) -> dict:
     window.add(steps=step, samples=shape.samples_before(step), loss=4.2329, gradient_norm=1.0)
     window.started, window.run_started = time.perf_counter() - 100, time.perf_counter() - 1000
     point = window.point(step, learning_rate=1e-4, mlm_probability=0.15)
-    state = TrainingState(None, None, None, None, checkpoint_dir=folder, start_step=0, history=[point])
+    state = TrainingState(
+        None, None, None, None, checkpoint_dir=folder, start_step=0, history=[point], weights_finite=lambda: True
+    )
     state.save_history()
     return point
 
@@ -321,7 +323,9 @@ def test_submit_reads_the_tpu_quota_first_and_sends_no_run_that_would_wait_for_i
             *("--parameters", '{"corpus": "hf:wikitext:wikitext-103-raw-v1"}', "--corpus_bytes", "546500949"),
             timeout=COMMAND_SECONDS,
         )
-        assert len(quotas.requests) == 1
+        # the TPU's quota first; the CPUs' (no quota of that id here: not checked) only once the TPU's is there
+        assert [request.rsplit("/", 1)[1] for request in quotas.requests][:1] == [quota.quota_id]
+        assert len(quotas.requests) == (2 if limit else 1)
     if limit:
         assert result.returncode == 0, result.stderr[-3000:]
         assert "TPU quota: " in result.stderr and list(vertex.pipeline_jobs) == [resource("quota-run")]

@@ -149,6 +149,10 @@ def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_th
         "checkpoint_every_steps": 50,
         "log_every_steps": 10,
         "tpu_job_timeout_hours": 0.0,  # derived from the first run's estimate, not the long run's limit
+        "eval_max_batches": 2,  # the evaluation's and the probe's paths, on a few batches
+        "downstream_max_steps": 2,
+        "downstream_max_eval_samples": 32,
+        "rehearse_restart": True,  # the restore path, at its first checkpoint
     }  # no checkpoint_dir (the long run's would resume a 100-step schedule), no push
     assert all(type(values[name]) is float for name in ("holdout_fraction", "tpu_job_timeout_hours"))  # KFP's type
     assert (
@@ -158,12 +162,76 @@ def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_th
     assert re.fullmatch(r"tpu-mlm-\d{8}-\d{6}-first-run", request["name"])
     assert request["labels"] == {"team": "nlp", "run": "first", "tpu-mlm-kind": "first-run"}
     assert result["estimate"]["steps"] == 100
-    assert result["estimate"]["bill"]["limit"] == 50_000  # said to count far more than the sample's data steps
-    assert result["first_run"].startswith("100 steps on a sample; when it succeeds it proves the compiled pipeline's")
+    assert result["estimate"]["bill"]["limit"] == 50_000  # the sample's texts, their length assumed: said so
+    assert result["first_run"].startswith("100 steps on a sample, about ")
+    assert "when it succeeds it proves the compiled pipeline's" in result["first_run"]
     pushed = submit(arguments(template, first_run=True, first_run_push=True, **given))
     assert pushed["would_submit"]["runtimeConfig"]["parameterValues"]["hub_repo_id"] == "me/roberta"
     with pytest.raises(InvalidParameter, match="--first-run-push=True: is for --first_run"):
         submit(arguments(template, first_run_push=True, **given))
+
+
+def test_a_first_run_s_display_name_fits_vertex_ai_and_names_the_values_it_runs_with(
+    template, monkeypatch, gcs, capsys
+):
+    """A long corpus list: the automatic display name is cut so that " (first run)" still fits Vertex AI's 128
+    characters, and it shows the parts the first run uses (1), not the long run's 16. A display name given that
+    leaves no room for the suffix is refused in one line before any request."""
+    sent = []
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", fake_create_pipeline_job(sent))
+    files = ",".join(f"gs://bucket/corpus/part-{index:05d}.jsonl.gz" for index in range(16))
+    long_run = {"num_parts": 16, "learning_rate": 2e-4, "corpus": files}
+    given = {"corpus_bytes": 20_000_000_000, "parameters": json.dumps(long_run)}
+    submit(arguments(template, first_run=True, **given), credentials=AnonymousCredentials())
+    (request,) = sent
+    name = request["job"].display_name
+    assert len(name) == 128 and name.endswith(" (first run)")  # Vertex AI's longest
+    assert name.startswith("tpu-mlm v5e-4 num_parts=1 learning_rate=0.0002 corpus=gs://bucket/corpus/part-00000")
+    long_run = submit(arguments(template, dry_run=True, **given))["would_submit"]
+    assert long_run["displayName"].startswith("tpu-mlm v5e-4 num_parts=16 ") and len(long_run["displayName"]) == 128
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", lambda *a, **k: pytest.fail("sent a request"))
+    with pytest.raises(InvalidParameter, match=r"--display-name='x{120}': is 120 characters; Vertex AI takes 128, "):
+        submit(arguments(template, first_run=True, display_name="x" * 120, **given), credentials=AnonymousCredentials())
+    with pytest.raises(InvalidParameter, match=r"--display-name='x{129}': is 129 characters; Vertex AI takes 128$"):
+        submit(arguments(template, display_name="x" * 129, **given), credentials=AnonymousCredentials())
+
+
+def test_a_first_run_on_a_v5e_8_takes_20_minutes_by_the_estimate_which_counts_its_sample(tmp_path, capsys):
+    """The issue's corpus (20 GB of .jsonl.gz, 16 parts for the long run) on a v5e-8: the first run's bill counts
+    the data steps of its sample (50,000 texts in one part), not of the corpus; its evaluation and probe run on a few
+    batches; the estimate's run time from submit to the end is at most 20 minutes, and the printout says it."""
+    from components.lib.estimates import ASSUMED_TEXT_BYTES, cpu_wall_hours, run_hours
+    from pipelines.pipeline import compile_pipeline
+    from pipelines.submit import summary_for_people
+
+    v5e_8 = compile_pipeline(
+        str(tmp_path / "pipeline.yaml"),
+        target="vertex",
+        cpu_image="us-docker.pkg.dev/p/r/cpu:1",
+        tpu_image="us-docker.pkg.dev/p/r/tpu:1",
+        tpu_type="v5e-8",
+    )
+    parameters = json.dumps({"corpus": "gs://b/c/*.jsonl.gz", "num_parts": 16, "model_config": "roberta-base"})
+    given = {"dry_run": True, "corpus_bytes": 20_000_000_000, "parameters": parameters}
+    first, long_run = (submit(arguments(v5e_8, **given, first_run=first_run)) for first_run in (True, False))
+    steps = [{step["step"]: step for step in run["estimate"]["cpu_steps"]} for run in (first, long_run)]
+    sample = 50_000 * ASSUMED_TEXT_BYTES  # one part's texts, of the corpus's 62 GB of text
+    assert steps[0]["train shards"]["tasks"] == 1 and steps[1]["train shards"]["tasks"] == 16
+    start = 3 / 60
+    work = [runs["train shards"]["hours"] - runs["train shards"]["tasks"] * start for runs in steps]
+    kept = [1 - run["estimate"]["data"]["holdout_fraction"] for run in (first, long_run)]  # 20% and 5% held out
+    assert work[0] / kept[0] == pytest.approx(work[1] / kept[1] * sample / long_run["estimate"]["data"]["corpus_bytes"])
+    assert steps[0]["evaluate"]["samples"] == 2 * 64 and steps[1]["evaluate"]["samples"] == 150 * 64
+    assert steps[0]["downstream probe"]["hours"] < steps[1]["downstream probe"]["hours"] / 5
+    minutes = run_hours(first["estimate"]) * 60
+    assert minutes <= 20 < run_hours(long_run["estimate"]) * 60
+    before, after = cpu_wall_hours(first["estimate"]["cpu_steps"])
+    assert before + first["estimate"]["hours"] + after == pytest.approx(minutes / 60)
+    printed = summary_for_people(first)
+    assert f"first run: 100 steps on a sample, about {minutes:.0f} min from submit to the end (an estimate" in printed
+    assert "the TPU job's start and compile, twice with the rehearsed restart, and any queue come on top" in printed
+    bill = capsys.readouterr().err
+    assert "at most 50,000 texts a part are read: the data steps above count them at 455 bytes a text" in bill
 
 
 def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
@@ -216,6 +284,7 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
         "preflight",
         "evaluate",
         "downstream probe",
+        "run report",
     ]
     bounded = {**glue, "downstream_max_train_samples": 1000, "downstream_max_steps": 100}
     counted = submit(arguments(template, dry_run=True, corpus_bytes=546_500_949, parameters=json.dumps(bounded)))

@@ -49,9 +49,8 @@ def test_a_refusal_ends_a_vertex_ai_job_cleanly_with_its_verdict_and_exits_2_any
     assert status == 0
     written = json.loads(file.read_text())
     assert (written["status"], written["line"], written["job"]) == (2, line.removeprefix("error: "), "1234567890")
-    assert verdict.read(str(file)) == verdict.Verdict(2, line.removeprefix("error: "), job="1234567890", **{
-        "written": written["written"]
-    })
+    line = line.removeprefix("error: ")
+    assert verdict.read(str(file)) == verdict.Verdict(2, line, job="1234567890", written=written["written"])
 
 
 def test_an_unresolved_run_name_in_the_tpu_job_is_a_verdict_not_a_restart(tmp_path, monkeypatch, capsys):

@@ -61,21 +61,24 @@ def now() -> str:
 class VertexStandIn:
     """``start_jobs=False``: jobs stay ``JOB_STATE_PENDING`` (no TPU capacity, no quota); ``cancels_take=False``:
     a cancelled job (custom or pipeline) stays cancelling; ``refuse_creates``: a create is refused as Vertex AI refuses
-    an account without ``aiplatform.customJobs.create``; ``filters=False``: a list with a filter is refused as
-    invalid. ``cancel_requests`` lists the jobs (custom and pipeline) asked to cancel; ``starts`` counts each custom
-    job's worker starts (``worker_restarts`` and ``job_retries``: Vertex AI's documented restarts, the defaults)."""
+    an account without ``aiplatform.customJobs.create``; ``refuse_links``: a run added to an experiment is refused as
+    for an account without ``aiplatform.contexts.addContextChildren``; ``filters=False``: a list with a filter is
+    refused as invalid. ``cancel_requests`` lists the jobs (custom and pipeline) asked to cancel; ``starts`` counts
+    each custom job's worker starts (``worker_restarts`` and ``job_retries``: Vertex AI's documented restarts, the
+    defaults)."""
 
     def __init__(
         self,
         start_jobs: bool = True,
         cancels_take: bool = True,
         refuse_creates: bool = False,
+        refuse_links: bool = False,
         filters: bool = True,
         worker_restarts: int = WORKER_RESTARTS,
         job_retries: int = JOB_RETRIES,
     ) -> None:
         self.start_jobs, self.cancels_take, self.refuse_creates = start_jobs, cancels_take, refuse_creates
-        self.filters = filters
+        self.filters, self.refuse_links = filters, refuse_links
         self.worker_restarts, self.job_retries = worker_restarts, job_retries
         self.jobs: dict[str, dict] = {}
         self.processes: dict[str, subprocess.Popen] = {}  # each job's latest start of its worker
@@ -379,7 +382,11 @@ class VertexStandIn:
                 if children:
                     if children.group(1) not in stand_in.contexts:
                         raise Refused(404, "NOT_FOUND", f"{children.group(1)} not found")
-                    for child in self._body().get("childContexts", []):
+                    body = self._body()
+                    if stand_in.refuse_links:
+                        message = f"Permission 'aiplatform.contexts.addContextChildren' denied on '{children.group(1)}'"
+                        raise Refused(403, "PERMISSION_DENIED", message)
+                    for child in body.get("childContexts", []):
                         if child not in stand_in.contexts:
                             raise Refused(400, "INVALID_ARGUMENT", f"child context {child} does not exist")
                         stand_in.contexts[children.group(1)]["childContexts"].append(child)
