@@ -540,9 +540,19 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
     if arguments.first_run:
         summary["first_run"] = (
             f"{FIRST_RUN['max_steps']} steps on a sample{first_run_time(estimate)}; when it succeeds it proves "
-            f"{FIRST_RUN_PROVES}"
+            f"{FIRST_RUN_PROVES}; it does not run {first_run_leaves(json.loads(arguments.parameters), arguments)}"
         )
     return summary
+
+
+def first_run_leaves(long_run: dict[str, Any], arguments: SubmitArguments) -> str:
+    """What the long run (its values as given) does that its first run does not."""
+    left = []
+    if int(long_run.get("num_parts", 1)) > 1:
+        left.append(f"the data steps' {long_run['num_parts']} parts side by side (it reads a sample in one)")
+    if long_run.get("hub_repo_id") and not arguments.first_run_push:
+        left.append("the Hub push (--first_run_push tries it)")
+    return ", ".join([*left, "the evaluation and the probe at their full size, or a preemption in a new job"])
 
 
 def first_run_time(estimate: dict[str, Any] | str) -> str:

@@ -165,6 +165,11 @@ def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_th
     assert result["estimate"]["bill"]["limit"] == 50_000  # the sample's texts, their length assumed: said so
     assert result["first_run"].startswith("100 steps on a sample, about ")
     assert "when it succeeds it proves the compiled pipeline's" in result["first_run"]
+    assert "a restart that restores one into the TPU's variables" in result["first_run"]
+    assert result["first_run"].endswith(  # what it leaves to the long run: its parts and push among them
+        "it does not run the data steps' 8 parts side by side (it reads a sample in one), the Hub push "
+        "(--first_run_push tries it), the evaluation and the probe at their full size, or a preemption in a new job"
+    )
     pushed = submit(arguments(template, first_run=True, first_run_push=True, **given))
     assert pushed["would_submit"]["runtimeConfig"]["parameterValues"]["hub_repo_id"] == "me/roberta"
     with pytest.raises(InvalidParameter, match="--first-run-push=True: is for --first_run"):
