@@ -127,16 +127,20 @@ class VertexStandIn:
         if self.start_jobs:
             self.jobs[name].update(state="JOB_STATE_RUNNING", startTime=now())
             self.lines[name] = []
-            self._supervisors[name] = threading.Thread(target=self._run, args=(name, command, env), daemon=True)
+            # Scheduling.disable_retries: "If true, overrides restart_job_on_worker_restart to false" (the API's
+            # reference): taken here as no restart of any kind (the smoke job's setting)
+            starts = 1 if job["jobSpec"].get("scheduling", {}).get("disableRetries") else None
+            self._supervisors[name] = threading.Thread(target=self._run, args=(name, command, env, starts), daemon=True)
             self._supervisors[name].start()
         return self.jobs[name]
 
-    def _run(self, name: str, command: list[str], env: dict[str, str]) -> None:
+    def _run(self, name: str, command: list[str], env: dict[str, str], starts: int | None = None) -> None:
         """Runs the job's worker as Vertex AI does: a worker that exits non-zero is restarted in the same VM, up to
         ``worker_restarts`` times; then the whole job is retried, up to ``job_retries`` times; then it fails. No exit
-        status is taken as permanent (which ones Vertex AI judges so is not documented): each costs every start."""
+        status is taken as permanent (which ones Vertex AI judges so is not documented): each costs every start.
+        ``starts``: at most this many (a job that disables retries: 1)."""
         try:
-            for _ in range((self.job_retries + 1) * (self.worker_restarts + 1)):
+            for _ in range(starts or (self.job_retries + 1) * (self.worker_restarts + 1)):
                 with self._lock:
                     if self.jobs[name]["state"] != "JOB_STATE_RUNNING":
                         return  # cancelled
