@@ -304,7 +304,7 @@ def job_verdict(job: Any) -> verdict.Verdict | None:
 
 def rehearsed_restart(job: Any) -> bool:
     """Whether the job's train step was asked to rehearse a restart (a first run's ``rehearse_restart``)."""
-    return bool(executor_input(job).get("inputs", {}).get("parameterValues", {}).get("rehearse_restart"))
+    return bool(step_parameters(job).get("rehearse_restart"))
 
 
 def executor_input(job: Any) -> dict[str, Any]:
@@ -318,6 +318,11 @@ def executor_input(job: Any) -> dict[str, Any]:
     return {}
 
 
+def step_parameters(job: Any) -> dict[str, Any]:
+    """The train step's parameter values in the job's executor input; {} for a job that runs no KFP step."""
+    return executor_input(job).get("inputs", {}).get("parameterValues", {})
+
+
 def model_artifact(job: Any) -> str:
     """The URI of the train step's model artifact, as the pipeline gives it; "" where the job has none."""
     artifacts = executor_input(job).get("outputs", {}).get("artifacts", {}).get("model", {}).get("artifacts", [])
@@ -327,8 +332,7 @@ def model_artifact(job: Any) -> str:
 def trained_model(job: Any) -> str:
     """Where the train step saves the model: its artifact's URI, under the run's output_root when it names one (as
     the step's runner places it)."""
-    output_root = executor_input(job).get("inputs", {}).get("parameterValues", {}).get("output_root", "")
-    return storage.relocate(model_artifact(job), output_root)
+    return storage.relocate(model_artifact(job), step_parameters(job).get("output_root", ""))
 
 
 def model_saved(job: Any) -> bool:
@@ -345,7 +349,7 @@ def run_output_folder(arguments: LaunchArguments, job: Any) -> str:
         raise InvalidParameter(
             "pipeline_root", arguments.pipeline_root, "a job attached to a TensorBoard needs it, and --run_name"
         )
-    root = run_root(executor_input(job).get("inputs", {}).get("parameterValues", {}), arguments.pipeline_root)
+    root = run_root(step_parameters(job), arguments.pipeline_root)
     return tensorboard_folder(root, run_name(arguments.run_name, "run_name"))
 
 
