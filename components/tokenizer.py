@@ -26,7 +26,13 @@ from components.lib.corpus import Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from components.lib.progress import Progress
-from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, SPECIAL_TOKENS, TOKENIZER_FILE, fingerprint
+from components.lib.tokenization import (
+    DEFAULT_SAMPLE_BYTES,
+    SPECIAL_TOKEN_ROLES,
+    SPECIAL_TOKENS,
+    TOKENIZER_FILE,
+    fingerprint,
+)
 
 log = logging.getLogger("tpu_mlm.tokenizer")
 
@@ -112,15 +118,15 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
         )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
+        bos_token=SPECIAL_TOKEN_ROLES["bos"],
+        eos_token=SPECIAL_TOKEN_ROLES["eos"],
+        unk_token=SPECIAL_TOKEN_ROLES["unk"],
+        pad_token=SPECIAL_TOKEN_ROLES["pad"],
         # lstrip, as roberta-base's: "a <mask> of" masks the word with its boundary, "▁word" as training masked
         # it, instead of leaving a bare "▁" before the mask that training never showed the model
-        mask_token=AddedToken("<mask>", lstrip=True, special=True, normalized=False),
-        cls_token="<s>",
-        sep_token="</s>",
+        mask_token=AddedToken(SPECIAL_TOKEN_ROLES["mask"], lstrip=True, special=True, normalized=False),
+        cls_token=SPECIAL_TOKEN_ROLES["bos"],
+        sep_token=SPECIAL_TOKEN_ROLES["eos"],
         model_max_length=512,
     )
     with tempfile.TemporaryDirectory() as staging:

@@ -333,11 +333,13 @@ def check_model_config(inputs: dict[str, dict[str, Any]]) -> None:
     Hub model) and the dropout it must take, loaded here with the vocabulary and sample length the run asks for
     and the tokenizer step's special-token ids, before the first step runs."""
     from components.lib.modeling import model_config, pretraining_config
+    from components.lib.tokenization import SPECIAL_TOKEN_ROLES, SPECIAL_TOKENS
 
     shards = {
         "vocab_size": int(inputs["tokenizer"]["vocab_size"]),
         "max_length": int(inputs["shards"]["max_length"]),
-        "special_tokens": {"bos": 0, "pad": 1, "eos": 2},  # the tokenizer step's (its SPECIAL_TOKENS' order)
+        # the ids the tokenizer step gives them: their place in its special tokens, which it adds first
+        "special_tokens": {role: SPECIAL_TOKENS.index(token) for role, token in SPECIAL_TOKEN_ROLES.items()},
     }
     pretraining_config(model_config(inputs["train"]["model_config"], shards), float(inputs["train"]["dropout"]))
 

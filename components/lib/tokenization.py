@@ -13,7 +13,9 @@ from components.lib.errors import InvalidParameter
 # what the tokenizer trains on by default (see docs/benchmarks.md: the trainer's memory, measured)
 DEFAULT_SAMPLE_BYTES = 2_000_000_000
 
-SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+# the tokenizer's special tokens by role, in the order it adds them first: their ids are their places here
+SPECIAL_TOKEN_ROLES = {"bos": "<s>", "pad": "<pad>", "eos": "</s>", "unk": "<unk>", "mask": "<mask>"}
+SPECIAL_TOKENS = tuple(SPECIAL_TOKEN_ROLES.values())
 TOKENIZER_FILE = "tokenizer.json"
 
 
