@@ -43,6 +43,7 @@ from components.lib.input_pipeline import (
     training_streams,
 )
 from components.lib.job_runner import run_job
+from components.lib.lease import EXPIRY_SECONDS, HEARTBEATS_IN_EXPIRY, Lease
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
 from components.lib.preemption import STOPPED_EXIT, CallPace, StopRequest
 from components.lib.pytorch_weights import save_model_folder
@@ -77,12 +78,24 @@ class TrainArguments(TrainingSettings):
         },
     )
 
+    lease_seconds: float = field(
+        default=EXPIRY_SECONDS,
+        metadata={
+            "help": "One training per checkpoint folder: the step holds its lease (lease.json there), renewed "
+            f"{HEARTBEATS_IN_EXPIRY} times within this many seconds; a lease not renewed for this long is a dead "
+            "training's. A start that finds another training's lease waits up to this long: renewed, it is refused; "
+            "not, it takes the lease over."
+        },
+    )
+
     def __post_init__(self) -> None:
         self.output = self.output or os.environ.get("AIP_MODEL_DIR", "")
         if not self.output:
             raise InvalidParameter("output", self.output, "is required (or set AIP_MODEL_DIR)")
         if self.start_minutes <= 0:
             raise InvalidParameter("start_minutes", self.start_minutes, "must be above 0")
+        if self.lease_seconds <= 0:
+            raise InvalidParameter("lease_seconds", self.lease_seconds, "must be above 0")
         storage.check_uri("output", self.output)
         self.checkpoint_dir = (
             self.checkpoint_dir or os.environ.get("AIP_CHECKPOINT_DIR") or storage.join(self.output, "checkpoints")
@@ -94,22 +107,27 @@ class TrainArguments(TrainingSettings):
         super().__post_init__()
 
 
-def train(arguments: TrainArguments) -> dict[str, Any]:
-    """Trains (or resumes) and saves the model; returns the training summary."""
+def train(arguments: TrainArguments, run: str = "") -> dict[str, Any]:
+    """Trains (or resumes) and saves the model; returns the training summary. ``run``: the pipeline run training,
+    named in the checkpoint folder's lease."""
     with StopRequest() as stop:  # from the start: a preemption while the TPU starts or the step compiles is no failure
         prepare_runtime(arguments.accelerator, arguments.tpu)  # before TensorFlow loads, which the storage calls do
-        settings = {k: v for k, v in asdict(arguments).items() if k not in ("output", "tensorboard_dir")}
-        attempts = Attempts(arguments.checkpoint_dir, settings, (*TPU_RUNTIME_VARIABLES, "TF_XLA_FLAGS"))
-        stop.on_stop.append(attempts.stopped)
-        attempts.refuse_a_repeat()
-        # a TPU that does not start, or hangs starting, is a failure to count, once it happens
-        with attempts.recorded(begun=False), attempts.start_deadline(arguments.start_minutes * 60):
-            strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
-        # bad input: nothing written
-        plan = plan_training(arguments, strategy.num_replicas_in_sync, input_pipelines=input_pipelines(strategy))
-        token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
-        with attempts.recorded():
-            return _train(arguments, plan, strategy, kind, token, stop)
+        # one training per checkpoint folder, from before the TPU starts until the step ends, however it ends
+        with Lease(arguments.checkpoint_dir, arguments.lease_seconds, run).held():
+            settings = {
+                k: v for k, v in asdict(arguments).items() if k not in ("output", "tensorboard_dir", "lease_seconds")
+            }
+            attempts = Attempts(arguments.checkpoint_dir, settings, (*TPU_RUNTIME_VARIABLES, "TF_XLA_FLAGS"))
+            stop.on_stop.append(attempts.stopped)
+            attempts.refuse_a_repeat()
+            # a TPU that does not start, or hangs starting, is a failure to count, once it happens
+            with attempts.recorded(begun=False), attempts.start_deadline(arguments.start_minutes * 60):
+                strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
+            # bad input: nothing written
+            plan = plan_training(arguments, strategy.num_replicas_in_sync, input_pipelines=input_pipelines(strategy))
+            token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
+            with attempts.recorded():
+                return _train(arguments, plan, strategy, kind, token, stop)
 
 
 def _train(

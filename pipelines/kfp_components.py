@@ -255,6 +255,7 @@ def train_step(
     checkpoint_dir: str = '',
     tensorboard_dir: str = '',
     start_minutes: float = 20.0,
+    lease_seconds: float = 300.0,
 ):
     """The train step: components.train.
 
@@ -302,6 +303,7 @@ def train_step(
         checkpoint_dir: A fixed folder for the checkpoints: a rerun resumes from them instead of training again. Default: $AIP_CHECKPOINT_DIR, else the model folder's checkpoints/.
         tensorboard_dir: Defaults to $AIP_TENSORBOARD_LOG_DIR or OUTPUT/logs.
         start_minutes: The accelerator must be ready (the TPU initialised) within this many minutes: a start that hangs is a failed attempt, not a wait until the job's timeout that every restart and retry would pay again.
+        lease_seconds: One training per checkpoint folder: the step holds its lease (lease.json there), renewed 5 times within this many seconds; a lease not renewed for this long is a dead training's. A start that finds another training's lease waits up to this long: renewed, it is refused; not, it takes the lease over.
     """
     values = dict(locals())
     from components.lib.job_runner import job_exit_status

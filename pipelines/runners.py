@@ -99,7 +99,8 @@ def run_train(
             eval_shards=eval_shards.uri,
             output=model.uri,
             **settings,
-        )
+        ),
+        run=run_name,
     )
     keys = ("total_steps", "samples", "tokens", "first_loss", "last_loss", "accelerator")
     model.metadata.update({key: summary[key] for key in keys})

@@ -9,6 +9,8 @@ A start that finds another holder's live lease:
 
 * a restart of the same Vertex AI job (the same ``CLOUD_ML_JOB_ID``: Vertex AI restarts a worker that exited, and a
   job has one train step, on host 0) takes it over at once: the worker that held it is gone;
+* a holder on this machine (the same host name and boot) whose process is gone (killed: a ``run-local`` stopped, a
+  test's SIGKILL) is taken over at once too;
 * else it watches the lease until it expires: renewed meanwhile, its holder is alive and the start is refused in
   one line (``LeaseHeld``); never renewed, its holder is dead (a pipeline task's retry creates a new job minutes
   after its killed predecessor, which had no time to release it) and the start takes it over. Waiting up to the
@@ -32,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from components.lib import storage
@@ -43,7 +46,7 @@ log = logging.getLogger("tpu_mlm.train")
 FILE = "lease.json"
 EXPIRY_SECONDS = 300.0  # the train step's default (--lease_seconds): five missed heartbeats of a minute
 HEARTBEATS_IN_EXPIRY = 5  # the holder renews the lease this many times within its expiry
-READ_BACK_SECONDS = 2.0  # the pause before a taken lease is read back (at most half a heartbeat)
+READ_BACK_SECONDS = 1.0  # the pause before a taken lease is read back (at most half a heartbeat)
 JOB_ID_VARIABLE = "CLOUD_ML_JOB_ID"  # set by Vertex AI in a custom job's containers
 
 
@@ -64,17 +67,55 @@ def _read(checkpoint_dir: str) -> dict[str, Any] | None:
 
 
 def live_lease(checkpoint_dir: str) -> dict[str, Any] | None:
-    """The live lease of ``checkpoint_dir``: its record (``holder``, ``job``, ``host``, ``pid``, ``token``,
+    """The live lease of ``checkpoint_dir``: its record (``holder``, ``run``, ``job``, ``host``, ``pid``, ``token``,
     ``started``, ``heartbeat``, ``expires`` as UTC times, ``expires_at`` in seconds since the epoch,
-    ``heartbeat_seconds``); None when the folder has none or its lease has expired (its holder is dead)."""
+    ``heartbeat_seconds``); None when the folder has none or its holder is dead: its lease expired, or it was held on
+    this machine by a process that is gone."""
     record = _read(checkpoint_dir)
-    return record if record is not None and time.time() < record["expires_at"] else None
+    return record if record is not None and _alive(record) else None
+
+
+def _alive(record: dict[str, Any]) -> bool:
+    """Whether a lease's holder may be alive: its lease not expired and, held on this machine, its process there."""
+    if time.time() >= record["expires_at"]:
+        return False
+    return record.get("machine") != _machine() or _running(record["pid"])
 
 
 def describe(record: dict[str, Any]) -> str:
     """A live lease in a few words: its holder and when it expires unless renewed."""
     left = max(0, round(record["expires_at"] - time.time()))
     return f"{record['holder']}, last heartbeat {record['heartbeat']}, expires {record['expires']} ({left} s from now)"
+
+
+def _machine() -> str:
+    """This machine as its processes share it: its host name (a container's own) and its boot's id."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    boot_id = boot.read_text().strip() if boot.exists() else ""
+    return f"{socket.gethostname()}/{boot_id}"
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` of this machine runs (or may: another user's, this process itself)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _first_missing(folder: str) -> str:
+    """The first folder of ``folder``'s path that does not exist (``folder`` itself in a bucket, where writing
+    the lease makes only its marker), or "" when ``folder`` exists."""
+    if storage.exists(folder):
+        return ""
+    if storage.is_remote(folder):
+        return folder
+    while not os.path.exists(os.path.dirname(os.path.abspath(folder))):
+        folder = os.path.dirname(os.path.abspath(folder))
+    return folder
 
 
 def _utc(seconds: float) -> str:
@@ -84,7 +125,8 @@ def _utc(seconds: float) -> str:
 class Lease:
     """This process's lease on ``checkpoint_dir``, held for the length of ``held()``."""
 
-    def __init__(self, checkpoint_dir: str, expiry: float = EXPIRY_SECONDS):
+    def __init__(self, checkpoint_dir: str, expiry: float = EXPIRY_SECONDS, run: str = ""):
+        """``run``: the pipeline run training (its name finds it for ``tpu-mlm status`` and ``cancel``), if any."""
         if expiry <= 0:
             raise ValueError(f"a lease's expiry must be above 0, not {expiry}")
         self.checkpoint_dir = checkpoint_dir
@@ -94,13 +136,17 @@ class Lease:
         self.settle = min(READ_BACK_SECONDS, self.heartbeat_seconds / 2)
         self.job = os.environ.get(JOB_ID_VARIABLE, "")
         self.host = socket.gethostname()
+        self.machine = _machine()
         self.pid = os.getpid()
         self.token = uuid.uuid4().hex
+        self.run = run
         where = f"host {self.host} (pid {self.pid})"
-        self.holder = f"Vertex AI job {self.job} on {where}" if self.job else where
+        holder = f"Vertex AI job {self.job} on {where}" if self.job else where
+        self.holder = f"pipeline run {run}: {holder}" if run else holder
         self.started = time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._made = ""  # the first folder of the checkpoint folder's path that taking the lease made
 
     @contextlib.contextmanager
     def held(self) -> Iterator[Lease]:
@@ -119,8 +165,9 @@ class Lease:
         """Takes the lease: free, expired, the same Vertex AI job's, or another's that expires without a renewal
         while this start watches it; else refuses with ``LeaseHeld``."""
         found = _read(self.checkpoint_dir)
-        if found is not None and time.time() < found["expires_at"] and not self._ours_to_take(found):
+        if found is not None and _alive(found) and not self._same_job(found):
             self._wait_for_expiry(found)
+        self._made = _first_missing(self.checkpoint_dir)
         self._write()
         time.sleep(self.settle)  # another start that wrote meanwhile wins; read back which
         after = _read(self.checkpoint_dir)
@@ -129,18 +176,22 @@ class Lease:
         log.info("lease on %s taken: %s", self.checkpoint_dir, self.holder)
 
     def release(self) -> None:
-        """Stops the heartbeat and deletes the lease if it is still this process's; never raises."""
+        """Stops the heartbeat and deletes the lease if it is still this process's, and the folders taking it made
+        if nothing else was written in them (a start refused for its input leaves nothing); never raises."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.heartbeat_seconds)
         with contextlib.suppress(Exception):  # the step's own outcome matters more than the lease's
             record = _read(self.checkpoint_dir)
-            if record is not None and record.get("token") == self.token:
-                storage.remove(self.uri)
-                log.info("lease on %s released", self.checkpoint_dir)
+            if record is None or record.get("token") != self.token:
+                return
+            storage.remove(self.uri)
+            log.info("lease on %s released", self.checkpoint_dir)
+            if self._made and not storage.files_under(self._made):
+                storage.remove_folder(self._made)
 
-    def _ours_to_take(self, found: dict[str, Any]) -> bool:
-        """A live lease this start takes over at once: its own Vertex AI job's, whose worker was restarted."""
+    def _same_job(self, found: dict[str, Any]) -> bool:
+        """Whether a live lease is this Vertex AI job's, held by a worker Vertex AI restarted: taken over at once."""
         if self.job and found.get("job") == self.job:
             log.warning("lease on %s held by an earlier start of this job (%s): taken over", self.uri, found["holder"])
             return True
@@ -163,8 +214,8 @@ class Lease:
                 return
             time.sleep(min(poll, found["expires_at"] - now))
             current = _read(self.checkpoint_dir)
-            if current is None:
-                log.info("lease of %s released: taken", found["holder"])
+            if current is None or not _alive(current):
+                log.info("lease of %s released, or its process gone: taken", found["holder"])
                 return
             if (current.get("token"), current["heartbeat_at"]) != (found.get("token"), found["heartbeat_at"]):
                 raise LeaseHeld(self._refusal(current, "renews it"))
@@ -181,8 +232,10 @@ class Lease:
         now = time.time()
         record = {
             "holder": self.holder,
+            "run": self.run,
             "job": self.job,
             "host": self.host,
+            "machine": self.machine,
             "pid": self.pid,
             "token": self.token,
             "started": _utc(self.started),
@@ -209,6 +262,7 @@ class Lease:
                         f"the lease on {self.checkpoint_dir} was taken over by {record['holder']} after this "
                         f"training missed its heartbeats for {self.expiry:g} s: stopping without a checkpoint",
                     )
+                    return
                 self._write()
             except Exception as error:  # a storage hiccup: the next beat tries again, within the expiry
                 log.warning("could not renew the lease on %s: %s", self.checkpoint_dir, error)
