@@ -1,31 +1,27 @@
-"""Deletes what a pipeline run left in storage, by the run's name (its Vertex AI pipeline job id, as submit prints
-it): its steps' artifacts, its checkpoints and its TensorBoard logs. Without --yes it is a dry run that deletes
-nothing: each folder, what it is, its objects and bytes, kept or to delete, the totals, what the deleted part costs a
-month, and the command that deletes it.
+"""Deletes what a finished pipeline run left in storage, by the run's name (its Vertex AI pipeline job id, as submit
+prints it; run-local's run folder's name): its checkpoints and its data (tokenizer and shards) by default, its model,
+reports and TensorBoard logs when named. Without --yes it is a dry run that deletes nothing: each folder, what it is,
+its objects and bytes, kept or to delete, the totals, what the deleted part costs a month, and the command that
+deletes it.
 
-    tpu-mlm clean tpu-mlm-20260101-120000 --pipeline_root gs://MY_BUCKET/root
-    tpu-mlm clean tpu-mlm-20260101-120000 --pipeline_root gs://MY_BUCKET/root --yes
-    tpu-mlm clean tpu-mlm-20260101-120000 --pipeline_root gs://MY_BUCKET/root \\
-        --output_root gs://MY_BUCKET/runs --keep model --yes
-    tpu-mlm clean tpu-mlm-pretraining-2026-12-04-00-00-21-732449 --pipeline_root runs --keep ''   (a run-local run)
+    tpu-mlm clean tpu-mlm-20260101-120000 --project my-project --region us-central1
+    tpu-mlm clean tpu-mlm-20260101-120000 --project my-project --region us-central1 --yes
+    tpu-mlm clean tpu-mlm-20260101-120000 --project my-project --delete all --yes
+    tpu-mlm clean tpu-mlm-pretraining-2026-12-04-00-00-21-732449 --pipeline_root runs --delete all   (a run-local run)
 
-(``python -m pipelines.clean RUN ...`` alike.) The run's folders are found by listing, with object permissions only
-(list, get, delete: the README's roles/storage.objectUser on the bucket):
-
-* PIPELINE_ROOT/PROJECT_NUMBER/RUN/TASK/...: the steps' artifacts on Vertex AI (PIPELINE_ROOT/RUN/TASK/... under
-  kfp.local), and OUTPUT_ROOT/RUN/TASK/... where the run's output_root parameter moved them;
-* ROOT/checkpoints/RUN and ROOT/tensorboard/RUN, ROOT being the output_root, else the pipeline root.
-
-By default the model, the reports and the TensorBoard logs are kept: the model is what the run paid for (its folder
-holds its tokenizer), the reports and logs are small and say what it learnt and cost. The checkpoints and the data
-(tokenizer and shards), the bulk of it, go; --keep '' deletes it all. A fixed checkpoint_dir is not the run's own
-(other runs may resume from it): name it with --checkpoint_dir to be reminded of it. Clean a run that has ended
-(tpu-mlm status RUN): a step still running would find its files gone.
+(``python -m pipelines.clean RUN ...`` alike.) What is the run's comes from the run's own records, never from a
+pattern: on Vertex AI its pipeline job (read through the API: its pipeline, state, pipeline root, output_root and
+checkpoint_dir) and its TPU jobs; under kfp.local the record run-local writes in the run's folder. It deletes only
+once the run has ended (its pipeline job in a final state and none of its TPU jobs alive; no run-local process of it
+running) and no training holds the checkpoints' lease; the checkpoints not while another run resumed from them is
+going, the data not while another run of the pipeline that may read it through Vertex AI's cache is going. Nothing
+at or under a fixed checkpoint_dir (this run's or any other run's) is deleted, nor a folder of the run that no task
+of the pipeline makes (listed as unknown, kept). Folders are found with object permissions only (list, get, delete:
+the README's roles/storage.objectUser on the bucket), and only the objects listed are deleted.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -34,24 +30,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.lib import attempts, storage
+from components.lib import lease, storage
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from pipelines.run_folders import (
     CHECKPOINTS,
+    LOCAL_RUN_RECORD,
+    RESUMED_FROM_LABEL,
     TENSORBOARD,
     checkpoint_folder,
+    local_run_alive,
+    read_local_run_record,
     run_as_flag,
+    run_label,
     run_name,
+    run_root,
     tensorboard_folder,
 )
 
 DATA, MODEL, REPORTS = "data", "model", "reports"
-KEEPABLE = (MODEL, REPORTS, TENSORBOARD, CHECKPOINTS, DATA)  # in the order --keep is printed
-DEFAULT_KEEP = f"{MODEL},{REPORTS},{TENSORBOARD}"
-OTHER = "other"  # the pipeline's own records (a loop's plan, the push's result, run-local's logs): go with the run
+DELETABLE = (CHECKPOINTS, DATA, MODEL, REPORTS, TENSORBOARD)  # in the order --delete is printed
+DEFAULT_DELETE = f"{CHECKPOINTS},{DATA}"
+ALL = "all"
+OTHER = "other"  # the pipeline's own records (a loop's plan, the push's result, run-local's logs): go with the data
+UNKNOWN = "unknown"  # a folder no task of the pipeline makes: not the run's to delete, listed and kept
 # each task of the pipeline by what its folder holds (its name without KFP's "-2" for a second use of a component
-# and Vertex AI's "_EXECUTIONID"); a folder of no task here is OTHER
+# and Vertex AI's "_EXECUTIONID"), and run-local's own folders; a folder of none of them is UNKNOWN
 TASK_KINDS = {
     "tokenizer-step": DATA,
     "shards-step": DATA,
@@ -66,9 +70,10 @@ TASK_KINDS = {
     "for-loop": OTHER,
     "condition": OTHER,
 }
+LOCAL_FOLDERS = {"logs": OTHER}  # run-local's steps' logs
 TASK_SUFFIXES = re.compile(r"(-\d+)?(_\d+)?$")
-LOOP_ITERATION = re.compile(r"for-loop-\d+-iteration-\d+")  # kfp.local's folder of one loop iteration's tasks
 RESOURCE_NAME = re.compile(r"projects/[^/]+/locations/[^/]+/pipelineJobs/[^/]+")
+GLOB_CHARACTERS = re.compile(r"[*?\[\]]")
 # Cloud Storage's Standard class in a region (us-central1): $0.000027397 a GiB-hour on
 # https://cloud.google.com/storage/pricing (as transcribed on 2026-09-20 in api-evangelist/gcp-cloud-storage,
 # plans/gcp-cloud-storage-plans-pricing.yml), 730 hours a month: $0.020 a GiB-month. Multi-regions cost more.
@@ -76,8 +81,7 @@ STANDARD_PRICE_PER_GIB_MONTH = 0.020
 GIB = 2**30
 CACHING_WARNING = (
     "warning: Vertex AI caches the tokenizer and shards steps: a later run with the same inputs gets this run's data "
-    "instead of writing its own, and would read deleted files; submit later runs with --enable_caching false, or keep "
-    "data."
+    "instead of writing its own, and would read deleted files; submit later runs with --enable_caching false."
 )
 
 
@@ -95,25 +99,37 @@ def clean_run_name(run: str) -> str:
     return name
 
 
+def check_root(parameter: str, root: str) -> str:
+    """A root as a path: checked, without a trailing "/" (``t6`` and ``t6/`` are one root), refused when it holds a
+    glob's characters (a pattern could reach other roots' runs)."""
+    storage.check_uri(parameter, root)
+    if GLOB_CHARACTERS.search(root):
+        raise InvalidParameter(parameter, root, "must be a path, without '*', '?', '[' or ']'")
+    return root if root.rstrip("/").endswith("://") else root.rstrip("/")
+
+
 @dataclass(kw_only=True)
 class CleanArguments:
     run: str = field(
         metadata={"help": "The run's name as submit prints it, or its resource name; also taken as the first word."}
     )
+    project: str = field(
+        default="", metadata={"help": "A Vertex AI run's Google Cloud project id; none: a run-local run."}
+    )
+    region: str = field(default="us-central1", metadata={"help": "The Vertex AI region the run is in."})
+    api_endpoint: str = field(
+        default="", metadata={"help": "Vertex AI's endpoint; default: the region's, REGION-aiplatform.googleapis.com."}
+    )
     pipeline_root: str = field(
-        metadata={"help": "The pipeline root the run had (submit's --pipeline_root; run-local's, runs by default)."}
-    )
-    output_root: str = field(default="", metadata={"help": "The run's output_root parameter, if it had one."})
-    keep: str = field(
-        default=DEFAULT_KEEP,
-        metadata={
-            "help": "What to keep, a comma list of model, reports, tensorboard, checkpoints and data (tokenizer and "
-            "shards); '': nothing."
-        },
-    )
-    checkpoint_dir: str = field(
         default="",
-        metadata={"help": "The run's fixed checkpoint_dir parameter, if it had one: never deleted, named in a hint."},
+        metadata={"help": "A run-local run's pipeline root (runs by default); a Vertex AI run's is read from it."},
+    )
+    delete: str = field(
+        default=DEFAULT_DELETE,
+        metadata={
+            "help": "What to delete, a comma list of checkpoints, data (tokenizer and shards), model, reports and "
+            "tensorboard, or all; the rest is kept."
+        },
     )
     price_per_gb_month: float = field(
         default=STANDARD_PRICE_PER_GIB_MONTH,
@@ -125,19 +141,137 @@ class CleanArguments:
 
     def __post_init__(self) -> None:
         self.run = clean_run_name(self.run)
-        storage.check_uri("pipeline_root", self.pipeline_root)
-        for name in ("output_root", "checkpoint_dir"):
-            if getattr(self, name):
-                storage.check_uri(name, getattr(self, name))
-        kept = {part.strip() for part in self.keep.split(",") if part.strip()}
-        if kept - set(KEEPABLE):
-            raise InvalidParameter("keep", self.keep, f"must be a comma list of {', '.join(KEEPABLE)}, or ''")
-        self.keep = ",".join(kind for kind in KEEPABLE if kind in kept)  # one spelling, for the command it prints
+        if self.pipeline_root:
+            self.pipeline_root = check_root("pipeline_root", self.pipeline_root)
+        elif not self.project:
+            raise InvalidParameter(
+                "pipeline_root", "", "a run-local run's pipeline root is needed (or --project for a Vertex AI run)"
+            )
+        named = {part.strip() for part in self.delete.split(",") if part.strip()}
+        if named == {ALL}:
+            named = set(DELETABLE)
+        if not named or named - set(DELETABLE):
+            raise InvalidParameter("delete", self.delete, f"must be a comma list of {', '.join(DELETABLE)}, or all")
+        self.delete = ",".join(kind for kind in DELETABLE if kind in named)  # one spelling, for the command printed
         if self.price_per_gb_month < 0:
             raise InvalidParameter("price_per_gb_month", self.price_per_gb_month, "must be 0 or above")
 
-    def roots(self) -> list[str]:
-        return list(dict.fromkeys(root for root in (self.pipeline_root, self.output_root) if root))
+
+@dataclass
+class RunRecord:
+    """What the run's own records say: where its tasks' folders are, the root of its checkpoints and TensorBoard
+    logs, the checkpoint folders never to delete, and the runs still going that need its checkpoints or data."""
+
+    task_folders: list[str]
+    root: str  # the run's output_root, else its pipeline root
+    searched: list[str]  # the roots its folders were looked for under
+    fixed_checkpoint_dirs: list[str] = field(default_factory=list)
+    resumed_by: list[str] = field(default_factory=list)  # runs going that train in this run's checkpoints
+    caching_runs: list[str] = field(default_factory=list)  # runs going that may read this run's data from the cache
+
+
+def refuse(run: str, why: str) -> InvalidParameter:
+    return InvalidParameter("run", run, why)
+
+
+def local_record(arguments: CleanArguments) -> RunRecord:
+    """A run-local run's records: the record run-local wrote in its folder, refused when there is none (not a run
+    of this pipeline's, or one from before records) or its run-local is still running."""
+    folder = storage.join(arguments.pipeline_root, arguments.run)
+    record = read_local_run_record(folder)
+    if record is None:
+        raise refuse(
+            arguments.run,
+            f"{folder} holds no record of a run-local run of this pipeline ({LOCAL_RUN_RECORD}): nothing of it is "
+            "deleted; a Vertex AI run is cleaned with --project",
+        )
+    alive = local_run_alive(record)
+    if alive:
+        raise refuse(arguments.run, f"{alive}: clean it once it has ended")
+    output_root = record.get("output_root") or ""
+    task_folders = [folder, *([storage.join(output_root, arguments.run)] if output_root else [])]
+    fixed = [record["checkpoint_dir"]] if record.get("checkpoint_dir") else []
+    roots = [arguments.pipeline_root, *([output_root] if output_root else [])]
+    return RunRecord(task_folders, output_root or arguments.pipeline_root, roots, fixed)
+
+
+def vertex_record(arguments: CleanArguments) -> RunRecord:
+    """A Vertex AI run's records, through the API: refused unless it is this pipeline's (``Run.pipeline_job``), its
+    pipeline job has ended and none of its TPU jobs is alive."""
+    from pipelines.runs import Run, RunArguments, pipeline_name
+    from pipelines.vertex_jobs import PIPELINE_TERMINAL_STATES, TERMINAL_STATES, call, location_path
+
+    where = RunArguments(run=arguments.run, project=arguments.project, region=arguments.region)
+    run = Run(where, arguments.api_endpoint)
+    job = run.pipeline_job()
+    if job.state.name not in PIPELINE_TERMINAL_STATES:
+        raise refuse(
+            run.name,
+            f"is {job.state.name}: a run's data is deleted once it has ended (tpu-mlm status {run.name}; "
+            f"tpu-mlm cancel {run.name} ends it)",
+        )
+    alive = [f"{tpu.name} {tpu.state.name}" for tpu in run.tpu_jobs() if tpu.state.name not in TERMINAL_STATES]
+    if alive:
+        raise refuse(run.name, f"its TPU job {alive[0]} is still alive: clean it once it has ended")
+    parameters = dict(job.runtime_config.parameter_values)
+    pipeline_root = check_root("pipeline_root", job.runtime_config.gcs_output_directory)
+    if arguments.pipeline_root and arguments.pipeline_root != pipeline_root:
+        raise InvalidParameter("pipeline_root", arguments.pipeline_root, f"is not the run's, {pipeline_root}")
+    root = run_root(parameters, pipeline_root)
+    own_checkpoints = checkpoint_folder(root, run.name)
+    record = RunRecord(vertex_task_folders(pipeline_root, run.name), root, [pipeline_root])
+    if parameters.get("output_root"):
+        output_root = check_root("output_root", parameters["output_root"])
+        record.task_folders.append(storage.join(output_root, run.name))
+        record.searched.append(output_root)
+    if parameters.get("checkpoint_dir"):
+        record.fixed_checkpoint_dirs.append(parameters["checkpoint_dir"])
+    request = {"parent": location_path(run.project, run.region), "filter": f'pipeline_name="{pipeline_name(job)}"'}
+    for listed in call(run.pipelines.list_pipeline_jobs, request=request):
+        if listed.name.rsplit("/", 1)[-1] == run.name:
+            continue
+        other = call(run.pipelines.get_pipeline_job, name=listed.name)
+        other_name, going = other.name.rsplit("/", 1)[-1], other.state.name not in PIPELINE_TERMINAL_STATES
+        checkpoint_dir = dict(other.runtime_config.parameter_values).get("checkpoint_dir", "")
+        if (
+            checkpoint_dir
+            and checkpoint_dir == own_checkpoints
+            and other.labels.get(RESUMED_FROM_LABEL) == run_label(run.name)
+        ):
+            if going:
+                record.resumed_by.append(other_name)
+        elif checkpoint_dir:
+            record.fixed_checkpoint_dirs.append(checkpoint_dir)
+        if going and reads_cache(other.pipeline_spec):
+            record.caching_runs.append(other_name)
+    return record
+
+
+def vertex_task_folders(pipeline_root: str, run: str) -> list[str]:
+    """The folder of the run's tasks under its pipeline root, PIPELINE_ROOT/PROJECT_NUMBER/RUN (the project's
+    number, which the API does not give, the one digit folder that holds the run). A glob of one level, not a
+    listing of the root: TensorFlow lists a folder after asking whether it is one, which for a bucket's root is a
+    bucket request (see ``storage.is_bucket``)."""
+    found = [
+        folder
+        for folder in storage.glob(storage.join(pipeline_root, "*", run))
+        if storage.basename(storage.dirname(folder)).isdigit()
+    ]
+    if len(found) > 1:
+        raise refuse(run, f"runs of that name in several projects' folders ({', '.join(found)}): cannot tell which")
+    return found
+
+
+def reads_cache(pipeline_spec: Any) -> bool:
+    """Whether a pipeline job may take a task's outputs from Vertex AI's cache: any task of its spec with caching
+    on (submit --enable_caching false turns it off in every task)."""
+    spec = dict(pipeline_spec or {})
+    dags = [spec.get("root", {}), *dict(spec.get("components", {})).values()]
+    return any(
+        dict(task.get("cachingOptions", {})).get("enableCache", False)
+        for dag in dags
+        for task in dict(dict(dag).get("dag", {})).get("tasks", {}).values()
+    )
 
 
 @dataclass
@@ -157,34 +291,32 @@ class RunFolder:
         return sum(size for _, size in self.files)
 
 
-def task_runs(arguments: CleanArguments) -> list[str]:
-    """The folders that hold the run's tasks: PIPELINE_ROOT/PROJECT_NUMBER/RUN (Vertex AI, any project number) and
-    ROOT/RUN (kfp.local, output_root). A glob, not a listing of the root: TensorFlow lists a folder after asking
-    whether it is one, which for a bucket's root is a bucket request (see ``storage.is_bucket``)."""
-    vertex = [
-        folder
-        for folder in storage.glob(storage.join(arguments.pipeline_root, "*", arguments.run))
-        if storage.basename(storage.dirname(folder)).isdigit()
-    ]
-    return list(dict.fromkeys([*vertex, *(storage.join(root, arguments.run) for root in arguments.roots())]))
-
-
 def task_folder(relative: str) -> str:
     """The task folder, in its run folder, of a file at ``relative`` there: its first part, its first two in a
     kfp.local loop iteration's folder; "" for a file of the run folder itself."""
     parts = relative.split("/")[:-1]
-    return "/".join(parts[: 2 if parts and LOOP_ITERATION.fullmatch(parts[0]) else 1])
+    return "/".join(parts[: 2 if parts and storage.LOOP_ITERATION.fullmatch(parts[0]) else 1])
 
 
 def task_kind(task: str) -> str:
-    return TASK_KINDS.get(TASK_SUFFIXES.sub("", storage.basename(task)), OTHER) if task else OTHER
+    if not task:
+        return OTHER
+    name = TASK_SUFFIXES.sub("", storage.basename(task))
+    return TASK_KINDS.get(name) or LOCAL_FOLDERS.get(name) or UNKNOWN
 
 
-def run_folders(arguments: CleanArguments) -> list[RunFolder]:
-    """Every folder of the run that holds a file, with its files, and whether ``--keep`` keeps it."""
-    kept = set(arguments.keep.split(","))
+def overlaps(folder: str, others: Sequence[str]) -> bool:
+    """Whether ``folder`` is one of ``others``, or holds one, or is inside one."""
+    folder = folder.rstrip("/") + "/"
+    return any(folder.startswith(other.rstrip("/") + "/") or other.startswith(folder) for other in others)
+
+
+def run_folders(arguments: CleanArguments, record: RunRecord) -> list[RunFolder]:
+    """Every folder of the run that holds a file, with its files, and whether it is kept: not named by --delete,
+    unknown, or at, in or around a fixed checkpoint_dir."""
+    deleted = set(arguments.delete.split(",")) | {OTHER}
     found = []
-    for run_folder in task_runs(arguments):
+    for run_folder in dict.fromkeys(record.task_folders):
         tasks: dict[str, list[tuple[str, int]]] = {}
         for path, size in storage.files_under(run_folder):
             relative = path[len(run_folder) :].replace(os.sep, "/").lstrip("/")
@@ -193,43 +325,79 @@ def run_folders(arguments: CleanArguments) -> list[RunFolder]:
             kind = task_kind(task)
             uri = storage.join(run_folder, task) if task else run_folder
             what = f"{TASK_SUFFIXES.sub('', storage.basename(task))}: {kind}" if task else f"run folder's files: {kind}"
-            found.append(RunFolder(uri, what, kind, files, kind in kept, run_folder))
-    for root in arguments.roots():
-        for kind, folder in ((CHECKPOINTS, checkpoint_folder), (TENSORBOARD, tensorboard_folder)):
-            uri = folder(root, arguments.run)
-            files = storage.files_under(uri)
-            if files:
-                found.append(RunFolder(uri, kind, kind, files, kind in kept))
-    return sorted(found, key=lambda folder: folder.uri)
+            found.append(RunFolder(uri, what, kind, files, kind not in deleted, run_folder))
+    for kind, folder in ((CHECKPOINTS, checkpoint_folder), (TENSORBOARD, tensorboard_folder)):
+        uri = folder(record.root, arguments.run)
+        files = storage.files_under(uri)
+        if files:
+            found.append(RunFolder(uri, kind, kind, files, kind not in deleted))
+    for folder in found:
+        if overlaps(folder.uri, record.fixed_checkpoint_dirs):
+            folder.what, folder.keep = f"{folder.what} (a fixed checkpoint_dir: never deleted)", True
+    if any(folder.keep for folder in found):  # the run's record goes with the last of the run's files
+        for folder in [folder for folder in found if folder.uri == folder.run_folder]:
+            record_files = [file for file in folder.files if storage.basename(file[0]) == LOCAL_RUN_RECORD]
+            folder.files = [file for file in folder.files if file not in record_files]
+            if record_files:
+                found.append(RunFolder(folder.uri, "the run's record", OTHER, record_files, True, folder.run_folder))
+    return sorted((folder for folder in found if folder.files), key=lambda folder: folder.uri)
+
+
+def refuse_what_others_need(arguments: CleanArguments, record: RunRecord, doomed: list[RunFolder]) -> None:
+    """Refuses, in one line, deleting checkpoints a training holds or a run resumed from them may still train in,
+    or data a run going may read through the cache."""
+    for folder in doomed:
+        if folder.kind != CHECKPOINTS:
+            continue
+        held = lease.live_lease(folder.uri)
+        if held:
+            raise refuse(
+                arguments.run,
+                f"a training holds {folder.uri} ({lease.describe(held)}): clean it once that training has ended",
+            )
+        if record.resumed_by:
+            raise refuse(
+                arguments.run,
+                f"run {record.resumed_by[0]}, resumed from it, is going and trains in {folder.uri}: clean it once "
+                "that run has ended",
+            )
+    if record.caching_runs and any(folder.kind == DATA for folder in doomed):
+        raise refuse(
+            arguments.run,
+            f"run {record.caching_runs[0]} is going with caching on and may read this run's tokenizer and shards "
+            "from the cache: clean its data once that run has ended",
+        )
 
 
 def delete(doomed: list[RunFolder], kept: list[RunFolder]) -> None:
-    """Deletes the objects of the ``doomed`` folders, then the folders, children first; a run folder only when it
-    holds nothing kept."""
+    """Deletes the objects of the ``doomed`` folders, then the folders left empty, children first; a run folder only
+    when it holds nothing kept."""
     for folder in doomed:
         for path, _ in folder.files:
             storage.remove(path)
-    holding_kept = {folder.run_folder for folder in kept}
+    holding_kept = {folder.run_folder for folder in kept} | {folder.uri for folder in kept}
     emptied = {folder.uri for folder in doomed} | {folder.run_folder for folder in doomed}
     for uri in sorted(emptied - holding_kept - {""}, reverse=True):
         storage.remove_folder(uri)
 
 
 def delete_command(arguments: CleanArguments) -> str:
-    words = ["tpu-mlm", "clean", arguments.run, "--pipeline_root", arguments.pipeline_root]
-    if arguments.output_root:
-        words += ["--output_root", arguments.output_root]
-    return shlex.join([*words, "--keep", arguments.keep, "--yes"])
+    words = ["tpu-mlm", "clean", arguments.run]
+    if arguments.project:
+        words += ["--project", arguments.project, "--region", arguments.region]
+    if arguments.pipeline_root:
+        words += ["--pipeline_root", arguments.pipeline_root]
+    return shlex.join([*words, "--delete", arguments.delete, "--yes"])
 
 
 def clean(arguments: CleanArguments) -> dict[str, Any]:
-    """Finds the run's folders and, with --yes, deletes those --keep does not keep; returns what it found and did."""
-    folders = run_folders(arguments)
+    """Reads the run's records, finds its folders and, with --yes, deletes those --delete names, once nothing
+    needs them; returns what it found and did."""
+    record = vertex_record(arguments) if arguments.project else local_record(arguments)
+    folders = run_folders(arguments, record)
     doomed = [folder for folder in folders if not folder.keep]
     kept = [folder for folder in folders if folder.keep]
-    for folder in doomed:
-        if folder.kind == CHECKPOINTS:
-            refuse_while_training(folder.uri)
+    refuse_what_others_need(arguments, record, doomed)
     if arguments.yes:
         delete(doomed, kept)
     keeping, deleting = ("kept", "deleted") if arguments.yes else ("keep", "delete")
@@ -237,7 +405,7 @@ def clean(arguments: CleanArguments) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "run": arguments.run,
         "dry_run": not arguments.yes,
-        "roots": arguments.roots(),
+        "roots": list(dict.fromkeys(record.searched)),
         "folders": [
             {
                 "folder": folder.uri,
@@ -254,31 +422,16 @@ def clean(arguments: CleanArguments) -> dict[str, Any]:
         "keep_bytes": sum(folder.bytes for folder in kept),
         "price_per_gb_month": arguments.price_per_gb_month,
         "monthly_cost": delete_bytes / GIB * arguments.price_per_gb_month,
-        "warnings": [CACHING_WARNING] if any(folder.kind == DATA for folder in doomed) else [],
+        "warnings": [CACHING_WARNING] if arguments.project and any(folder.kind == DATA for folder in doomed) else [],
     }
     if doomed and not arguments.yes:
         summary["command"] = delete_command(arguments)
-    if arguments.checkpoint_dir and arguments.checkpoint_dir not in {folder.uri for folder in folders}:
-        summary["hint"] = (
-            f"the run's checkpoint_dir {arguments.checkpoint_dir} is not deleted (other runs may resume from it); "
-            f"when none will: gcloud storage rm -r {arguments.checkpoint_dir}"
+    for checkpoint_dir in dict.fromkeys(record.fixed_checkpoint_dirs):
+        summary.setdefault("hints", []).append(
+            f"the fixed checkpoint_dir {checkpoint_dir} is not deleted (runs may resume from it); when none will: "
+            f"gcloud storage rm -r {shlex.quote(checkpoint_dir)}"
         )
     return summary
-
-
-def refuse_while_training(folder: str) -> None:
-    """Refuses to delete a checkpoint folder a training is still running in: this run's, or one resumed from it
-    (submit --resume trains in the checkpoints of the run it resumes), by the attempt its attempts.json records."""
-    record = storage.join(folder, attempts.FILE)
-    if storage.exists(record):
-        tries = json.loads(storage.read_text(record))
-        if tries and tries[-1]["outcome"] == "running":
-            raise InvalidParameter(
-                "run",
-                storage.basename(folder),
-                f"a training is running in {folder} (started {tries[-1]['started']}; this run or one resumed from it): "
-                "clean it once that run has ended (tpu-mlm status), or --keep checkpoints",
-            )
 
 
 def readable_size(size: float) -> str:
@@ -326,8 +479,7 @@ def summary_for_people(summary: dict[str, Any]) -> str:
             f"${price:.3f} a GiB-month ({source})"
         )
     lines += summary["warnings"]
-    if "hint" in summary:
-        lines.append(summary["hint"])
+    lines += summary.get("hints", [])
     if "command" in summary:
         lines.append(f"to delete them: {summary['command']}")
     return "\n".join(lines)

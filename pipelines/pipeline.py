@@ -32,11 +32,11 @@ from components.push import PushArguments
 from components.shards import ShardArguments
 from components.tokenizer import TokenizerArguments
 from pipelines.routes import ROUTES
+from pipelines.run_folders import PIPELINE_NAME
 from pipelines.runners import split_source
 from pipelines.steps import PARAMETER_TYPES, STEPS, make_steps, type_name
 from pipelines.vertex_jobs import tpu_worker_pool
 
-PIPELINE_NAME = "tpu-mlm-pretraining"
 DEFAULT_CPU_IMAGE = "tpu-mlm-cpu:latest"
 TARGETS = ("local", "vertex")
 # CPU and memory requests on Vertex AI for the CPU steps (tokenizing uses every core).

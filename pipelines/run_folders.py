@@ -6,14 +6,22 @@ deletes."""
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
+import socket
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
 
+PIPELINE_NAME = "tpu-mlm-pretraining"  # the compiled pipeline's name: what marks a pipeline job as this project's
 CHECKPOINTS = "checkpoints"
 # a Vertex AI pipeline job id: lowercase letters, digits and hyphens, a letter first, at most 128 characters
 RUN_NAME = re.compile(r"[a-z][a-z0-9-]{0,127}")
@@ -53,18 +61,21 @@ def tensorboard_folder(root: str, run: str) -> str:
 
 # the label that ties a run's TPU custom jobs to it (the launcher sets it; status, logs and cancel list by it)
 RUN_NAME_LABEL = "tpu-mlm-run"
+# the label of a run submit --resume made: the run_label of the run whose checkpoints it trains in (clean reads it)
+RESUMED_FROM_LABEL = "tpu-mlm-resumed-from"
 LABEL_VALUE_LENGTH = 63  # Google Cloud's longest label value
-LABEL_HASH_LENGTH = 8
+LABEL_HASH_LENGTH = 12
 
 
 def run_label(run: str) -> str:
-    """The run's name as a label value: itself up to 63 characters; a longer one cut, with a short hash of the whole
-    name after the cut, so that two long names that begin alike still label apart."""
+    """The run's name as a label value: itself up to 63 characters; a longer one cut, with "_" and a hash of the
+    whole name after the cut. A run's name has no "_", so no other run's name is ever the label of a long one, and
+    two long names that begin alike label apart."""
     name = run_name(run)
     if len(name) <= LABEL_VALUE_LENGTH:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:LABEL_HASH_LENGTH]
-    return f"{name[: LABEL_VALUE_LENGTH - LABEL_HASH_LENGTH - 1]}-{digest}"
+    return f"{name[: LABEL_VALUE_LENGTH - LABEL_HASH_LENGTH - 1]}_{digest}"
 
 
 def run_root(parameters: dict[str, Any], pipeline_root: str) -> str:
@@ -77,3 +88,80 @@ def run_checkpoint_folder(parameters: dict[str, Any], pipeline_root: str, run: s
     """Where the run's train step checkpoints: the run's ``checkpoint_dir`` parameter when it names one, else
     ``checkpoint_folder`` under its ``run_root``."""
     return parameters.get("checkpoint_dir") or checkpoint_folder(run_root(parameters, pipeline_root), run_name(run))
+
+
+# kfp.local keeps no record of a run but its folder: run-local writes this one in it, which ``clean`` reads to prove
+# the folder is a run of this pipeline, whether it is over, and where it put its data and checkpoints
+LOCAL_RUN_RECORD = "tpu-mlm-run.json"
+RUNNING = "running"
+
+
+def read_local_run_record(run_folder: str) -> dict[str, Any] | None:
+    """A kfp.local run's record (``LOCAL_RUN_RECORD`` in its folder); None when there is none, or it is not this
+    pipeline's."""
+    uri = storage.join(run_folder, LOCAL_RUN_RECORD)
+    if not storage.exists(uri):
+        return None
+    try:
+        record = json.loads(storage.read_text(uri))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("pipeline") == PIPELINE_NAME else None
+
+
+def local_run_alive(record: dict[str, Any]) -> str:
+    """Why the kfp.local run of ``record`` may still be running, or "" when it is over: it said it ended, or its
+    run-local process (on this machine) is gone."""
+    if record.get("state") != RUNNING:
+        return ""
+    if record.get("host") != socket.gethostname():
+        return f"it is running on {record.get('host')!r} (since {record.get('started')}), another machine"
+    try:
+        os.kill(int(record["pid"]), 0)
+    except ProcessLookupError:
+        return ""  # killed without a word: over
+    except PermissionError:
+        pass  # a process of another user has the number: taken as alive
+    return f"its run-local process {record['pid']} is running (since {record.get('started')})"
+
+
+@contextmanager
+def local_run_recorded(run_dir: Callable[[], Path | None], values: dict[str, Any]) -> Iterator[None]:
+    """Writes the kfp.local run's record as soon as kfp.local makes its folder (it does when its first task runs),
+    running, then how it ended. ``values`` are the run's parameters (its output_root and checkpoint_dir)."""
+    record = {
+        "pipeline": PIPELINE_NAME,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "state": RUNNING,
+        "output_root": values.get("output_root", ""),
+        "checkpoint_dir": values.get("checkpoint_dir", ""),
+    }
+    ended = threading.Event()
+
+    def write(folder: Path) -> None:
+        storage.write_text_atomic(str(folder / LOCAL_RUN_RECORD), json.dumps(record, indent=1) + "\n")
+
+    def watch() -> None:
+        while not ended.wait(0.05):
+            folder = run_dir()
+            if folder is not None:
+                write(folder)
+                return
+
+    watcher = threading.Thread(target=watch, name="local-run-record", daemon=True)
+    watcher.start()
+    try:
+        yield
+        record["state"] = "succeeded"
+    except BaseException:
+        record["state"] = "failed"
+        raise
+    finally:
+        ended.set()
+        watcher.join()
+        record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        folder = run_dir()
+        if folder is not None:
+            write(folder)

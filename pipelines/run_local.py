@@ -33,7 +33,8 @@ from components.lib.errors import InvalidParameter, ReportedFailure
 from components.lib.hub import check_repo_id, hub_token
 from components.lib.job_runner import run_job
 from components.lib.results import METRICS_FILE, PROBE_MODELS, fill_mask_line, read_downstream, standard_error
-from pipelines.pipeline import DEFAULT_CPU_IMAGE, PIPELINE_NAME, build_pipeline, check_values, pipeline_parameters
+from pipelines.pipeline import DEFAULT_CPU_IMAGE, build_pipeline, check_values, pipeline_parameters
+from pipelines.run_folders import PIPELINE_NAME, local_run_recorded
 from pipelines.submit import check_parts
 
 # The folder of each artifact inside a run, by task and output name, in the order they are made.
@@ -274,22 +275,19 @@ def run_local(arguments: LocalRunOptions) -> dict[str, Any]:
         return new.pop() if new else None
 
     values = arguments.pipeline_values()
-    # loop iterations' folders repeat from run to run, so each run's data gets a folder of its own
-    values["output_root"] = values["output_root"] and storage.join(
-        values["output_root"], time.strftime("run-%Y%m%d-%H%M%S")
-    )
     started = time.perf_counter()
-    if arguments.verbose:
-        with step_exit_statuses() as statuses:
-            try:
-                pipeline(**values)
-            except RuntimeError:  # kfp.local's "Pipeline ... finished with status FAILURE"
-                if not any(statuses):
-                    raise
-                status = next(status for status in statuses if status)
-                raise ReportedFailure(status, f"a step failed (exit status {status}); its log is above") from None
-    else:
-        run_quietly(pipeline, values, run_dir)
+    with local_run_recorded(run_dir, values):
+        if arguments.verbose:
+            with step_exit_statuses() as statuses:
+                try:
+                    pipeline(**values)
+                except RuntimeError:  # kfp.local's "Pipeline ... finished with status FAILURE"
+                    if not any(statuses):
+                        raise
+                    status = next(status for status in statuses if status)
+                    raise ReportedFailure(status, f"a step failed (exit status {status}); its log is above") from None
+        else:
+            run_quietly(pipeline, values, run_dir)
     folder = run_dir()
     assert folder is not None, "kfp.local made no run folder"
     artifacts = {name: str(folder / relative) for name, relative in ARTIFACTS.items()}

@@ -26,7 +26,14 @@ from components.lib import attempts, storage
 from components.lib.errors import InvalidParameter, ServiceFailed, first_line
 from components.lib.job_runner import log, run_job
 from components.lib.results import HISTORY_FILE
-from pipelines.run_folders import RUN_NAME_LABEL, run_as_flag, run_checkpoint_folder, run_label, run_name
+from pipelines.run_folders import (
+    PIPELINE_NAME,
+    RUN_NAME_LABEL,
+    run_as_flag,
+    run_checkpoint_folder,
+    run_label,
+    run_name,
+)
 from pipelines.vertex_jobs import (
     CANCEL_WAIT_SECONDS,
     PIPELINE_SUCCEEDED,
@@ -116,15 +123,25 @@ class Run:
         self.jobs = job_client(self.region, api_endpoint)
 
     def pipeline_job(self) -> Any:
-        """The run's pipeline job; a name that is no run there is refused in one line."""
+        """The run's pipeline job; a name that is no run there, or the run of another pipeline (whose folders and jobs
+        are not this project's to read, cancel or delete), is refused in one line."""
         from google.api_core.exceptions import NotFound
 
         try:
-            return call(self.pipelines.get_pipeline_job, name=self.resource)
+            pipeline_job = call(self.pipelines.get_pipeline_job, name=self.resource)
         except NotFound:
             raise InvalidParameter(
                 "run", self.name, f"no such pipeline run in project {self.project}, region {self.region}"
             ) from None
+        pipeline = pipeline_name(pipeline_job)
+        if pipeline != PIPELINE_NAME:
+            raise InvalidParameter(
+                "run",
+                self.name,
+                f"is a run of the pipeline {pipeline or '(unnamed)'!r}, not of {PIPELINE_NAME}: tpu-mlm reads, cancels "
+                "and deletes only its own runs",
+            )
+        return pipeline_job
 
     def tpu_jobs(self) -> list[Any]:
         """The run's TPU custom jobs, oldest first: those the launcher labelled with the run's name."""
@@ -138,6 +155,13 @@ class Run:
             f"https://console.cloud.google.com/vertex-ai/locations/{self.region}/pipelines/runs/{self.name}"
             f"?project={self.project}"
         )
+
+
+def pipeline_name(pipeline_job: Any) -> str:
+    """The name of the pipeline a pipeline job runs, as its compiled spec says."""
+    spec = pipeline_job.pipeline_spec or {}
+    info = spec.get("pipelineInfo") or {}
+    return str(info.get("name") or "")
 
 
 # where a task is done with (NOT_TRIGGERED: its condition was not met, as the push's without a Hub repository)

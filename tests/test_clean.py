@@ -1,12 +1,18 @@
-"""tpu-mlm clean: a run's folders found in the Vertex AI, kfp.local and output_root layouts, on this machine and in a
-bucket (the emulator, which answers any bucket request with the 403 the README's object roles get); the dry run
-deletes nothing; --yes deletes exactly the run's folders but what --keep keeps, never another run's (one whose name
-begins with this run's included), and finds nothing left the second time; a name that could reach beyond the run is
-refused in one line with status 2. What is left is read without the storage layer: google-cloud-storage in the
-bucket (TensorFlow's folder markers included), pathlib on this machine (folders included)."""
+"""tpu-mlm clean: a run's folders found from the run's own records (a Vertex AI run's pipeline job in the Vertex AI
+stand-in; a run-local run's record, written by run-local's own writer), on this machine and in a bucket (the
+emulator, which answers any bucket request with the 403 the README's object roles get). It deletes nothing while the
+run or a run that needs its files is going (a pipeline job not ended, a TPU job alive, a run resumed from it, a run
+that may read its data from the cache, a training's lease), nothing of a fixed checkpoint_dir, nothing no task of
+the pipeline makes, nothing written after its listing; the dry run deletes nothing; --yes deletes exactly what
+--delete names and finds nothing left the second time; a name or root that could reach beyond the run is refused in
+one line. What is left is read without the storage layer: google-cloud-storage in the bucket (TensorFlow's folder
+markers included), pathlib on this machine (folders included)."""
 
 import json
 import os
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -14,21 +20,43 @@ import pytest
 from conftest import run_module
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as gcs_client
+from vertex_server import VertexStandIn
 
-from components.lib import storage
+from components.lib import lease, storage
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import BAD_INPUT_EXIT
 from pipelines import cli
-from pipelines.clean import CACHING_WARNING, GIB, TASK_KINDS, TASK_SUFFIXES, CleanArguments, clean, summary_for_people
+from pipelines.clean import (
+    CACHING_WARNING,
+    GIB,
+    TASK_KINDS,
+    TASK_SUFFIXES,
+    CleanArguments,
+    clean,
+    delete,
+    local_record,
+    run_folders,
+    summary_for_people,
+    vertex_record,
+)
 from pipelines.pipeline import build_pipeline
-from pipelines.run_folders import checkpoint_folder
+from pipelines.run_folders import (
+    LOCAL_RUN_RECORD,
+    PIPELINE_NAME,
+    RESUMED_FROM_LABEL,
+    RUN_NAME_LABEL,
+    checkpoint_folder,
+    local_run_recorded,
+    run_label,
+)
 from pipelines.run_local import display_names
 
 pytestmark = pytest.mark.timeout(120)
 
 RUN = "tpu-mlm-pretraining-20260101120000"
 OTHER_RUN = f"{RUN}-2"  # a glob or prefix that took RUN for a beginning would reach it
-PROJECT_NUMBER = "123456"
+PROJECT, REGION, PROJECT_NUMBER = "my-project", "us-central1", "123456"
+PARENT = f"projects/{PROJECT}/locations/{REGION}"
 
 
 def vertex_run(run: str) -> dict[str, int]:
@@ -51,7 +79,7 @@ def vertex_run(run: str) -> dict[str, int]:
     }
 
 
-# RUN's folders in vertex_run, by what the default --keep (model, reports, tensorboard) does to them
+# RUN's folders in vertex_run, by what the default --delete (checkpoints, data) does to them
 DEFAULT_ACTIONS = {
     f"{PROJECT_NUMBER}/{RUN}/tokenizer-step_1": ("tokenizer-step: data", "delete"),
     f"{PROJECT_NUMBER}/{RUN}/shards-step_2": ("shards-step: data", "delete"),
@@ -88,6 +116,10 @@ def of_run(entries: dict[str, int], run: str) -> dict[str, int]:
     return {path: size for path, size in entries.items() if run in path.split("/")}
 
 
+def files_only(entries: dict[str, int]) -> dict[str, int]:
+    return {path: size for path, size in entries.items() if not path.endswith("/")}
+
+
 def folder_sizes(files: dict[str, int], folder: str) -> tuple[int, int]:
     """How many of ``files`` are under ``folder``, and their bytes."""
     inside = [size for path, size in files.items() if path.startswith(f"{folder}/")]
@@ -108,16 +140,50 @@ def root(request, tmp_path) -> str:
     return str(tmp_path / "root") if request.param == "local" else storage.join(request.getfixturevalue("gcs"), "root")
 
 
-def test_the_dry_run_lists_the_run_s_folders_with_their_sizes_and_deletes_nothing(root, capsys):
+@pytest.fixture
+def vertex():
+    with VertexStandIn() as stand_in:
+        yield stand_in
+
+
+def pipeline_job(
+    vertex: VertexStandIn,
+    run: str,
+    pipeline_root: str,
+    state: str = "PIPELINE_STATE_SUCCEEDED",
+    parameters: dict | None = None,
+    labels: dict | None = None,
+    caching: bool = False,
+    pipeline: str = PIPELINE_NAME,
+) -> None:
+    """A pipeline job in the stand-in as Vertex AI keeps it: its pipeline's name and tasks (caching on or off, as
+    submit --enable_caching sets it in each), its pipeline root and parameters, its labels; then ended in
+    ``state`` (PIPELINE_STATE_RUNNING: left going)."""
+    tasks = {task: {"cachingOptions": {"enableCache": caching}} for task in ("tokenizer-step", "train-step")}
+    spec = {"pipelineInfo": {"name": pipeline}, "root": {"dag": {"tasks": tasks}}}
+    config = {"gcsOutputDirectory": pipeline_root, "parameterValues": parameters or {}}
+    job = {"pipelineSpec": spec, "runtimeConfig": config, "labels": labels or {}}
+    vertex.create_pipeline_job(PARENT, run, job)
+    if state != "PIPELINE_STATE_RUNNING":
+        vertex.end_pipeline_job(f"{PARENT}/pipelineJobs/{run}", state)
+
+
+def arguments(vertex: VertexStandIn, **values) -> CleanArguments:
+    return CleanArguments(run=RUN, project=PROJECT, region=REGION, api_endpoint=vertex.url, **values)
+
+
+def test_the_dry_run_lists_the_run_s_folders_with_their_sizes_and_deletes_nothing(root, vertex, capsys):
     write_files(root, vertex_run(RUN))
     write_files(root, vertex_run(OTHER_RUN))
+    pipeline_job(vertex, RUN, root)
     before = stored(root)
+    where = ["--project", PROJECT, "--region", REGION, "--api_endpoint", vertex.url]
 
-    assert cli.main(["clean", RUN, "--pipeline_root", root]) == 0  # the run's name as the first word
+    assert cli.main(["clean", RUN, *where]) == 0  # the run's name as the first word
 
     assert stored(root) == before
     printed = capsys.readouterr().out
-    assert cli.main(["clean", RUN, "--pipeline_root", root, "--json"]) == 0
+    assert cli.main(["clean", RUN, *where, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     files = vertex_run(RUN)
     assert found(summary, root) == {
@@ -130,7 +196,9 @@ def test_the_dry_run_lists_the_run_s_folders_with_their_sizes_and_deletes_nothin
     assert summary["keep_bytes"] == sum(files.values()) - deleted
     assert summary["monthly_cost"] == pytest.approx(deleted / GIB * 0.020)
     assert summary["warnings"] == [CACHING_WARNING]  # data goes: a later cached run would be handed it
-    assert summary["command"] == f"tpu-mlm clean {RUN} --pipeline_root {root} --keep model,reports,tensorboard --yes"
+    assert summary["command"] == (
+        f"tpu-mlm clean {RUN} --project {PROJECT} --region {REGION} --delete checkpoints,data --yes"
+    )
     lines = printed.splitlines()
     assert lines[0] == f"run {RUN}: dry run, nothing deleted"
     assert lines[-1] == f"to delete them: {summary['command']}" and CACHING_WARNING in lines
@@ -138,18 +206,17 @@ def test_the_dry_run_lists_the_run_s_folders_with_their_sizes_and_deletes_nothin
     assert any(line.split() == [f"{root}/checkpoints/{RUN}", "checkpoints", "2", "5,060", "delete"] for line in lines)
 
 
-def test_yes_deletes_the_run_s_folders_but_the_kept_ones_and_then_finds_nothing_left(root, capsys):
+def test_yes_deletes_what_delete_names_and_then_finds_nothing_left(root, vertex, capsys):
     write_files(root, vertex_run(RUN))
     write_files(root, vertex_run(OTHER_RUN))
+    pipeline_job(vertex, RUN, root, state="PIPELINE_STATE_FAILED")
     other_run = of_run(stored(root), OTHER_RUN)
     model = f"{PROJECT_NUMBER}/{RUN}/train-step_4/"
 
-    summary = clean(CleanArguments(run=RUN, pipeline_root=root, keep="model", yes=True))
+    summary = clean(arguments(vertex, delete="checkpoints,data,reports,tensorboard", yes=True))
 
     left = of_run(stored(root), RUN)
-    assert {path: size for path, size in left.items() if not path.endswith("/")} == {
-        path: size for path, size in vertex_run(RUN).items() if path.startswith(model)
-    }
+    assert files_only(left) == {path: size for path, size in vertex_run(RUN).items() if path.startswith(model)}
     assert [path for path in left if not path.startswith(model)] in ([], [f"{PROJECT_NUMBER}/{RUN}/"])  # its folder
     assert of_run(stored(root), OTHER_RUN) == other_run
     assert {folder: action for folder, (*_, action) in found(summary, root).items()} == {
@@ -157,90 +224,223 @@ def test_yes_deletes_the_run_s_folders_but_the_kept_ones_and_then_finds_nothing_
     }
     assert summary["delete_objects"] == 10 and "command" not in summary
 
-    again = clean(CleanArguments(run=RUN, pipeline_root=root, keep="model", yes=True))
+    again = clean(arguments(vertex, yes=True))
     assert again["delete_objects"] == 0 and [entry["action"] for entry in again["folders"]] == ["kept"]
     assert summary_for_people(again).startswith(f"run {RUN}: nothing left to delete\n")
 
-    assert cli.main(["clean", RUN, "--pipeline_root", root, "--keep", "", "--yes"]) == 0
+    where = ["--project", PROJECT, "--region", REGION, "--api_endpoint", vertex.url]
+    assert cli.main(["clean", RUN, *where, "--delete", "all", "--yes"]) == 0
     assert capsys.readouterr().out.startswith(f"run {RUN}: deleted 2 objects\n")
     assert of_run(stored(root), RUN) == {} and of_run(stored(root), OTHER_RUN) == other_run
 
-    assert cli.main(["clean", RUN, "--pipeline_root", root, "--keep", "", "--yes"]) == 0
-    assert (
-        capsys.readouterr().out.strip()
-        == f"run {RUN}: no folder of it under {root}: nothing to delete (check the name)"
+    assert cli.main(["clean", RUN, *where, "--delete", "all", "--yes"]) == 0
+    assert capsys.readouterr().out.strip() == f"run {RUN}: no folder of it under {root}: " + (
+        "nothing to delete (check the name)"
     )
     assert of_run(stored(root), OTHER_RUN) == other_run
 
 
-def test_the_kfp_local_and_output_root_layouts_and_a_fixed_checkpoint_dir(root):
-    pipeline_root, output_root = storage.join(root, "pipeline"), storage.join(root, "out")
-    fixed_checkpoints = storage.join(root, "fixed-checkpoints")
-    for run in (RUN, OTHER_RUN):
-        write_files(
-            pipeline_root,
-            {
-                f"{run}/for-loop-1-iteration-0/shards-step-2/shards/train-0-20.tfrecord": 800,
-                f"{run}/tokenizer-step/tokenizer/tokenizer.json": 300,
-                f"{run}/logs/tokenizer-step.log": 20,
-            },
+@pytest.mark.parametrize(
+    "going",
+    ["the run", "its TPU job", "a run resumed from it", "a run that may read its data from the cache"],
+)
+def test_nothing_is_deleted_while_the_run_or_a_run_that_needs_its_files_is_going(going, vertex, tmp_path):
+    """The run's pipeline job not ended (preempted, between its train task's retries, or queued: all RUNNING to the
+    API), one of its TPU jobs alive, a run resumed from it (submit --resume: its label and checkpoint_dir), or a run
+    of the pipeline with caching on: refused in one line, before anything is deleted, without suggesting a
+    deletion; once they have ended, the same command deletes."""
+    root = str(tmp_path / "root")
+    write_files(root, vertex_run(RUN))
+    pipeline_job(vertex, RUN, root, state="PIPELINE_STATE_RUNNING" if going == "the run" else "PIPELINE_STATE_FAILED")
+    tpu_job = None
+    if going == "its TPU job":
+        spec = {
+            "workerPoolSpecs": [{"containerSpec": {"command": [sys.executable, "-c", "import time; time.sleep(60)"]}}]
+        }
+        tpu_job = vertex.create(PARENT, {"labels": {RUN_NAME_LABEL: run_label(RUN)}, "jobSpec": spec})["name"]
+    elif going == "a run resumed from it":
+        pipeline_job(
+            vertex,
+            "resumed-run",
+            root,
+            state="PIPELINE_STATE_RUNNING",
+            parameters={"checkpoint_dir": checkpoint_folder(root, RUN)},
+            labels={RESUMED_FROM_LABEL: run_label(RUN)},
         )
-        write_files(
-            output_root,
-            {
-                f"{run}/train-step_4/model/tf_model.h5": 1500,
-                f"{run}/report-step_7/report": 90,
-                f"checkpoints/{run}/checkpoint": 60,
-                f"tensorboard/{run}/events.out.tfevents.1": 70,
-            },
-        )
-    write_files(fixed_checkpoints, {"checkpoint": 60})
+    elif going == "a run that may read its data from the cache":
+        pipeline_job(vertex, "later-run", root, state="PIPELINE_STATE_RUNNING", caching=True)
     before = stored(root)
-    arguments = {"run": RUN, "pipeline_root": pipeline_root, "output_root": output_root, "keep": ""}
 
-    summary = clean(CleanArguments(**arguments, checkpoint_dir=fixed_checkpoints))
-
-    assert stored(root) == before
-    assert found(summary, root) == {
-        f"out/checkpoints/{RUN}": ("checkpoints", 1, 60, "delete"),
-        f"out/tensorboard/{RUN}": ("tensorboard", 1, 70, "delete"),
-        f"out/{RUN}/report-step_7": ("report-step: reports", 1, 90, "delete"),
-        f"out/{RUN}/train-step_4": ("train-step: model", 1, 1500, "delete"),
-        f"pipeline/{RUN}/for-loop-1-iteration-0/shards-step-2": ("shards-step: data", 1, 800, "delete"),
-        f"pipeline/{RUN}/logs": ("logs: other", 1, 20, "delete"),
-        f"pipeline/{RUN}/tokenizer-step": ("tokenizer-step: data", 1, 300, "delete"),
-    }
-    assert summary["command"] == (
-        f"tpu-mlm clean {RUN} --pipeline_root {pipeline_root} --output_root {output_root} --keep '' --yes"
+    refused = run_module(
+        "pipelines.clean", RUN, "--project", PROJECT, "--api_endpoint", vertex.url, "--yes", timeout=100
     )
-    assert summary["hint"].startswith(f"the run's checkpoint_dir {fixed_checkpoints} is not deleted")
 
-    clean(CleanArguments(**arguments, checkpoint_dir=fixed_checkpoints, yes=True))
+    assert refused.returncode == BAD_INPUT_EXIT and refused.stdout == "", refused.stderr[-2000:]
+    (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: --run='{RUN}': ") and "Traceback" not in refused.stderr
+    assert "--delete" not in line and "--keep" not in line and "once" in line, line
+    assert stored(root) == before
+    if going == "the run":
+        vertex.end_pipeline_job(f"{PARENT}/pipelineJobs/{RUN}", "PIPELINE_STATE_CANCELLED")
+    elif tpu_job:
+        vertex.cancel(tpu_job)
+        vertex.wait(tpu_job)
+    else:
+        other = "resumed-run" if going == "a run resumed from it" else "later-run"
+        vertex.end_pipeline_job(f"{PARENT}/pipelineJobs/{other}", "PIPELINE_STATE_SUCCEEDED")
+    assert clean(arguments(vertex, yes=True))["delete_objects"] == 7
 
-    assert of_run(stored(root), RUN) == {}
-    assert stored(root) == {path: size for path, size in before.items() if RUN not in path.split("/")}
+
+def test_checkpoints_a_training_holds_are_not_deleted(tmp_path, vertex):
+    """A training's lease in the checkpoint folder (the train step's own, taken as it starts) refuses their deletion
+    whatever the API says; released, they go."""
+    root = str(tmp_path / "root")
+    write_files(root, vertex_run(RUN))
+    pipeline_job(vertex, RUN, root)
+    with lease.Lease(checkpoint_folder(root, RUN), expiry=60).held():
+        with pytest.raises(InvalidParameter, match=f"a training holds {checkpoint_folder(root, RUN)} "):
+            clean(arguments(vertex, yes=True))
+        assert files_only(stored(root)).keys() >= vertex_run(RUN).keys()
+        # what is not the checkpoints can go meanwhile
+        assert clean(arguments(vertex, delete="data", yes=True))["delete_objects"] == 5
+    assert clean(arguments(vertex, yes=True))["delete_objects"] == 2
 
 
-def test_a_pipeline_root_at_the_bucket_s_root_needs_no_bucket_permission(gcs):
+def test_a_fixed_checkpoint_dir_and_folders_no_task_makes_are_kept(gcs, vertex):
+    """A run whose output_root is the bucket's root and whose name is that of the folder another run names as its
+    fixed checkpoint_dir: that folder is kept, and so is a folder in the run's folder that no task makes."""
+    bucket_root = "gs://bucket"
+    run = f"ckpt-{uuid.uuid4().hex[:8]}"  # the bucket is the whole test session's
+    fixed = checkpoint_folder(bucket_root, run)
+    write_files(storage.join(gcs, "root"), {f"{PROJECT_NUMBER}/{run}/shared-notes/notes.txt": 7})
+    write_files(bucket_root, {f"{run}/tokenizer-step_1/tokenizer/tokenizer.json": 300, f"checkpoints/{run}/c": 60})
+    pipeline_job(vertex, run, storage.join(gcs, "root"), parameters={"output_root": bucket_root})
+    pipeline_job(vertex, "another-run", storage.join(gcs, "root"), parameters={"checkpoint_dir": fixed})
+
+    summary = clean(CleanArguments(run=run, project=PROJECT, api_endpoint=vertex.url, delete="all", yes=True))
+
+    assert {entry["folder"]: entry["action"] for entry in summary["folders"]} == {
+        storage.join(gcs, "root", PROJECT_NUMBER, run, "shared-notes"): "kept",
+        storage.join(bucket_root, run, "tokenizer-step_1"): "deleted",
+        fixed: "kept",
+    }
+    assert storage.exists(storage.join(fixed, "c")) and storage.exists(
+        storage.join(gcs, "root", PROJECT_NUMBER, run, "shared-notes", "notes.txt")
+    )
+    assert any(hint.startswith(f"the fixed checkpoint_dir {fixed} is not deleted") for hint in summary["hints"])
+
+
+def test_a_run_local_run_is_cleaned_by_its_record_and_not_while_it_runs(root, tmp_path):
+    """run-local's record (its own writer): while its process runs the run is refused; over, its folders go, those
+    under its output_root included, which no listing of the pipeline root would find; a folder with no record is no
+    run of this pipeline's, and nothing of it is deleted."""
+    pipeline_root, output_root = str(tmp_path / "pipeline"), storage.join(root, "out")
+    layout = {
+        f"{RUN}/for-loop-1-iteration-0/shards-step-2/shards/train-0-20.tfrecord": 800,
+        f"{RUN}/tokenizer-step/tokenizer/tokenizer.json": 300,
+        f"{RUN}/logs/tokenizer-step.log": 20,
+    }
+    write_files(pipeline_root, layout)
+    write_files(
+        output_root,
+        {
+            f"{RUN}/for-loop-1-iteration-0/shards-step-2/shards/train-0-20.tfrecord": 800,
+            f"{RUN}/train-step/model/tf_model.h5": 1500,
+            f"checkpoints/{RUN}/checkpoint": 60,
+            f"tensorboard/{RUN}/events.out.tfevents.1": 70,
+        },
+    )
+    write_files(pipeline_root, {f"{OTHER_RUN}/tokenizer-step/tokenizer/tokenizer.json": 300})  # no record: no run
+    values = {"output_root": output_root, "checkpoint_dir": ""}
+    before = stored(pipeline_root), stored(root)
+
+    with local_run_recorded(lambda: Path(pipeline_root, RUN), values):
+        deadline = time.monotonic() + 30
+        while not Path(pipeline_root, RUN, LOCAL_RUN_RECORD).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(InvalidParameter, match=f"its run-local process {os.getpid()} is running"):
+            clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))
+    assert (stored(pipeline_root), stored(root)) == (
+        {**before[0], f"{RUN}/{LOCAL_RUN_RECORD}": stored(pipeline_root)[f"{RUN}/{LOCAL_RUN_RECORD}"]},
+        before[1],
+    )
+    with pytest.raises(InvalidParameter, match="holds no record of a run-local run of this pipeline"):
+        clean(CleanArguments(run=OTHER_RUN, pipeline_root=pipeline_root, delete="all", yes=True))
+
+    summary = clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))
+
+    assert {entry["what"]: entry["action"] for entry in summary["folders"]} == {
+        "shards-step: data": "deleted",  # both: the pipeline root's and the output_root's
+        "tokenizer-step: data": "deleted",
+        "logs: other": "deleted",
+        "train-step: model": "kept",
+        "checkpoints": "deleted",
+        "tensorboard": "kept",
+        "the run's record": "kept",  # with the model: the run stays provable
+    }
+    assert files_only(of_run(stored(root), RUN)) == {
+        f"out/{RUN}/train-step/model/tf_model.h5": 1500,
+        f"out/tensorboard/{RUN}/events.out.tfevents.1": 70,
+    }
+    clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, delete="all", yes=True))
+    assert of_run(stored(pipeline_root), RUN) == {} and files_only(of_run(stored(root), RUN)) == {}
+    assert of_run(stored(pipeline_root), OTHER_RUN) == of_run(before[0], OTHER_RUN)
+
+
+def test_a_run_local_run_whose_process_died_has_ended(tmp_path):
+    pipeline_root = str(tmp_path / "pipeline")
+    write_files(pipeline_root, {f"{RUN}/tokenizer-step/tokenizer/tokenizer.json": 300})
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {"pipeline": PIPELINE_NAME, "host": os.uname().nodename, "pid": int(dead.stdout), "state": "running"}
+    Path(pipeline_root, RUN, LOCAL_RUN_RECORD).write_text(json.dumps(record))
+    assert local_record(CleanArguments(run=RUN, pipeline_root=pipeline_root)).task_folders == [
+        storage.join(pipeline_root, RUN)
+    ]
+    record["host"] = "another-machine"
+    Path(pipeline_root, RUN, LOCAL_RUN_RECORD).write_text(json.dumps(record))
+    with pytest.raises(InvalidParameter, match="it is running on 'another-machine'"):
+        clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))
+
+
+def test_only_the_objects_listed_are_deleted(root, vertex):
+    """An object written in a doomed folder after the listing (a step still writing, a user's upload) stays, with the
+    folders that hold it."""
+    write_files(root, vertex_run(RUN))
+    pipeline_job(vertex, RUN, root)
+    everything = arguments(vertex, delete="all", yes=True)
+    folders = run_folders(everything, vertex_record(everything))
+    late = storage.join(root, PROJECT_NUMBER, RUN, "shards-step_2", "shards", "written-after-the-listing")
+    storage.write_bytes_atomic(late, b"late")
+
+    delete(folders, [])
+
+    assert files_only(of_run(stored(root), RUN)) == {
+        f"{PROJECT_NUMBER}/{RUN}/shards-step_2/shards/written-after-the-listing": 4
+    }
+
+
+def test_a_pipeline_root_at_the_bucket_s_root_needs_no_bucket_permission(gcs, vertex):
     """The emulator answers a request for the bucket itself with a 403, as Cloud Storage does for the README's
     account: finding the run's folders under gs://bucket must not list the bucket as a folder."""
     run = f"run-{uuid.uuid4().hex[:8]}"  # the bucket is the whole test session's
     files = {f"{PROJECT_NUMBER}/{run}/tokenizer-step_1/tokenizer/tokenizer.json": 300, f"checkpoints/{run}/c": 60}
     write_files("gs://bucket", files)
+    pipeline_job(vertex, run, "gs://bucket/")  # a root written with its "/" is the same root
 
-    summary = clean(CleanArguments(run=run, pipeline_root="gs://bucket", keep="", yes=True))
+    summary = clean(CleanArguments(run=run, project=PROJECT, api_endpoint=vertex.url, delete="all", yes=True))
 
     assert summary["delete_bytes"] == 360 and of_run(stored("gs://bucket"), run) == {}
 
 
-def test_a_link_in_a_run_folder_is_deleted_not_what_it_points_to(tmp_path):
+def test_a_link_in_a_run_folder_is_deleted_not_what_it_points_to(tmp_path, vertex):
     root, outside = tmp_path / "root", tmp_path / "elsewhere"
     write_files(str(root), vertex_run(RUN))
     write_files(str(outside), {"precious.txt": 5})
     os.symlink(outside, root / PROJECT_NUMBER / RUN / "tokenizer-step_1" / "tokenizer" / "linked")
     os.symlink(outside, root / "checkpoints" / OTHER_RUN)  # another run's checkpoints, elsewhere
+    pipeline_job(vertex, RUN, str(root))
 
-    summary = clean(CleanArguments(run=RUN, pipeline_root=str(root), keep="", yes=True))
+    summary = clean(arguments(vertex, delete="all", yes=True))
 
     assert summary["delete_objects"] == len(vertex_run(RUN)) + 1
     assert (outside / "precious.txt").read_bytes() == bytes(5) and (root / "checkpoints" / OTHER_RUN).is_symlink()
@@ -262,7 +462,7 @@ def test_a_name_that_could_reach_beyond_the_run_is_refused_in_one_line(name, tmp
     assert stored(str(root)) == before
 
 
-def test_names_of_the_folders_beside_the_runs_and_bad_flags_are_refused(tmp_path):
+def test_names_roots_and_flags_that_could_reach_beyond_the_run_are_refused(tmp_path):
     refused = {
         "checkpoints": "--run='checkpoints': is the folder of every run's checkpoints, not a run",
         "tensorboard": "--run='tensorboard': is the folder of every run's tensorboard, not a run",
@@ -275,43 +475,35 @@ def test_names_of_the_folders_beside_the_runs_and_bad_flags_are_refused(tmp_path
         assert str(error.value).startswith(message)
     resource = f"projects/my-project/locations/us-central1/pipelineJobs/{RUN}"
     assert CleanArguments(run=resource, pipeline_root=str(tmp_path)).run == RUN
-    with pytest.raises(InvalidParameter, match=r"--keep='model,weights': must be a comma list of model, reports, "):
-        CleanArguments(run=RUN, pipeline_root=str(tmp_path), keep="model,weights")
+    with pytest.raises(InvalidParameter, match=r"--delete='model,weights': must be a comma list of checkpoints, "):
+        CleanArguments(run=RUN, pipeline_root=str(tmp_path), delete="model,weights")
+    with pytest.raises(InvalidParameter, match=r"--delete='': must be a comma list"):
+        CleanArguments(run=RUN, pipeline_root=str(tmp_path), delete="")
     with pytest.raises(InvalidParameter, match=r"--pipeline-root='s3://b/root': unsupported URI scheme"):
         CleanArguments(run=RUN, pipeline_root="s3://b/root")
+    for pattern in ("gs://b/root-*", "gs://b/root-[x]", "runs?"):
+        with pytest.raises(InvalidParameter, match=r"must be a path, without '\*', '\?', '\[' or '\]'"):
+            CleanArguments(run=RUN, pipeline_root=pattern)
+    with pytest.raises(InvalidParameter, match=r"--pipeline-root='': a run-local run's pipeline root is needed"):
+        CleanArguments(run=RUN)
+    assert CleanArguments(run=RUN, pipeline_root="gs://b/t6/").pipeline_root == "gs://b/t6"
+    assert (
+        CleanArguments(run=RUN, pipeline_root="runs", delete="all").delete
+        == "checkpoints,data,model,reports,tensorboard"
+    )
 
 
 def test_every_task_of_the_pipeline_is_known_by_what_its_folder_holds():
-    """A new step's folder must be classified on purpose (a model of its own would otherwise go as "other")."""
+    """A new step's folder must be classified on purpose (a model of its own would otherwise be kept as unknown)."""
     tasks = {TASK_SUFFIXES.sub("", name) for name in display_names(build_pipeline("vertex"))}
     assert tasks == set(TASK_KINDS)
 
 
-def test_help_says_what_is_kept_by_default(capsys):
+def test_help_says_what_is_deleted_by_default(capsys):
     with pytest.raises(SystemExit) as ended:
         cli.main(["clean", "--help"])
     assert ended.value.code == 0
     printed = " ".join(capsys.readouterr().out.split())
-    assert "tpu-mlm clean tpu-mlm-20260101-120000 --pipeline_root gs://MY_BUCKET/root --yes" in printed
-    assert "By default the model, the reports and the TensorBoard logs are kept" in printed
-    assert "(default: model,reports,tensorboard)" in printed
-
-
-def test_checkpoints_a_training_still_runs_in_are_not_deleted(tmp_path):
-    """A run resumed from this one (submit --resume) trains in this run's checkpoint folder: while its attempt is
-    running there (attempts.json, the train step's own record), the checkpoints are refused, in one line."""
-    from components.lib.attempts import Attempts
-
-    root = str(tmp_path / "root")
-    write_files(root, vertex_run(RUN))
-    folder = checkpoint_folder(root, RUN)
-    attempt = Attempts(folder, {"learning_rate": 4e-4}, ())
-    with attempt.recorded():
-        with pytest.raises(InvalidParameter, match=f"--run='{RUN}': a training is running in {folder}"):
-            clean(CleanArguments(run=RUN, pipeline_root=root, yes=True))
-        assert vertex_run(RUN).keys() <= stored(root).keys()  # nothing deleted
-        kept = clean(CleanArguments(run=RUN, pipeline_root=root, keep="checkpoints", yes=True))
-        assert kept["delete_objects"] > 0 and storage.exists(storage.join(folder, "attempts.json"))
-    # once it has ended, they go
-    assert clean(CleanArguments(run=RUN, pipeline_root=root, keep="", yes=True))["delete_objects"] > 0
-    assert storage.files_under(folder) == []
+    assert "tpu-mlm clean tpu-mlm-20260101-120000 --project my-project --region us-central1 --yes" in printed
+    assert "its checkpoints and its data (tokenizer and shards) by default" in printed
+    assert "(default: checkpoints,data)" in printed

@@ -345,8 +345,13 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
 def test_output_root_moves_a_step_output_keeping_run_task_and_name():
     local = "/home/me/runs/tpu-mlm-pretraining-2026-11-30/for-loop-1-iteration-0/shards-step-2/shards"
     assert relocate(local, "") == local
-    assert relocate(local, "gs://bucket/runs/run-1") == (
-        "gs://bucket/runs/run-1/for-loop-1-iteration-0/shards-step-2/shards"
+    # a loop iteration's folder is the same in every kfp.local run: its run's folder comes along (clean finds it)
+    assert relocate(local, "gs://bucket/runs") == (
+        "gs://bucket/runs/tpu-mlm-pretraining-2026-11-30/for-loop-1-iteration-0/shards-step-2/shards"
+    )
+    task = "/home/me/runs/tpu-mlm-pretraining-2026-11-30/tokenizer-step/tokenizer"
+    assert (
+        relocate(task, "gs://bucket/runs") == "gs://bucket/runs/tpu-mlm-pretraining-2026-11-30/tokenizer-step/tokenizer"
     )
     vertex = "gs://root/123/tpu-mlm-pretraining-20261130/train-step_456/model"
     assert relocate(vertex, "gs://other/data") == "gs://other/data/tpu-mlm-pretraining-20261130/train-step_456/model"

@@ -262,11 +262,38 @@ def test_a_name_that_is_no_run_is_refused_in_one_line(vertex, job_name, run, exp
     assert refused.stderr.strip().splitlines() == [f"error: --run={run!r}: {expected}"]
 
 
+@pytest.mark.parametrize("job_name", ["status", "logs", "cancel", "clean"])
+def test_a_pipeline_job_of_another_pipeline_is_refused_and_left_alone(vertex, job_name, tmp_path):
+    """Another team's pipeline job in the same project: not read (its checkpoint_dir names a bucket of theirs), not
+    cancelled, nothing of it deleted."""
+    foreign = tmp_path / "their-bucket"
+    (foreign / "checkpoints").mkdir(parents=True)
+    (foreign / "checkpoints" / "checkpoint").write_text("theirs")
+    spec = {"pipelineInfo": {"name": "finance-etl"}, "root": {"dag": {"tasks": {"extract": {}}}}}
+    config = {"gcsOutputDirectory": str(foreign), "parameterValues": {"checkpoint_dir": str(foreign / "checkpoints")}}
+    vertex.create_pipeline_job(
+        f"projects/{PROJECT}/locations/{REGION}", "finance-etl-nightly", {"pipelineSpec": spec, "runtimeConfig": config}
+    )
+    refused = command(vertex, job_name, "finance-etl-nightly", *(["--yes"] if job_name in ("cancel", "clean") else []))
+    assert refused.returncode == 2 and not refused.stdout, refused.stderr[-2000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "error: --run='finance-etl-nightly': is a run of the pipeline 'finance-etl', not of tpu-mlm-pretraining: "
+        "tpu-mlm reads, cancels and deletes only its own runs"
+    )
+    assert vertex.cancel_requests == [] and vertex.pipeline_jobs[resource("finance-etl-nightly")]["state"] == (
+        "PIPELINE_STATE_RUNNING"
+    )
+    assert (foreign / "checkpoints" / "checkpoint").read_text() == "theirs"
+
+
 def test_a_long_run_name_labels_within_the_limit_and_apart_from_its_neighbours():
     neighbour = LONG_NAME.replace("20260101120000", "20260101120001")
     assert run_label("short-run") == "short-run"
     assert len(run_label(LONG_NAME)) == len(run_label(neighbour)) == 63
     assert run_label(LONG_NAME) != run_label(neighbour) and run_label(LONG_NAME)[:40] == LONG_NAME[:40]
+    # a run whose own name is 63 characters never has a long name's label
+    assert all("_" not in run_label(name) for name in ("short-run", LONG_NAME[:63]))
+    assert "_" in run_label(LONG_NAME)
 
 
 def test_submit_names_the_run_then_follows_it_to_its_end(template, vertex, gcs):

@@ -237,6 +237,15 @@ class VertexStandIn:
         }
         return self.pipeline_jobs[name]
 
+    def list_pipeline_jobs(self, parent: str, query: str) -> list[dict]:
+        """The pipeline jobs under ``parent``, oldest first, that match a filter of the API's form on the pipeline's
+        name (``pipeline_name="x"``)."""
+        wanted = re.findall(r'pipeline_name\s*=\s*"([^"]*)"', query)
+        if query and len(wanted) != query.count("="):
+            raise Refused(400, "INVALID_ARGUMENT", f"the stand-in does not understand the filter {query!r}")
+        jobs = [job for name, job in self.pipeline_jobs.items() if name.startswith(parent + "/")]
+        return [job for job in jobs if all(job["pipelineSpec"]["pipelineInfo"]["name"] == name for name in wanted)]
+
     def create_context(self, store: str, context_id: str, context: dict) -> dict:
         """A metadata context (an experiment, a pipeline run) in the metadata store ``store``."""
         name = f"{store}/contexts/{context_id}"
@@ -420,6 +429,10 @@ class VertexStandIn:
                     if query and not stand_in.filters:
                         raise Refused(400, "INVALID_ARGUMENT", f"Unsupported filter: {query}")
                     return self._reply(200, {"customJobs": stand_in.list(name.removesuffix("/customJobs"), query)})
+                if name.endswith("/pipelineJobs"):
+                    (query,) = parse_qs(url.query).get("filter", [""])
+                    jobs = stand_in.list_pipeline_jobs(name.removesuffix("/pipelineJobs"), query)
+                    return self._reply(200, {"pipelineJobs": jobs})
                 if name in stand_in.pipeline_jobs:
                     stand_in.reads[name] += 1
                     return self._reply(200, stand_in.get_pipeline_job(name))

@@ -75,12 +75,18 @@ def basename(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1]
 
 
+LOOP_ITERATION = re.compile(r"for-loop-\d+-iteration-\d+")  # kfp.local's folder of one loop iteration's tasks
+
+
 def relocate(uri: str, root: str) -> str:
-    """``uri`` moved under ``root``, keeping its last three parts (a pipeline step's run or loop iteration,
-    task and output name); ``uri`` itself when ``root`` is empty."""
+    """``uri`` moved under ``root``, keeping its run, task and output name (its last three parts; four in a
+    kfp.local loop iteration's folder, so that every run keeps its data in its own folder); ``uri`` itself when
+    ``root`` is empty."""
     if not root:
         return uri
-    return join(root, *uri.replace(os.sep, "/").rstrip("/").split("/")[-3:])
+    parts = uri.replace(os.sep, "/").rstrip("/").split("/")
+    kept = 4 if len(parts) >= 3 and LOOP_ITERATION.fullmatch(parts[-3]) else 3
+    return join(root, *parts[-kept:])
 
 
 def bucket_name(uri: str) -> str:
@@ -203,14 +209,26 @@ def files_under(uri: str) -> list[tuple[str, int]]:
 
 
 def remove_folder(uri: str) -> None:
-    """Deletes the folder ``uri`` once its files are deleted: on this machine its empty folders, bottom up (a file
-    left in it stops this with an error); in a bucket the folder markers left under it (a bucket has no folders:
-    a prefix is gone with its last object, and a folder gone already is no error)."""
+    """Deletes the folder ``uri`` once its files are deleted, and nothing else: its empty folders, bottom up (in a
+    bucket their folder markers: a bucket has no folders, a prefix is gone with its last object). A file written
+    under ``uri`` meanwhile stays, with the folders that hold it: what was not listed is not deleted."""
     if not is_remote(uri):
         for folder, _, _ in os.walk(uri, topdown=False):
-            os.rmdir(folder)
-    elif gfile().isdir(uri):
-        gfile().rmtree(uri)
+            if not os.listdir(folder):
+                os.rmdir(folder)
+        return
+    errors = gfile_errors()
+    for folder, _, _ in gfile().walk(uri, topdown=False):
+        if not gfile().listdir(folder):
+            with contextlib.suppress(errors.NotFoundError):  # a prefix without a marker: gone already
+                gfile().remove(folder.rstrip("/") + "/")
+
+
+def gfile_errors() -> Any:
+    """TensorFlow's storage errors (``tf.errors``), imported on first use as ``gfile`` is."""
+    import tensorflow as tf
+
+    return tf.errors
 
 
 def open_file(uri: str, mode: str = "rb") -> Any:
