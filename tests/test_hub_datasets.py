@@ -238,6 +238,7 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
     """A Hub dataset (in one part: a Hub dataset's parts are the test above's, a pipeline's the local one's), every
     artifact and checkpoint on gs:// (object permissions only), the training on 8 CPU replicas as on a v3-8, and
     the push to the Hub: what a user's first Vertex AI run does."""
+    from pipelines.clean import CleanArguments, clean
     from pipelines.run_local import RunLocalArguments, run_local
 
     hub = hub_dataset
@@ -259,9 +260,9 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
             downstream_seeds="1",
         )
     )
-    artifacts = summary["artifacts"]
+    artifacts, run = summary["artifacts"], Path(summary["run"]).name
     for name in ("tokenizer", "validation shards", "train shards", "model", "evaluation"):
-        assert artifacts[name].startswith(gcs + "/runs/run-"), name
+        assert artifacts[name].startswith(f"{gcs}/runs/{run}/"), name  # in the run's own folder there
     manifest = json.loads(bucket_objects(artifacts["train shards"])["manifest.json"])
     assert manifest["corpus"]["source"] == CORPUS and manifest["num_parts"] == 1
     model = bucket_objects(artifacts["model"])
@@ -271,7 +272,7 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
     # the checkpoints are the run's, under output_root, where every attempt of the train task finds them
     assert not any(name.startswith("checkpoints/") for name in model)
     checkpoint_dir = training["arguments"]["checkpoint_dir"]
-    assert checkpoint_dir.startswith(gcs + "/runs/run-") and "/checkpoints/" in checkpoint_dir
+    assert checkpoint_dir == f"{gcs}/runs/checkpoints/{run}"
     assert any(name.endswith("ckpt-8.index") for name in bucket_objects(checkpoint_dir))
     # the TensorBoard logs beside every run's, by the run's name: tensorboard --logdir ROOT/tensorboard compares runs
     tensorboard_dir = training["arguments"]["tensorboard_dir"]
@@ -282,7 +283,7 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
     assert not list((tmp_path / "runs").rglob("*.tfrecord")) and not list((tmp_path / "runs").rglob("*.h5"))
     assert hub.file("user/gs-run", "tf_model.h5") == model["tf_model.h5"]
     assert len(hub.repos["user/gs-run"].commits) == 1
-    assert artifacts["downstream probe"].startswith(gcs + "/runs/run-")
+    assert artifacts["downstream probe"].startswith(f"{gcs}/runs/{run}/")
     (mrpc,) = json.loads(bucket_objects(artifacts["downstream probe"])["downstream.json"])["tasks"]
     assert mrpc["task"] == "hf:nyu-mll/glue:mrpc" and mrpc["metric"] == "f1" and mrpc["train_samples"] == 96
     assert mrpc["pre-trained"]["runs"][0]["steps"] == 3 and mrpc["validation_split"] == "validation"
@@ -297,3 +298,9 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
     assert indexed["metrics"][0]["type"] == "f1" and indexed["metrics"][0]["value"] == round(
         mrpc["pre-trained"]["score"], 4
     )
+    # clean finds the run's data in the bucket from the record run-local left, deletes it and the checkpoints, and
+    # keeps the model
+    cleaned = clean(CleanArguments(run=run, pipeline_root=str(tmp_path / "runs"), yes=True))
+    assert cleaned["delete_objects"] > 0 and not bucket_objects(checkpoint_dir)
+    assert not bucket_objects(artifacts["train shards"]) and not bucket_objects(artifacts["tokenizer"])
+    assert bucket_objects(artifacts["model"]).keys() == model.keys()

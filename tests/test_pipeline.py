@@ -20,6 +20,7 @@ from components.lib.shard_set import gather_parts
 from components.lib.storage import relocate
 from components.lib.tpu_catalogue import TPU_RUNTIME_ENV, TPU_TYPES
 from components.shards import ShardArguments, write_shards
+from pipelines.clean import CleanArguments, clean
 from pipelines.pipeline import build_pipeline, compile_pipeline
 from pipelines.run_local import RunLocalArguments, run_local
 
@@ -464,3 +465,9 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     step_lines = [line for line in printed.splitlines() if " SUCCESS " in line]
     assert len(step_lines) == 14 and all(Path(line.split()[-1]).is_file() for line in step_lines)
     assert any(line.startswith("push to the Hub") for line in step_lines)
+    # the run is over: clean finds its folders from the record run-local left (the dry run: nothing deleted)
+    listed = clean(CleanArguments(run=Path(summary["run"]).name, pipeline_root=str(tmp_path / "runs")))
+    actions = {entry["what"]: entry["action"] for entry in listed["folders"]}
+    assert actions["checkpoints"] == actions["tokenizer-step: data"] == "delete", actions
+    assert actions["train-step: model"] == actions["the run's record"] == "keep", actions
+    assert Path(artifacts["model"], "tf_model.h5").is_file()
