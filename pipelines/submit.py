@@ -18,11 +18,13 @@ limit, and the most the run can cost.
         "hub_repo_id": "me/roberta-wikitext", "hf_token_secret": "projects/my-project/secrets/hf-token"}'
 """
 
+import contextlib
 import json
+import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -495,6 +497,82 @@ def check_resumable(folder: str) -> None:
         raise InvalidParameter("resume", folder, "holds no checkpoint: name a run that trained, under this root")
 
 
+def check_resume(arguments: SubmitArguments, values: dict[str, Any]) -> None:
+    """Refuses, before anything is created, a resume that cannot train on in its run's checkpoint folder
+    (``values["checkpoint_dir"]``): one that holds no checkpoint, one a training holds the lease of (alive: a second
+    would write over its checkpoints), and one whose model or recipe differs from the checkpoints' (the train step's
+    and preflight's own check, on what the parameters settle before the data steps run). A dry run checks what it
+    can read: a folder it cannot reach (no credentials, no network) is said in a warning, not refused."""
+    from components.lib.errors import Refused
+
+    folder = values["checkpoint_dir"]
+    try:
+        with few_storage_retries(arguments.dry_run):
+            check_resumable(folder)
+            check_not_leased(arguments, folder)
+            check_same_training(arguments.resume, folder, values)
+    except (InvalidParameter, Refused):
+        raise
+    except Exception as error:
+        if not arguments.dry_run:
+            raise
+        print(f"warning: {folder} not read, the resume not checked: {error_line(error)}", file=sys.stderr)
+
+
+# TensorFlow's retries of a Cloud Storage request, where this process first reaches a bucket (its gs:// file system
+# reads them then): its default, 10 with a backoff of up to 32 s, waits minutes on a bucket that cannot be reached
+STORAGE_RETRIES_VARIABLE = "GCS_RETRY_CONFIG_MAX_RETRIES"
+DRY_RUN_STORAGE_RETRIES = "2"
+
+
+@contextlib.contextmanager
+def few_storage_retries(dry_run: bool) -> Iterator[None]:
+    """In a dry run, a bucket that cannot be reached (no network, no credentials) is given up on in seconds."""
+    if not dry_run or STORAGE_RETRIES_VARIABLE in os.environ:
+        yield
+        return
+    os.environ[STORAGE_RETRIES_VARIABLE] = DRY_RUN_STORAGE_RETRIES
+    try:
+        yield
+    finally:
+        del os.environ[STORAGE_RETRIES_VARIABLE]
+
+
+def check_not_leased(arguments: SubmitArguments, folder: str) -> None:
+    """Refuses while a training holds the folder's lease (``components/lib/lease.py``), naming it and what to do."""
+    from components.lib.lease import LeaseHeld, describe, live_lease
+
+    lease = live_lease(folder)
+    if lease is None:
+        return
+    holder = lease.get("run") or arguments.resume
+    where = f"--project {arguments.project} --region {arguments.region}"
+    raise LeaseHeld(
+        f"--resume={arguments.resume!r}: a training holds the lease on its checkpoint folder {folder} "
+        f"({describe(lease)}) and a second would write over its checkpoints: see it with tpu-mlm status {holder} "
+        f"{where}, stop it with tpu-mlm cancel {holder} {where}, or wait until it ends or its lease expires, then "
+        "submit again"
+    )
+
+
+def check_same_training(resume: str, folder: str, values: dict[str, Any]) -> None:
+    """Refuses a resume whose model config or recipe differs from what the folder's checkpoints were trained with:
+    ``check_checkpoints_match``, which preflight and the train step run once the data exists, on the identity the
+    parameters settle (``identity_before_data``)."""
+    from components.lib.recipe import resolve_recipe
+    from components.lib.training_plan import TrainingSettings, check_checkpoints_match, identity_before_data
+    from pipelines.steps import STEPS
+
+    train = routed_values(values, TrainingSettings, skip_steps=tuple(step for step in STEPS if step != "train"))
+    vocab_size = int(step_values(values, "tokenizer")["vocab_size"])
+    max_length = int(step_values(values, "shards")["max_length"])
+    identity = identity_before_data(train["model_config"], vocab_size, max_length, resolve_recipe(train))
+    try:
+        check_checkpoints_match(folder, identity)
+    except InvalidParameter as error:
+        raise InvalidParameter("resume", resume, f"its checkpoint folder {folder} {error.expected}") from None
+
+
 def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any]:
     if arguments.dry_run:
         from google.auth.credentials import AnonymousCredentials
@@ -503,6 +581,8 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
     job = build_job(arguments, credentials)
     request = job.to_dict()  # once: it serializes the whole pipeline spec
     values = run_values(request)
+    if arguments.resume:
+        check_resume(arguments, values)
     if arguments.dry_run:
         estimate = check_estimate(arguments, request, values)
         tasks = sorted(request["pipelineSpec"]["root"]["dag"]["tasks"])
@@ -511,8 +591,6 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
         request["name"] = job.job_id
         summary = {"dry_run": True, "would_submit": request, "estimate": estimate}
     else:
-        if arguments.resume:
-            check_resumable(values["checkpoint_dir"])
         estimate = check_estimate(arguments, request, values)
         check_parts(values)
         tpu = TPU_TYPES[template_tpu_type(request["pipelineSpec"])]

@@ -275,3 +275,29 @@ def test_preflight_loads_the_downstream_tasks_and_refuses_a_bad_one_in_one_line(
         "validation_samples": 1,
         "validation_split": "validation",
     }
+
+
+def test_the_check_submit_runs_before_the_data_accepts_the_identity_the_train_step_writes(tmp_path, wikitext_shards):
+    """submit --resume runs check_checkpoints_match, preflight's and the train step's own check, on the identity the
+    run's parameters settle before its data exists: the same settings pass it, another model or recipe does not."""
+    from components.lib.recipe import resolve_recipe
+    from components.lib.training_plan import check_checkpoints_match, identity_before_data
+
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    trained = arguments(wikitext_shards, tmp_path / "first", checkpoint_dir=str(checkpoints), learning_rate=1e-3)
+    identity = plan_training(trained, 1).checkpoint_identity
+    (checkpoints / CHECKPOINT_IDENTITY_FILE).write_text(json.dumps(identity))  # as the train step writes it
+    max_length = read_manifest(wikitext_shards["train"])["max_length"]
+    recipe = resolve_recipe({"learning_rate": 1e-3})
+    # the vocabulary asked of the tokenizer, which a small corpus may leave short of it: the data's to settle
+    check_checkpoints_match(
+        str(checkpoints), identity_before_data("tiny", WIKITEXT_VOCAB_SIZE + 1000, max_length, recipe)
+    )
+    with pytest.raises(InvalidParameter, match=r"another model \(.*hidden_size.*differ\)"):
+        check_checkpoints_match(str(checkpoints), identity_before_data("mini", WIKITEXT_VOCAB_SIZE, max_length, recipe))
+    with pytest.raises(InvalidParameter, match=r"other recipe knobs; resume them with --learning_rate 0\.001"):
+        default_recipe = resolve_recipe({})
+        check_checkpoints_match(
+            str(checkpoints), identity_before_data("tiny", WIKITEXT_VOCAB_SIZE, max_length, default_recipe)
+        )

@@ -403,19 +403,20 @@ def test_the_documented_submit_commands_dry_run_offline_and_show_the_bill(templa
 
 def test_a_failed_run_is_resumed_by_its_name_from_its_checkpoint_folder(template, monkeypatch, gcs):
     """--resume RUN: the run trains on in RUN's own checkpoint folder (under output_root, else the pipeline root);
-    a folder without checkpoints (a misspelt name) is refused before anything is sent."""
+    a folder without checkpoints (a misspelt name) is refused before anything is sent, in a dry run too."""
     from components.lib import storage
 
     values = {"corpus": "hf:wikitext:wikitext-103-raw-v1", "output_root": f"{gcs}/out"}
     given = {"parameters": json.dumps(values), "pipeline_root": f"{gcs}/root", "resume": "wikitext-base-1"}
-    planned = submit(arguments(template, dry_run=True, **given))["would_submit"]["runtimeConfig"]["parameterValues"]
-    assert planned["checkpoint_dir"] == f"{gcs}/out/checkpoints/wikitext-base-1"
     sent = []
     monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", fake_create_pipeline_job(sent))
-    with pytest.raises(InvalidParameter, match=r"--resume='gs://.*/out/checkpoints/wikitext-base-1': holds no checkp"):
-        submit(arguments(template, **given), credentials=AnonymousCredentials())
+    for dry_run in (True, False):
+        with pytest.raises(InvalidParameter, match=r"--resume='gs://.*/out/checkpoints/wikitext-base-1': holds no "):
+            submit(arguments(template, dry_run=dry_run, **given), credentials=AnonymousCredentials())
     assert not sent
     storage.write_text_atomic(f"{gcs}/out/checkpoints/wikitext-base-1/checkpoint", 'model_checkpoint_path: "ckpt-3"')
+    planned = submit(arguments(template, dry_run=True, **given))["would_submit"]["runtimeConfig"]["parameterValues"]
+    assert planned["checkpoint_dir"] == f"{gcs}/out/checkpoints/wikitext-base-1"
     submit(arguments(template, **given), credentials=AnonymousCredentials())
     (request,) = sent
     assert request["job"].runtime_config.parameter_values["checkpoint_dir"] == planned["checkpoint_dir"]
@@ -424,6 +425,99 @@ def test_a_failed_run_is_resumed_by_its_name_from_its_checkpoint_folder(template
         submit(arguments(template, dry_run=True, **{**given, "parameters": elsewhere}))
     with pytest.raises(InvalidParameter, match="--resume='Bad/Name': must be a pipeline run's name"):
         submit(arguments(template, dry_run=True, **{**given, "resume": "Bad/Name"}))
+
+
+def test_a_resume_is_refused_while_a_training_holds_the_run_s_checkpoint_folder(template, monkeypatch, gcs, capsys):
+    """Two trainings in one folder would write over each other's checkpoints: while a training (here a resume of the
+    run, still going) holds the folder's lease, submit --resume is refused in one line naming it, when its lease
+    expires and what to do, in a dry run too; once it is released, the resume is sent."""
+    from components.lib import storage
+    from components.lib.lease import Lease, LeaseHeld
+
+    folder = f"{gcs}/out/checkpoints/wikitext-base-1"
+    storage.write_text_atomic(f"{folder}/checkpoint", 'model_checkpoint_path: "ckpt-3"')
+    values = {"corpus": "hf:wikitext:wikitext-103-raw-v1", "output_root": f"{gcs}/out"}
+    given = {"parameters": json.dumps(values), "pipeline_root": f"{gcs}/root", "resume": "wikitext-base-1"}
+    sent = []
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", fake_create_pipeline_job(sent))
+    where = "--project my-project --region europe-west4"
+    with Lease(folder, expiry=600, run="wikitext-base-2").held():
+        with pytest.raises(LeaseHeld) as refused:
+            submit(arguments(template, **given), credentials=AnonymousCredentials())
+        message = str(refused.value)
+        assert message.startswith(
+            f"--resume='wikitext-base-1': a training holds the lease on its checkpoint folder {folder}"
+        )
+        assert "(pipeline run wikitext-base-2: host " in message and ", expires " in message
+        assert (
+            f"see it with tpu-mlm status wikitext-base-2 {where}, stop it with tpu-mlm cancel wikitext-base-2"
+            in message
+        )
+        capsys.readouterr()
+        dry_run = [
+            *("--template", template, "--project", "my-project", "--region", "europe-west4"),
+            *("--pipeline_root", given["pipeline_root"], "--parameters", given["parameters"]),
+            *("--resume", "wikitext-base-1", "--dry_run"),
+        ]
+        assert submit_main(dry_run) == 3  # a refusal that would come again until the training ends
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.startswith("error: --resume='wikitext-base-1': a training holds the lease") and where in error
+    assert not sent
+    submit(arguments(template, **given), credentials=AnonymousCredentials())
+    assert len(sent) == 1
+
+
+def test_a_dry_run_of_a_resume_that_cannot_reach_the_bucket_says_so_and_shows_the_bill(template):
+    """Offline (proxies and the metadata server pointed at a closed port), the dry run gives up on the checkpoint
+    folder in seconds, not TensorFlow's minutes of retries, and prints the bill."""
+    command = ["--template", template, "--project", "my-project", "--pipeline_root", "gs://bucket/root"]
+    command += ["--parameters", '{"corpus": "embedded"}', "--corpus_bytes", "1000000", "--resume", "run-1", "--dry_run"]
+    result = run_module("pipelines.submit", *command, env={**os.environ, **OFFLINE}, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "warning: gs://bucket/root/checkpoints/run-1 not read, the resume not checked: " in result.stderr
+    assert "most it can cost" in result.stderr and "dry run: would submit" in result.stdout
+
+
+def test_a_resume_onto_checkpoints_of_another_model_or_recipe_is_refused_before_anything_runs(
+    template, monkeypatch, gcs
+):
+    """The train step's own check of a checkpoint folder (training_plan.check_checkpoints_match, which preflight runs
+    after the data steps), run at submit on what the parameters settle: another model config or recipe knob than the
+    checkpoints were trained with is refused before anything is created, in a dry run too."""
+    from components.lib import storage
+    from components.lib.recipe import resolve_recipe
+    from components.lib.training_plan import CHECKPOINT_IDENTITY_FILE, identity_before_data
+
+    folder = f"{gcs}/out/checkpoints/wikitext-base-1"
+    storage.write_text_atomic(f"{folder}/checkpoint", 'model_checkpoint_path: "ckpt-3"')
+    # what the train step wrote for the run: the mini model at the default recipe, and its tokenizer
+    trained = identity_before_data("mini", 25_000, 128, resolve_recipe({}))
+    identity = {**trained, "tokenizer_fingerprint": "0123abcd"}
+    storage.write_text_atomic(f"{folder}/{CHECKPOINT_IDENTITY_FILE}", json.dumps(identity))
+    sent = []
+    monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", fake_create_pipeline_job(sent))
+    values = {"corpus": "hf:wikitext:wikitext-103-raw-v1", "output_root": f"{gcs}/out", "model_config": "mini"}
+
+    def resume(dry_run: bool = False, **changed) -> dict:
+        given = {"parameters": json.dumps({**values, **changed}), "pipeline_root": f"{gcs}/root"}
+        return submit(arguments(template, dry_run=dry_run, resume="wikitext-base-1", **given), AnonymousCredentials())
+
+    for dry_run in (True, False):
+        with pytest.raises(
+            InvalidParameter,
+            match=r"--resume='wikitext-base-1': its checkpoint folder gs://.* holds "
+            r"checkpoints of another model \(.*, hidden_size, .*, num_hidden_layers differ\)",
+        ):
+            resume(dry_run, model_config="roberta-base")
+        with pytest.raises(
+            InvalidParameter,
+            match=r"holds checkpoints trained with other recipe knobs; resume them "
+            r"with --learning_rate 0.0005",
+        ):
+            resume(dry_run, learning_rate=1e-3)
+    assert not sent
+    resume(vocab_size=30_000, max_steps=500)  # the vocabulary is the tokenizer's to settle, the steps are no knob
+    assert len(sent) == 1
 
 
 def test_more_parts_than_compressed_files_are_refused_before_anything_runs(template, monkeypatch, gcs):

@@ -15,12 +15,13 @@ from components.lib.modeling import PRESETS, model_config, pretraining_config
 from components.lib.recipe import KNOBS, RECIPES, Recipe, apply_recipe
 from components.lib.run_shape import RunShape, settings_shape
 from components.lib.shard_set import read_manifest, verify_files
-from components.lib.tokenization import load_tokenizer
+from components.lib.tokenization import SPECIAL_TOKEN_ROLES, SPECIAL_TOKENS, load_tokenizer
 from components.lib.tpu_catalogue import TpuType
 
 # Written beside the checkpoints: what they are checkpoints of, so that resuming with another model is refused.
 CHECKPOINT_IDENTITY_FILE = "checkpoint_identity.json"
 NOT_ARCHITECTURE = ("transformers_version", "_name_or_path", "architectures")  # config keys that are bookkeeping
+DATA_SETTLED = ("vocab_size",)  # the architecture's keys that the tokenizer step settles, not the parameters
 XLA_CHOICES = ("auto", "on", "off")
 DIVERGENCE_CHOICES = ("stop", "rewind")
 
@@ -280,17 +281,35 @@ def checkpoint_identity(config: Any, tokenizer_fingerprint: str, recipe: dict[st
     return json.loads(json.dumps(identity))
 
 
+def identity_before_data(model_config_name: str, vocab_size: int, max_length: int, recipe: Recipe) -> dict[str, Any]:
+    """The checkpoint identity as far as a run's parameters settle it before its data exists (``submit --resume``'s):
+    the architecture of ``model_config_name`` at the run's vocabulary and sample length, with the ids the tokenizer
+    step gives the special tokens (their place in ``SPECIAL_TOKENS``), and the recipe's knobs. It has no tokenizer
+    fingerprint, which tells ``check_checkpoints_match`` to leave what only the data settles."""
+    special = {role: SPECIAL_TOKENS.index(token) for role, token in SPECIAL_TOKEN_ROLES.items()}
+    config = model_config(
+        model_config_name, {"vocab_size": vocab_size, "max_length": max_length, "special_tokens": special}
+    )
+    knobs = {knob: getattr(recipe, knob) for knob in KNOBS}
+    identity = checkpoint_identity(config, "", {"recipe": recipe.recipe, **knobs})
+    del identity["tokenizer_fingerprint"]
+    return identity
+
+
 def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> None:
-    """Refuses a checkpoint folder that holds checkpoints of another model or tokenizer (a stable
-    ``--checkpoint_dir`` reused by mistake) before any accelerator time is spent."""
+    """Refuses a checkpoint folder that holds checkpoints of another model, tokenizer or recipe (a stable
+    ``--checkpoint_dir`` reused by mistake, a resume with other parameters) before any accelerator time is spent.
+    An ``identity_before_data`` (submit's) is checked for what the parameters settle: what only the data steps do
+    (the tokenizer, the vocabulary's size, which a small corpus may leave below the one asked for, and a batch
+    warm-up's stages, which follow the data's size) is left to preflight and the train step."""
     uri = storage.join(checkpoint_dir, CHECKPOINT_IDENTITY_FILE)
     if not storage.exists(uri):
         return
     existing = json.loads(storage.read_text(uri))
-    differing = sorted(
-        key for key in identity["model_config"] if existing["model_config"].get(key) != identity["model_config"][key]
-    )
-    if existing["tokenizer_fingerprint"] != identity["tokenizer_fingerprint"]:
+    before_data = "tokenizer_fingerprint" not in identity
+    settled = [key for key in identity["model_config"] if not (before_data and key in DATA_SETTLED)]
+    differing = sorted(key for key in settled if existing["model_config"].get(key) != identity["model_config"][key])
+    if not before_data and existing["tokenizer_fingerprint"] != identity["tokenizer_fingerprint"]:
         differing.append("tokenizer")
     if differing:
         raise InvalidParameter(
@@ -313,7 +332,7 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
             checkpoint_dir,
             f"holds checkpoints trained with other recipe knobs; resume them with {flags}, or use an empty folder",
         )
-    if existing.get("batch_stages") != identity.get("batch_stages"):
+    if not before_data and existing.get("batch_stages") != identity.get("batch_stages"):
         raise InvalidParameter(
             "checkpoint_dir",
             checkpoint_dir,
