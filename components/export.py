@@ -39,7 +39,7 @@ from components.lib.hub import (
     push_folder,
 )
 from components.lib.job_runner import run_job
-from components.lib.model_card import CARD_FILE, USAGE_HEADING, model_card, usage_section
+from components.lib.model_card import CARD_FILE, USAGE_HEADING, model_card, public_summary, usage_section
 from components.lib.pytorch_weights import add_pytorch_weights, check_model_folder
 from components.lib.results import SUMMARY_FILE
 
@@ -87,7 +87,10 @@ def export(arguments: ExportArguments) -> dict[str, Any]:
         # the card's code names the repository it describes: the output's, else the source's
         _update_card(folder, output_repo if to_hub else arguments.model.removeprefix(HUB_PREFIX), new=to_hub)
         result: dict[str, Any] = {"model": arguments.model, "output": arguments.output, "weights": written}
-        if to_hub:
+        if to_hub:  # published: the summary's public copy, as the push step's
+            if (folder / SUMMARY_FILE).exists():
+                summary = public_summary(json.loads((folder / SUMMARY_FILE).read_text()))
+                (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
             create_repo(output_repo, token, arguments.private, arguments.retries)
             commit = push_folder(folder, output_repo, token, arguments.commit_message, retries=arguments.retries)
             result.update(commit=commit.oid, commit_url=commit.commit_url)

@@ -4,7 +4,9 @@ The repository holds the weights for PyTorch (``model.safetensors``, what transf
 (``tf_model.h5``); a model folder trained before the project wrote PyTorch weights gets them here. Everything
 goes up in one commit to ``--repo_id``, created (optionally private) when it does not exist;
 pushing unchanged content again makes no new commit. The token comes from ``HF_TOKEN``, or from a Secret
-Manager secret named by ``--hf_token_secret`` (on Vertex AI); it never appears in arguments, logs or files.
+Manager secret named by ``--hf_token_secret`` (on Vertex AI); it never appears in arguments, logs or files. What
+is pushed names no bucket, project, path or secret: ``training_summary.json`` goes up as its public copy (the run's
+figures and settings; the arguments that held locations are left out and listed under ``left_out``).
 
     HF_TOKEN=... python -m components.push --model /tmp/model --evaluation /tmp/eval --repo_id me/my-roberta
 """
@@ -31,7 +33,7 @@ from components.lib.hub import (
     push_folder,
 )
 from components.lib.job_runner import run_job
-from components.lib.model_card import CARD_FILE, model_card
+from components.lib.model_card import CARD_FILE, model_card, public_summary
 from components.lib.pytorch_weights import add_pytorch_weights, pytorch_weight_files
 from components.lib.results import METRICS_FILE, SUMMARY_FILE, read_downstream
 
@@ -95,7 +97,8 @@ def push(arguments: PushArguments) -> dict[str, Any]:
         folder = storage.download_folder(arguments.model, Path(staging))  # files only: no checkpoints, no logs
         if not pytorch_weight_files(folder):
             add_pytorch_weights(folder, "model", arguments.model)  # a model trained before they were written
-        summary = json.loads((folder / SUMMARY_FILE).read_text())
+        summary = public_summary(json.loads((folder / SUMMARY_FILE).read_text()))  # no bucket, project, path, secret
+        (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         config = json.loads((folder / "config.json").read_text())
         probe = read_downstream(arguments.downstream)
         card = model_card(arguments.repo_id, summary, config, metrics, arguments.license, probe)

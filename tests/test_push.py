@@ -1,6 +1,7 @@
 import html
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,78 @@ def test_push_uploads_model_tokenizer_and_card_in_one_commit_and_loads_back(tmp_
 
     again = push(hub, model, evaluation, "--repo_id", "user/tiny-roberta", "--private")
     assert again.returncode == 0 and len(repo.commits) == 1, "unchanged content made a new commit"
+
+
+PRIVATE_NAMES = ("acme-private-bucket", "customer-x", "123456789012")
+
+
+@pytest.mark.slow
+def test_a_push_publishes_no_bucket_project_path_or_secret(tmp_path, hub, model_and_evaluation):
+    """A run as Vertex AI leaves it (its arguments naming the bucket, the project number in the pipeline root, the
+    customer's folders, the TPU's address, a private checkpoint repository and a secret; a probe task of local files)
+    pushed through the stand-in: no uploaded file, and no commit message, names any of them; the published summary
+    keeps the run's figures and settings and lists what it left out."""
+    model, evaluation = model_and_evaluation
+    private = tmp_path / "acme-private-bucket" / "123456789012" / "customer-x"
+    shutil.copytree(model, private / "model", ignore=shutil.ignore_patterns("checkpoints", "logs"))
+    shutil.copytree(evaluation, private / "eval")
+    root = "gs://acme-private-bucket/pipeline_root/123456789012/tpu-mlm-customer-x-20260101"
+    summary_file = private / "model" / "training_summary.json"
+    summary = json.loads(summary_file.read_text())
+    summary["arguments"].update(
+        tokenizer=f"{root}/tokenizer-step/tokenizer",
+        train_shards=f"{root}/merge-shards-step/shards",
+        eval_shards=f"{root}/merge-shards-step-2/shards",
+        output=f"{root}/train-step/model",
+        checkpoint_dir="gs://acme-private-bucket/checkpoints/customer-x",
+        tensorboard_dir="gs://acme-private-bucket/tensorboard/customer-x",
+        model_config="gs://acme-private-bucket/customer-x/configs/config.json",
+        tpu="grpc://10.1.2.3:8470",
+        hub_repo_id="acme/customer-x-checkpoints",
+        hf_token_secret="projects/123456789012/secrets/customer-x-hub",  # a setting a later version may add
+    )
+    summary["corpus"]["source"] = "gs://acme-private-bucket/customer-x/corpus-*.txt,/home/acme/customer-x/more.txt"
+    summary["hub_push_failures"] = [
+        "Training checkpoint at step 5 of 10: pushing /tmp/customer-x/ckpt to the Hub repository "
+        "acme/customer-x-checkpoints failed 5 times; the last error: 503"
+    ]
+    summary_file.write_text(json.dumps(summary, indent=2))
+    task = "/home/acme/customer-x/labels.jsonl"
+    scores = {"pre-trained": {"score": 0.7}, "random init": {"score": 0.5}}
+    probe = {
+        "tasks": [
+            {"task": task, "metric": "accuracy", "labels": ["a", "b"], "train_samples": 10, "validation_samples": 4}
+            | {"validation_split": "validation", "published": None, "gain": 0.2, **scores}
+        ],
+        "average": {"pre-trained": 0.7, "random init": 0.5},
+        "arguments": {"seeds": "1", "tasks": task, "output": f"{root}/downstream-step/results"},
+    }
+    (private / "probe").mkdir()
+    (private / "probe" / "downstream.json").write_text(json.dumps(probe))
+    extra = ("--downstream", str(private / "probe"), "--repo_id", "user/public-model", "--no_private")
+    result = push(hub, str(private / "model"), str(private / "eval"), *extra)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+    repo = hub.repos["user/public-model"]
+    assert {"README.md", "training_summary.json", "tf_model.h5", "model.safetensors"} <= set(repo.files)
+    for name in repo.files:
+        data = hub.file("user/public-model", name)
+        for word in (*PRIVATE_NAMES, "gs://", "/home/", "10.1.2.3", "secrets/"):
+            assert word.encode() not in data, f"{name} names {word}"
+    assert not any(name in commit for commit in map(str, repo.commits) for name in PRIVATE_NAMES)
+
+    published = json.loads(hub.file("user/public-model", "training_summary.json"))
+    assert published["total_steps"] == summary["total_steps"] and published["history"] == summary["history"]
+    assert published["arguments"]["learning_rate"] == summary["arguments"]["learning_rate"]
+    assert published["arguments"]["model_config"] == "config.json"
+    assert published["corpus"]["source"] == "corpus-*.txt,more.txt"  # the files' names, never their folders
+    assert {"checkpoint_dir", "output", "tokenizer", "tpu", "hub_repo_id", "hf_token_secret"} <= set(
+        published["left_out"]
+    )
+    assert published["hub_push_failures"] == ["Training checkpoint at step 5 of 10"]
+    card = hub.file("user/public-model", "README.md").decode()
+    assert "| `labels.jsonl` | accuracy | 0.7000 | 0.5000 |" in card
+    assert json.loads(summary_file.read_text()) == summary  # the run's own folder keeps its record
 
 
 @pytest.mark.slow

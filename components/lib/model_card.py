@@ -6,9 +6,11 @@ The usage section's code blocks run as they are (the tests run each in its envir
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from components.lib.corpus import HUB_PREFIX, parse_hub_name
+from components.lib.errors import redact
 from components.lib.recipe import KNOBS, MODEL_DROPOUT
 from components.lib.results import downstream_table, loss_summary, metrics_table
 
@@ -28,6 +30,7 @@ def model_card(
     results, and how to use it: transformers 5 (PyTorch) first, then TF with the transformers 4.57 it needs."""
     from huggingface_hub import ModelCardData
 
+    summary, probe = public_summary(summary), public_probe(probe)  # what the card shows is published
     train_arguments = summary["arguments"]
     hyperparameters = {
         key: train_arguments[key] for key in CARD_HYPERPARAMETERS if key in train_arguments
@@ -173,16 +176,87 @@ print(fill("The history of the <mask> begins in the early twentieth century."))"
 
 def public_name(source: str) -> str:
     """What a card shows of a corpus or config: a Hub name as it is, of files (local or in a bucket) only their
-    names, so that a published card names no folder or bucket."""
+    names, so that a published card names no folder or bucket (a folder: not even its own name)."""
     if source.startswith(HUB_PREFIX):
         return source
 
     def shown(part: str) -> str:
         name = part.rstrip("/").rsplit("/", 1)[-1]
-        is_file = part.startswith(("/", ".", "gs://")) or "." in name or "*" in name
-        return name if is_file else part  # a Hub model name (namespace/name) stays whole
+        if not (part.startswith(("/", ".", "~", "gs://")) or "." in name or "*" in name):
+            return part  # a Hub model name (namespace/name) stays whole
+        return public_location(part)
 
     return ",".join(shown(part) for part in source.split(","))
+
+
+LEFT_OUT = "(left out)"
+# a location in free text (an error's line): a gs:// URI, or a path from the root or the home folder
+LOCATION = re.compile(r"gs://[^\s'\"`,;()]*|(?<![\w:/.~-])~?/[^\s'\"`,;()]+")
+# a Google Cloud resource's name: projects/NUMBER-OR-ID/...
+RESOURCE = re.compile(r"\bprojects/[^\s'\"`,;()]+")
+
+
+def public_location(location: str) -> str:
+    """A file's own name (with its suffix: ``corpus-*.txt``, ``config.json``); a folder, ``LEFT_OUT``."""
+    name = location.rstrip("/").rsplit("/", 1)[-1]
+    return name if "." in name.lstrip(".") or "*" in name else LEFT_OUT
+
+
+def public_text(text: str) -> str:
+    """Free text (an error's line) as published: no location but a file's name, no resource name, no credential."""
+    text = RESOURCE.sub("projects/" + LEFT_OUT, redact(text))
+    return LOCATION.sub(lambda match: public_location(match.group(0)), text)
+
+
+# The training arguments published with the model (training_summary.json in its repository): the settings, as numbers,
+# switches and named choices; every other string (the tokenizer's, shards', checkpoint and TensorBoard folders, the
+# model folder, the TPU's address, the Hub repository checkpoints went to, any secret) is left out, and listed.
+PUBLIC_TEXT_ARGUMENTS = ("model_config", "recipe", "lr_schedule", "xla", "on_divergence", "accelerator", "price_source")
+
+
+def public_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """The copy of a training summary a Hub repository gets: the run's figures and settings; no bucket, project, path
+    or secret (``left_out``: the arguments not published). What the model card is written from, too."""
+    arguments = summary.get("arguments", {})
+    kept: dict[str, Any] = {}
+    for key, value in arguments.items():
+        if value is None or isinstance(value, bool | int | float):
+            kept[key] = value
+        elif key in PUBLIC_TEXT_ARGUMENTS and isinstance(value, str):
+            kept[key] = public_name(value) if key == "model_config" else public_text(value)
+    left_out = set(summary.get("left_out", [])) | (set(arguments) - set(kept))  # a public copy's, again
+    published = {**summary, "arguments": kept, "left_out": sorted(left_out)}
+    if isinstance(summary.get("corpus"), dict):
+        corpus = summary["corpus"]
+        published["corpus"] = {**corpus, "source": public_name(str(corpus.get("source", "")))}
+    if summary.get("hub_push_failures"):  # which checkpoint pushes failed; their errors name the repository
+        published["hub_push_failures"] = [str(failure).split(": ", 1)[0] for failure in summary["hub_push_failures"]]
+    return published_values(published)
+
+
+def published_values(value: Any) -> Any:
+    """``value`` with every string in it as ``public_text`` has it: the last guard of what is published."""
+    if isinstance(value, dict):
+        return {key: published_values(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [published_values(item) for item in value]
+    return public_text(value) if isinstance(value, str) else value
+
+
+def public_probe(probe: dict | None) -> dict | None:
+    """The downstream probe's results as a card shows them: a task of files named by its file's name, a failure's
+    line without locations; only what the card reads."""
+    if not probe:
+        return probe
+    if probe.get("failed"):
+        return {**probe, "failed": public_text(str(probe["failed"]))}
+    tasks = [{**task, "task": public_task(task["task"])} for task in probe["tasks"]]
+    return {**probe, "tasks": tasks}
+
+
+def public_task(name: str) -> str:
+    """A probe task's name as published: a Hub dataset's or the built-in task's as it is; of files, a file's name."""
+    return name if name.startswith(HUB_PREFIX) or "/" not in name else public_location(name)
 
 
 def hub_dataset_name(source: str) -> str:
