@@ -55,9 +55,13 @@ def check_retries(retries: int) -> int:
 
 def check_secret_name(secret: str) -> str:
     if not SECRET_NAME.match(secret):
-        raise InvalidParameter(
-            "hf_token_secret", secret, "must be a Secret Manager name: projects/PROJECT/secrets/NAME[/versions/V]"
-        )
+        expected = "must be a Secret Manager name: projects/PROJECT/secrets/NAME[/versions/V]"
+        if "/" not in secret:  # a token itself, most likely: where it goes, never echoed (errors.shown_value)
+            expected += (
+                "; a token itself goes into the secret (docs/vertex-ai.md, step 3) or into HF_TOKEN, never on the "
+                "command line: if you typed one here, revoke it and make another"
+            )
+        raise InvalidParameter("hf_token_secret", secret, expected)
     return secret if "/versions/" in secret else secret + "/versions/latest"
 
 

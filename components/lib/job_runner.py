@@ -21,7 +21,17 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from components.lib import storage, verdict
-from components.lib.errors import Diverged, InvalidParameter, Refused, ReportedFailure, ServiceFailed, StartFailed
+from components.lib.errors import (
+    REDACTED,
+    Diverged,
+    InvalidParameter,
+    Refused,
+    ReportedFailure,
+    ServiceFailed,
+    StartFailed,
+    is_secret_parameter,
+    redact,
+)
 
 Arguments = TypeVar("Arguments")
 BAD_INPUT_EXIT = 2  # the exit status of a job refused for its input: the same input fails the same way again
@@ -43,7 +53,9 @@ def setup_logging() -> None:
 def parse_arguments(
     arguments_class: type[Arguments], argv: Sequence[str] | None, description: str, prog: str | None = None
 ) -> tuple[Arguments, bool]:
-    """The job's arguments, and whether ``--json`` asks for the summary as JSON."""
+    """The job's arguments, and whether ``--json`` asks for the summary as JSON. A flag is taken only as spelt in
+    full (argparse's abbreviations would take ``--hf_token`` for ``--hf_token_secret``); what a refusal shows of a
+    value never holds a credential (``errors.redact``)."""
     import argparse
 
     from transformers import HfArgumentParser
@@ -51,21 +63,69 @@ def parse_arguments(
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         """Defaults shown, and the job's docstring as written: its usage examples keep their lines."""
 
-    parser = HfArgumentParser(arguments_class, description=description, prog=prog, formatter_class=Formatter)
+    class Parser(HfArgumentParser):
+        def error(self, message: str) -> Any:  # argparse's own refusals: a wrong type, a bad choice
+            super().error(redacted_argparse_error(message))
+
+    parser = Parser(arguments_class, description=description, prog=prog, formatter_class=Formatter, allow_abbrev=False)
     parser.add_argument(
         "--json", action="store_true", help="Print the whole summary as JSON (for scripts), not the lines for people."
     )
-    _, unknown = parser.parse_known_args(args=argv)  # before the dataclass's own checks, which a typo would skew
+    args = list(sys.argv[1:] if argv is None else argv)
+    required = [action for action in parser._actions if action.required]
+    for action in required:  # a flag mistyped is named first, not as the required one it misses
+        action.required = False
+    try:
+        _, unknown = parser.parse_known_args(args=args)  # before the dataclass's own checks, which a typo would skew
+    finally:
+        for action in required:
+            action.required = True
     if unknown:
-        flag, _, value = unknown[0].partition("=")
+        raise unknown_flag(parser, unknown, args, prog or "the job")
+    arguments, printing = parser.parse_args_into_dataclasses(args=args)
+    return arguments, printing.json
+
+
+def unknown_flag(parser: Any, unknown: list[str], args: list[str], prog: str) -> InvalidParameter:
+    """The refusal of the first argument the parser did not take: a flag it does not have (the nearest it has, or
+    --help), or a value no flag takes (after the flag it follows). A credential typed as a flag's value is never
+    shown, and never advised into another flag: it belongs in the environment."""
+    flag, _, value = unknown[0].partition("=")
+    flags = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+    if not flag.startswith("-"):  # a value with no flag of its own: the flag before it took its one value
+        before = next((arg for arg in reversed(args[: args.index(unknown[0])]) if arg.startswith("--")), "--")
+        parameter, value = before.partition("=")[0].lstrip("-"), unknown[0]
+        expected = "is a value no flag takes"
+        if parameter:
+            expected += f"; --{parameter} takes one value (quote one with spaces)"
+    else:
+        parameter = flag.lstrip("-")
         if not value and len(unknown) > 1 and not unknown[1].startswith("--"):
             value = unknown[1]
-        flags = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
-        near = difflib.get_close_matches(flag, flags, n=1)
-        hint = f"; did you mean {near[0]}?" if near else f"; {prog or 'the job'} --help lists them"
-        raise InvalidParameter(flag.lstrip("-"), value, f"is not a flag of this job{hint}")
-    arguments, printing = parser.parse_args_into_dataclasses(args=argv)
-    return arguments, printing.json
+        expected = "is not a flag of this job"
+        if is_secret_parameter(flag) or redact(value) != value:
+            expected += "; a credential is never given on the command line"
+            if "--hf_token_secret" not in flags:
+                expected += " (this job takes none)"
+            else:
+                expected += (
+                    ": the Hub token is read from HF_TOKEN, or from the Secret Manager secret --hf_token_secret names"
+                )
+        else:
+            near = difflib.get_close_matches(flag, flags, n=1)
+            expected += f"; did you mean {near[0]}?" if near else f"; {prog} --help lists them"
+    if redact(value) != value:
+        expected += " (the token typed here is in your shell's history: revoke it and make another)"
+    return InvalidParameter(parameter, value, expected)
+
+
+def redacted_argparse_error(message: str) -> str:
+    """argparse's refusal with no credential in it: a secret flag's quoted values are not shown, nor anything that
+    looks like a token."""
+    named = re.match(r"argument (\S+): ", message)
+    if named and any(is_secret_parameter(flag) for flag in named.group(1).split("/")):
+        message = named.group(0) + re.sub(r"'[^']*'", repr(REDACTED), message[named.end() :])
+    return redact(message)
 
 
 def summary_lines(summary: dict[str, Any]) -> str:
@@ -126,6 +186,7 @@ def reported_status(error: BaseException) -> int | None:
     if failure is None:
         return None
     status, line = failure
+    line = redact(line)  # an outside service's message may quote what it was sent
     # what this job would meet again (2, 3, 4), or a start that a new job, not a restart on this VM, may get past
     known = status in NOT_RETRIED_EXITS or isinstance(error, StartFailed)
     as_verdict = known and verdict.record(status, line, getattr(error, "step", None))
