@@ -20,7 +20,7 @@ from urllib.parse import urlencode, urlsplit
 
 from components.lib.errors import InvalidParameter, first_line
 from components.lib.tpu_catalogue import ON_DEMAND, SPOT, TpuType
-from pipelines.vertex_jobs import api_session
+from pipelines.vertex_jobs import api_session, chain_post_init, check_endpoint, check_region
 
 log = logging.getLogger("tpu_mlm.quota")
 
@@ -133,6 +133,10 @@ class QuotaArguments:
         default="", metadata={"help": f"The Cloud Quotas API's endpoint; default: {CLOUD_QUOTAS_ENDPOINT}."}
     )
 
+    def __post_init__(self) -> None:
+        check_endpoint("quota_endpoint", self.quota_endpoint)
+        chain_post_init(QuotaArguments, self)
+
 
 def require_tpu_quota(
     arguments: QuotaArguments, project: str, region: str, tpu: TpuType, provisioning: str, credentials: Any = None
@@ -203,7 +207,10 @@ def check_tpu_quota(
 def read_region_limit(
     project: str, region: str, quota: TrainingQuota, endpoint: str, credentials: Any
 ) -> tuple[dict[str, Any], int | None, str]:
-    """The quota's QuotaInfo, its limit in ``region`` (None: not read) and, where there is none, why."""
+    """The quota's QuotaInfo, its limit in ``region`` (None: not read) and, where there is none, why. A region or an
+    endpoint of another form is refused, not taken for a quota that cannot be read."""
+    check_region(region)
+    check_endpoint("quota_endpoint", endpoint)
     try:
         info = read_quota_info(project, quota.quota_id, endpoint, credentials)
         limit = region_limit(info, region)
@@ -279,7 +286,7 @@ def quota_info_url(project: str, quota_id: str, endpoint: str) -> str:
 
 def read_quota_info(project: str, quota_id: str, endpoint: str, credentials: Any) -> dict[str, Any]:
     """The QuotaInfo of ``quota_id`` (raises ``QuotaRefused`` with the API's reason when it answers an error)."""
-    with api_session(endpoint, credentials) as session:
+    with api_session(endpoint, credentials, "quota_endpoint") as session:
         response = session.get(quota_info_url(project, quota_id, endpoint), timeout=TIMEOUT_SECONDS)
     if response.status_code != 200:
         raise QuotaRefused(refusal(response))

@@ -9,13 +9,14 @@ cancelled) or a Ctrl-C (a second Ctrl-C leaves without waiting for the cancel to
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.lib.errors import ServiceFailed
+from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.tpu_catalogue import TpuType
 from components.slice import launched
 
@@ -87,6 +88,51 @@ def tpu_worker_pool(
     }
 
 
+# A Google Cloud region's name: us-central1, europe-west4, northamerica-northeast1, me-central2. Nothing that could
+# carry a host name's '@', ':', '/', '#' or '?': the API's host name is built from it, and gets the user's credentials.
+REGION = re.compile(r"[a-z]{2,20}-[a-z]{2,20}[0-9]{1,2}")
+REGIONS_PAGE = "https://cloud.google.com/vertex-ai/docs/general/locations"
+# An endpoint given explicitly: a host name or IPv4 address, a port, an http(s):// scheme; no user, path, query or
+# fragment (an '@' would send the request, and its credentials, to the host after it).
+ENDPOINT = re.compile(
+    r"(https?://)?(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(:[0-9]{1,5})?/?"
+)
+
+
+def check_region(region: str, parameter: str = "region") -> str:
+    """``region`` when it is a Google Cloud region's name: every host name this project builds from a region goes
+    through here, before any credential is sent. ``global`` is none: no custom job or pipeline runs there."""
+    if not REGION.fullmatch(region):
+        raise InvalidParameter(
+            parameter,
+            region,
+            "must be a region such as us-central1 or europe-west4 (lowercase letters, a hyphen, letters and a number; "
+            f"Vertex AI's regions: {REGIONS_PAGE})",
+        )
+    return region
+
+
+def check_endpoint(parameter: str, endpoint: str) -> str:
+    """An endpoint given explicitly (``""``: the default, left alone): a host name with an optional port and scheme."""
+    if endpoint and not ENDPOINT.fullmatch(endpoint):
+        raise InvalidParameter(
+            parameter,
+            endpoint,
+            "must be a host name, with a port and an http(s):// scheme if need be (us-central1-aiplatform."
+            "googleapis.com), no user, path, query or fragment; leave it out for the default",
+        )
+    return endpoint
+
+
+def chain_post_init(cls: type, self: Any) -> None:
+    """Runs the ``__post_init__`` that follows ``cls``'s in ``self``'s classes, where there is one: the argument
+    mixins below check their own fields and let the others check theirs."""
+    following = getattr(super(cls, self), "__post_init__", None)
+    if following is not None:
+        following()
+
+
 @dataclass(kw_only=True)
 class VertexProject:
     """Where a submission runs on Vertex AI and as whom: the pipeline's and the smoke job's."""
@@ -97,6 +143,10 @@ class VertexProject:
         default="", metadata={"help": "Service account the run or job acts as (docs/vertex-ai.md's, least privilege)."}
     )
 
+    def __post_init__(self) -> None:
+        check_region(self.region)
+        chain_post_init(VertexProject, self)
+
 
 @dataclass(kw_only=True)
 class JobServiceArguments:
@@ -106,6 +156,19 @@ class JobServiceArguments:
     api_endpoint: str = field(
         default="", metadata={"help": "Vertex AI's endpoint; default: the region's, REGION-aiplatform.googleapis.com."}
     )
+
+    def __post_init__(self) -> None:
+        if not 0 < self.poll_seconds <= MAX_POLL_SECONDS:
+            raise InvalidParameter(
+                "poll_seconds",
+                self.poll_seconds,
+                f"must be above 0 and at most {MAX_POLL_SECONDS:g} (30 is the default)",
+            )
+        check_endpoint("api_endpoint", self.api_endpoint)
+        chain_post_init(JobServiceArguments, self)
+
+
+MAX_POLL_SECONDS = 3600.0
 
 
 def job_client(region: str, endpoint: str = "") -> Any:
@@ -129,7 +192,8 @@ def service_client(client_class: type, region: str, endpoint: str) -> Any:
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
 
-    endpoint = endpoint or f"{region}-aiplatform.googleapis.com"
+    check_region(region)  # in the default host name, and in every resource name sent to an explicit one
+    endpoint = check_endpoint("api_endpoint", endpoint) or f"{region}-aiplatform.googleapis.com"
     credentials = AnonymousCredentials() if endpoint.startswith("http://") else None
     return client_class(transport="rest", client_options=ClientOptions(api_endpoint=endpoint), credentials=credentials)
 
@@ -137,11 +201,13 @@ def service_client(client_class: type, region: str, endpoint: str) -> Any:
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
-def api_session(endpoint: str, credentials: Any = None) -> Any:
+def api_session(endpoint: str, credentials: Any = None, parameter: str = "endpoint") -> Any:
     """An HTTP session to a Google API at ``endpoint`` as ``credentials`` (default: Application Default Credentials);
-    to an ``http://`` endpoint (a local stand-in), without, as ``service_client`` reaches one."""
+    to an ``http://`` endpoint (a local stand-in), without, as ``service_client`` reaches one. An endpoint of another
+    form than a host's (``check_endpoint``) is refused naming ``parameter``."""
     import requests
 
+    check_endpoint(parameter, endpoint)
     if endpoint.startswith("http://"):
         return requests.Session()
     import google.auth

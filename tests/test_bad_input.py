@@ -233,8 +233,23 @@ CASES = {
     "a token value where a secret name goes": Case(
         "push",
         "--model {data} --repo_id user/model --hf_token_secret hf_abc123",
-        "--hf-token-secret='hf_abc123': must be a Secret Manager name: projects/PROJECT/secrets/NAME[/versions/V]",
+        "--hf-token-secret='hf_…(redacted)': must be a Secret Manager name: projects/PROJECT/secrets/NAME[/versions/V]; "
+        "a token itself goes into the secret (docs/vertex-ai.md, step 3) or into HF_TOKEN, never on the command line: "
+        "if you typed one here, revoke it and make another",
         hub_token=HUB_TOKEN,
+    ),
+    "a Hub token typed after a flag the job does not have": Case(
+        "push",
+        "--model {data} --repo_id user/model --hf_token hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567",
+        "--hf-token='hf_…(redacted)': is not a flag of this job; a credential is never given on the command line: the "
+        "Hub token is read from HF_TOKEN, or from the Secret Manager secret --hf_token_secret names (the token typed "
+        "here is in your shell's history: revoke it and make another)",
+        hub_token=HUB_TOKEN,
+    ),
+    "a flag cut short": Case(
+        "push",
+        "--model {data} --repo user/model",
+        "--repo='user/model': is not a flag of this job; did you mean --repo_id?",
     ),
     # exporting a model trained before the PyTorch weights
     "a model folder without TF weights": Case(
@@ -317,6 +332,23 @@ CASES = {
         "smoke",
         "--project my-proj --scratch gs://b/smoke --tpu_image us-docker.pkg.dev/p/r/tpu:1 --max_queued_minutes 0",
         "--max-queued-minutes=0.0: must be above 0 and at most 1440",
+    ),
+    "a region that is no region's name": Case(
+        "status",
+        "tpu-mlm-20260101-120000 --project my-proj --region x@127.0.0.1:8443#",
+        "--region='x@127.0.0.1:8443#': must be a region such as us-central1 or europe-west4 (lowercase letters, a "
+        "hyphen, letters and a number; Vertex AI's regions: https://cloud.google.com/vertex-ai/docs/general/locations)",
+    ),
+    "an endpoint with more than a host": Case(
+        "cancel",
+        "tpu-mlm-20260101-120000 --project my-proj --api_endpoint https://me@127.0.0.1:8443",
+        "--api-endpoint='https://me@127.0.0.1:8443': must be a host name, with a port and an http(s):// scheme if need "
+        "be (us-central1-aiplatform.googleapis.com), no user, path, query or fragment; leave it out for the default",
+    ),
+    "a poll interval below zero": Case(
+        "status",
+        "tpu-mlm-20260101-120000 --project my-proj --follow --poll_seconds -1",
+        "--poll-seconds=-1.0: must be above 0 and at most 3600 (30 is the default)",
     ),
     "a bucket as the kfp.local root": Case(
         "run-local",
