@@ -4,7 +4,8 @@ a compile and the steps to the same failure again.
 
 Each attempt is recorded when it starts and again when it ends: done, stopped by a SIGTERM (a preemption or a
 stop: no failure, whenever it comes) or failed; one still "running" when the next starts died without a word
-(a timeout, a crash of the runtime). After ``REPEATS`` failed or silently dead attempts from the same checkpoint
+(a timeout, a crash of the runtime): the next starts only once it holds the checkpoint folder's lease, which a
+live training keeps (``lease.py``). After ``REPEATS`` failed or silently dead attempts from the same checkpoint
 with the same settings and runtime, the next is refused before the TPU is initialised. A start that hangs past its
 deadline is a failure too (a hang that repeats is the runtime's: tensorflow/tensorflow#93618). A TPU that failed to
 start with an error a new start may not meet (``AcceleratorStartFailed``) is recorded as "start failed" and not
