@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import signal
 import threading
 import time
@@ -221,7 +222,7 @@ def api_session(endpoint: str, credentials: Any = None, parameter: str = "endpoi
 def cancel_command(name: str) -> str:
     """The gcloud command that cancels the job ``name`` (projects/P/locations/R/customJobs/ID)."""
     _, project, _, region, _, job_id = name.split("/")
-    return f"gcloud ai custom-jobs cancel {job_id} --region={region} --project={project}"
+    return shlex.join(["gcloud", "ai", "custom-jobs", "cancel", job_id, f"--region={region}", f"--project={project}"])
 
 
 class LeftWaiting(ServiceFailed):
