@@ -233,9 +233,9 @@ CASES = {
     "a token value where a secret name goes": Case(
         "push",
         "--model {data} --repo_id user/model --hf_token_secret hf_abc123",
-        "--hf-token-secret='hf_…(redacted)': must be a Secret Manager name: projects/PROJECT/secrets/NAME[/versions/V]; "
-        "a token itself goes into the secret (docs/vertex-ai.md, step 3) or into HF_TOKEN, never on the command line: "
-        "if you typed one here, revoke it and make another",
+        "--hf-token-secret='hf_…(redacted)': must be a Secret Manager name: projects/PROJECT/secrets/NAME"
+        "[/versions/V]; a token itself goes into the secret (docs/vertex-ai.md, step 3) or into HF_TOKEN, never on "
+        "the command line: if you typed one here, revoke it and make another",
         hub_token=HUB_TOKEN,
     ),
     "a Hub token typed after a flag the job does not have": Case(
