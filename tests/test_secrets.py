@@ -177,3 +177,20 @@ def test_every_client_built_from_a_region_checks_it():
 def test_following_a_run_with_a_poll_interval_below_zero_is_refused_in_one_line(capsys):
     line = refusal(["status", RUN, "--project", "my-proj", "--follow", "--poll_seconds", "-1"], capsys)
     assert line == "error: --poll-seconds=-1.0: must be above 0 and at most 3600 (30 is the default)"
+
+
+def test_a_service_that_never_answers_ends_in_one_line_with_what_to_do(monkeypatch, capsys):
+    """The endpoint given is closed: the client's retries run out (shortened here) and the command ends with exit 1
+    and one line, not RetryError's traceback."""
+    import pipelines.vertex_jobs
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    monkeypatch.setattr(pipelines.vertex_jobs, "CALL_RETRY_SECONDS", 1.0)
+    code = tpu_mlm(["status", RUN, "--project", "my-proj", "--api_endpoint", f"http://127.0.0.1:{port}"])
+    stderr = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in stderr, stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("error: Google Cloud could not be reached") and line.endswith("run the command again")

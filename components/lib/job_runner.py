@@ -172,6 +172,13 @@ def one_line_failure(error: BaseException) -> tuple[int, str] | None:
         return error.status, str(error)
     if isinstance(error, ServiceFailed):
         return 1, str(error)
+    api = sys.modules.get("google.api_core.exceptions")
+    if api is not None and isinstance(error, api.RetryError):  # no answer, retries included: worth another try later
+        cause = f" ({type(error.cause).__name__})" if error.cause is not None else ""
+        return 1, (
+            f"Google Cloud could not be reached{cause}: {' '.join(str(error.message).split())[:300]}; check the "
+            "network, and the endpoint and region given, then run the command again"
+        )
     refused = google_cloud_refusal(error)
     if not refused:
         return None
