@@ -140,7 +140,12 @@ class CleanArguments:
     yes: bool = field(default=False, metadata={"help": "Delete. Without it: a dry run that deletes nothing."})
 
     def __post_init__(self) -> None:
+        from pipelines.vertex_jobs import check_endpoint, check_region
+
         self.run = clean_run_name(self.run)
+        if self.project:
+            check_region(self.region)
+            check_endpoint("api_endpoint", self.api_endpoint)
         if self.pipeline_root:
             self.pipeline_root = check_root("pipeline_root", self.pipeline_root)
         elif not self.project:

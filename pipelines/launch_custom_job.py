@@ -58,6 +58,7 @@ from pipelines.vertex_jobs import (
     JobServiceArguments,
     JobWait,
     call,
+    check_region,
     create_job,
     job_client,
     location_path,
@@ -105,6 +106,8 @@ class LaunchArguments(JobServiceArguments):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        check_region(self.location, "location")
         if self.type != RESOURCE_TYPE:
             raise InvalidParameter("type", self.type, f"must be {RESOURCE_TYPE}")
         try:

@@ -14,6 +14,7 @@ checkpoint in the run's checkpoint folder (``training_history.json``): figures a
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,8 @@ from pipelines.vertex_jobs import (
     api_session,
     call,
     cancel_command,
+    check_endpoint,
+    check_region,
     job_client,
     location_path,
     pipeline_client,
@@ -84,6 +87,7 @@ class RunArguments:
 
     def __post_init__(self) -> None:
         self.run = run_name(self.run)
+        check_region(self.region)
 
 
 @dataclass(kw_only=True)
@@ -104,6 +108,8 @@ class LogsArguments(RunArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_endpoint("api_endpoint", self.api_endpoint)
+        check_endpoint("logging_endpoint", self.logging_endpoint)
         if self.tail < 0:
             raise InvalidParameter("tail", self.tail, "must be 0 (all lines) or above")
 
@@ -317,9 +323,8 @@ def job_log_filter(job_id: str) -> str:
 
 
 def gcloud_logs_command(project: str, job_id: str) -> str:
-    return (
-        f"gcloud logging read '{job_log_filter(job_id)}' --project={project} --order=asc --format='value(textPayload)'"
-    )
+    words = ["gcloud", "logging", "read", job_log_filter(job_id), f"--project={project}", "--order=asc"]
+    return shlex.join([*words, "--format=value(textPayload)"])
 
 
 def log_entries(session: Any, endpoint: str, project: str, job_id: str, order: str, page_size: int) -> Iterator[dict]:
