@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -38,7 +39,14 @@ from components.lib.job_runner import log, one_line_failure, run_job
 from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import check_values, peak_cpus, routed_values, step_values
 from pipelines.quota import CPU_QUOTA, QuotaArguments, require_cpu_quota, require_tpu_quota
-from pipelines.run_folders import run_checkpoint_folder, run_name, run_root, tensorboard_folder
+from pipelines.run_folders import (
+    RESUMED_FROM_LABEL,
+    run_checkpoint_folder,
+    run_label,
+    run_name,
+    run_root,
+    tensorboard_folder,
+)
 from pipelines.vertex_jobs import JobServiceArguments, VertexProject
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
@@ -320,6 +328,8 @@ def build_job(arguments: SubmitArguments, credentials: Any = None) -> Any:
     )
     if arguments.resume:
         values = resumed_values(values, arguments.pipeline_root, arguments.resume)
+        # what tells clean that this run trains in the other's checkpoints (and not in a fixed checkpoint_dir)
+        labels = {**labels, RESUMED_FROM_LABEL: run_label(arguments.resume)}
     check_parameters(template, values)
     # only when asked: aiplatform's enable_caching overrides every task's compiled setting, training's included
     caching = {} if arguments.enable_caching is None else {"enable_caching": arguments.enable_caching}
@@ -475,7 +485,7 @@ def run_folders(arguments: SubmitArguments, request: dict[str, Any]) -> dict[str
     return {
         "run": name,
         "checkpoints": run_checkpoint_folder(values, arguments.pipeline_root, name),
-        "tensorboard": f"tensorboard --logdir {logs}  (this run: {name})",
+        "tensorboard": f"tensorboard --logdir {shlex.quote(logs)}  (this run: {name})",
         "status": f"tpu-mlm status {name} {where}",
         "cancel": f"tpu-mlm cancel {name} {where}",
         "resume": resume_hint(values, name),

@@ -420,6 +420,7 @@ def test_a_failed_run_is_resumed_by_its_name_from_its_checkpoint_folder(template
     submit(arguments(template, **given), credentials=AnonymousCredentials())
     (request,) = sent
     assert request["job"].runtime_config.parameter_values["checkpoint_dir"] == planned["checkpoint_dir"]
+    assert request["job"].labels["tpu-mlm-resumed-from"] == "wikitext-base-1"  # clean reads it
     elsewhere = json.dumps({**values, "checkpoint_dir": f"{gcs}/other"})
     with pytest.raises(InvalidParameter, match="--resume='wikitext-base-1': its checkpoints are in"):
         submit(arguments(template, dry_run=True, **{**given, "parameters": elsewhere}))
