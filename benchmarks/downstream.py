@@ -124,7 +124,7 @@ def fine_tuning_rate(config_overrides: dict, steps: int, batch: int = 32, length
 
 
 def main() -> None:
-    (arguments,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses()
+    (arguments,) = HfArgumentParser(BenchmarkArguments, allow_abbrev=False).parse_args_into_dataclasses()
     results: dict = {"arguments": asdict(arguments), "cores": os.cpu_count(), "negatives": {}}
     for name, negative in NEGATIVES.items():
         task = word_order_task(negative)

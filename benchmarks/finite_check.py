@@ -44,7 +44,7 @@ def seconds(call, repeats: int) -> float:
 
 
 def main() -> None:
-    (arguments,) = HfArgumentParser(FiniteCheckArguments).parse_args_into_dataclasses()
+    (arguments,) = HfArgumentParser(FiniteCheckArguments, allow_abbrev=False).parse_args_into_dataclasses()
     import tensorflow as tf
     from transformers import AdamWeightDecay, AutoConfig, TFAutoModelForMaskedLM
 

@@ -71,7 +71,7 @@ def run_measured(module: str, *arguments: str) -> tuple[float, int, str]:
 
 
 def main() -> None:
-    (arguments,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses()
+    (arguments,) = HfArgumentParser(BenchmarkArguments, allow_abbrev=False).parse_args_into_dataclasses()
     work = Path(tempfile.mkdtemp(prefix="parts-read-"))
     text = source_text()
     copies = max(1, arguments.megabytes * 1_000_000 // len(text))

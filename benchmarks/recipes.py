@@ -393,7 +393,7 @@ def plot(runs: list[dict[str, Any]], names: list[str], long: dict[str, Any] | No
 
 
 def main() -> None:
-    (arguments,) = HfArgumentParser(RecipeBenchmarkArguments).parse_args_into_dataclasses()
+    (arguments,) = HfArgumentParser(RecipeBenchmarkArguments, allow_abbrev=False).parse_args_into_dataclasses()
     if not (WIKITEXT / "valid.txt").exists():
         raise SystemExit(f"this benchmark reads WikiText-2 from {WIKITEXT}")
     work = Path(arguments.work_dir or tempfile.mkdtemp(prefix="recipes-"))

@@ -52,7 +52,7 @@ class BenchmarkArguments:
 
 
 def main() -> None:
-    (arguments,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses()
+    (arguments,) = HfArgumentParser(BenchmarkArguments, allow_abbrev=False).parse_args_into_dataclasses()
     corpus = ",".join([arguments.corpus] * arguments.copies)
     with tempfile.TemporaryDirectory() as work:
         compressed_files = {}  # each file of the corpus, compressed with the library a user's tool would use

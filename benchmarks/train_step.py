@@ -84,7 +84,7 @@ def time_replicas(arguments: StepBenchmarkArguments) -> dict[str, float]:
 
 
 def main() -> None:
-    (arguments,) = HfArgumentParser(StepBenchmarkArguments).parse_args_into_dataclasses()
+    (arguments,) = HfArgumentParser(StepBenchmarkArguments, allow_abbrev=False).parse_args_into_dataclasses()
     if arguments.one_replica_count:
         print(json.dumps(time_replicas(arguments)))
         return

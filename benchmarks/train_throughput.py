@@ -115,7 +115,7 @@ def main() -> None:
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
-    (arguments,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses()
+    (arguments,) = HfArgumentParser(BenchmarkArguments, allow_abbrev=False).parse_args_into_dataclasses()
     work = tempfile.mkdtemp()
     train_tokenizer(TokenizerArguments(output=f"{work}/tok", corpus=arguments.corpus, vocab_size=8000))
     manifest = write_shards(
