@@ -142,7 +142,8 @@ def test_parameters_are_counted_without_building_the_model():
         ("replicas", -1, "--replicas=-1: must be 0"),
         ("tpu_type", "v4-8", "--tpu-type='v4-8': must be one of"),
         ("tpu_provisioning", "spot", "--tpu-provisioning='spot': must be one of ['STANDARD', 'SPOT']"),
-        ("hf_token_secret", "my-secret", "--hf-token-secret='my-secret': must be a Secret Manager name"),
+        # a secret's flag never echoes its value: it may be a token typed into the wrong flag
+        ("hf_token_secret", "my-secret", "--hf-token-secret='…(redacted)': must be a Secret Manager name"),
     ],
 )
 def test_preflight_refuses_every_bad_training_setting_the_train_step_refuses(tmp_path, setting, value, message):

@@ -313,7 +313,7 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
         ),
         (
             {"parameters": '{"hub_repo_id": "me/x", "hf_token_secret": "hf_abc123"}'},
-            r"--hf-token-secret='hf_abc123': must be a Secret Manager name",
+            r"--hf-token-secret='hf_…\(redacted\)': must be a Secret Manager name",  # a token is never echoed
         ),
         ({"labels": "Team=NLP"}, r"--labels='Team=NLP'"),
         # what the run could only find out on Vertex AI, after paying for the steps before
