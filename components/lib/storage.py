@@ -219,8 +219,10 @@ def remove_folder(uri: str) -> None:
         return
     errors = gfile_errors()
     for folder, _, _ in gfile().walk(uri, topdown=False):
-        if not gfile().listdir(folder):
-            with contextlib.suppress(errors.NotFoundError):  # a prefix without a marker: gone already
+        # a prefix without a marker is gone with its last object: a parent whose only content was its children's
+        # markers no longer lists, and a marker may be gone already
+        with contextlib.suppress(errors.NotFoundError):
+            if not gfile().listdir(folder):
                 gfile().remove(folder.rstrip("/") + "/")
 
 
