@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage, verdict
-from components.lib.attempts import Attempts
+from components.lib.attempts import RUN_VARIABLE, Attempts
 from components.lib.devices import peak_tflops_per_replica, prepare_runtime, select_strategy
 from components.lib.errors import Diverged, InvalidParameter
 from components.lib.hub import BackgroundPush, create_repo, hub_token
@@ -113,6 +113,7 @@ def train(arguments: TrainArguments, run: str = "") -> dict[str, Any]:
     with StopRequest() as stop:  # from the start: a preemption while the TPU starts or the step compiles is no failure
         prepare_runtime(arguments.accelerator, arguments.tpu)  # before TensorFlow loads, which the storage calls do
         # one training per checkpoint folder, from before the TPU starts until the step ends, however it ends
+        run = run or os.environ.get(RUN_VARIABLE, "")
         with Lease(arguments.checkpoint_dir, arguments.lease_seconds, run).held():
             settings = {
                 k: v for k, v in asdict(arguments).items() if k not in ("output", "tensorboard_dir", "lease_seconds")

@@ -15,13 +15,15 @@ checkpoint_dir) and its TPU jobs; under kfp.local the record run-local writes in
 once the run has ended (its pipeline job in a final state and none of its TPU jobs alive; no run-local process of it
 running) and no training holds the checkpoints' lease; the checkpoints not while another run resumed from them is
 going, the data not while another run of the pipeline that may read it through Vertex AI's cache is going. Nothing
-at or under a fixed checkpoint_dir (this run's or any other run's) is deleted, nor a folder of the run that no task
-of the pipeline makes (listed as unknown, kept). Folders are found with object permissions only (list, get, delete:
+at or under a fixed checkpoint_dir (this run's or any other run's) is deleted, nor checkpoints another run trained in
+(their attempts name each run, in any region: going, it refuses; ended, they are kept unless it was a resume of this
+run), nor what no task of the pipeline makes (a folder or file of the run's folder: listed as unknown, kept). Folders are found with object permissions only (list, get, delete:
 the README's roles/storage.objectUser on the bucket), and only the objects listed are deleted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import lease, storage
+from components.lib.attempts import runs_trained_in
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from pipelines.run_folders import (
@@ -170,8 +173,11 @@ class RunRecord:
     task_folders: list[str]
     root: str  # the run's output_root, else its pipeline root
     searched: list[str]  # the roots its folders were looked for under
-    fixed_checkpoint_dirs: list[str] = field(default_factory=list)
-    resumed_by: list[str] = field(default_factory=list)  # runs going that train in this run's checkpoints
+    own_fixed_checkpoint_dir: str = ""  # the run's checkpoint_dir parameter
+    fixed_checkpoint_dirs: list[str] = field(default_factory=list)  # the run's and every other run's of the pipeline
+    going_in_fixed: dict[str, str] = field(default_factory=dict)  # a fixed checkpoint_dir: a run going that uses it
+    trained_in_by: list[str] = field(default_factory=list)  # runs going that train in this run's checkpoints
+    sharing_checkpoints: list[str] = field(default_factory=list)  # other runs that trained in them: they are kept
     caching_runs: list[str] = field(default_factory=list)  # runs going that may read this run's data from the cache
 
 
@@ -193,11 +199,31 @@ def local_record(arguments: CleanArguments) -> RunRecord:
     alive = local_run_alive(record)
     if alive:
         raise refuse(arguments.run, f"{alive}: clean it once it has ended")
-    output_root = record.get("output_root") or ""
+    output_root = check_root("output_root", record["output_root"]) if record["output_root"] else ""
     task_folders = [folder, *([storage.join(output_root, arguments.run)] if output_root else [])]
-    fixed = [record["checkpoint_dir"]] if record.get("checkpoint_dir") else []
     roots = [arguments.pipeline_root, *([output_root] if output_root else [])]
-    return RunRecord(task_folders, output_root or arguments.pipeline_root, roots, fixed)
+    found = RunRecord(task_folders, output_root or arguments.pipeline_root, roots, record["checkpoint_dir"])
+    others = {}
+    for other_record in storage.glob(storage.join(arguments.pipeline_root, "*", LOCAL_RUN_RECORD)):
+        name = storage.basename(storage.dirname(other_record))
+        if name != arguments.run:
+            with contextlib.suppress(InvalidParameter):  # another run's damaged record: that run's to clean
+                others[name] = read_local_run_record(storage.dirname(other_record))
+    for name, other in others.items():
+        if other and other["checkpoint_dir"]:
+            found.fixed_checkpoint_dirs.append(other["checkpoint_dir"])
+            if local_run_alive(other):
+                found.going_in_fixed.setdefault(other["checkpoint_dir"], name)
+    for name in runs_trained_in(checkpoint_folder(found.root, arguments.run)):
+        if run_name(name) == arguments.run:
+            continue
+        if others.get(name) and local_run_alive(others[name]):
+            found.trained_in_by.append(name)
+        else:
+            found.sharing_checkpoints.append(name)
+    if found.own_fixed_checkpoint_dir:
+        found.fixed_checkpoint_dirs.append(found.own_fixed_checkpoint_dir)
+    return found
 
 
 def vertex_record(arguments: CleanArguments) -> RunRecord:
@@ -230,6 +256,7 @@ def vertex_record(arguments: CleanArguments) -> RunRecord:
         record.task_folders.append(storage.join(output_root, run.name))
         record.searched.append(output_root)
     if parameters.get("checkpoint_dir"):
+        record.own_fixed_checkpoint_dir = parameters["checkpoint_dir"]
         record.fixed_checkpoint_dirs.append(parameters["checkpoint_dir"])
     request = {"parent": location_path(run.project, run.region), "filter": f'pipeline_name="{pipeline_name(job)}"'}
     for listed in call(run.pipelines.list_pipeline_jobs, request=request):
@@ -244,12 +271,47 @@ def vertex_record(arguments: CleanArguments) -> RunRecord:
             and other.labels.get(RESUMED_FROM_LABEL) == run_label(run.name)
         ):
             if going:
-                record.resumed_by.append(other_name)
+                record.trained_in_by.append(other_name)
         elif checkpoint_dir:
             record.fixed_checkpoint_dirs.append(checkpoint_dir)
-        if going and reads_cache(other.pipeline_spec):
+            if going:
+                record.going_in_fixed.setdefault(checkpoint_dir, other_name)
+        if going and reads_cache(other.pipeline_spec):  # Vertex AI's cache is a region's: the listing's
             record.caching_runs.append(other_name)
+    trainers_elsewhere(run, arguments.api_endpoint, own_checkpoints, record)
     return record
+
+
+def trainers_elsewhere(run: Any, api_endpoint: str, checkpoints: str, record: RunRecord) -> None:
+    """The runs other than this one that trained in its checkpoints, as the attempts there name them, in any region
+    (the listing sees one): going, they refuse the deletion; ended, they keep the checkpoints unless resumed from this
+    run (submit --resume: its label), or when they cannot be read."""
+    from google.api_core.exceptions import GoogleAPICallError
+
+    from pipelines.vertex_jobs import PIPELINE_TERMINAL_STATES, call, pipeline_client
+
+    for other in runs_trained_in(checkpoints):
+        try:
+            name = run_name(other)
+        except InvalidParameter:  # no run's name: not written by a run's train step
+            record.sharing_checkpoints.append(repr(other))
+            continue
+        if name == run.name or name in record.trained_in_by:
+            continue
+        if not RESOURCE_NAME.fullmatch(other):
+            record.sharing_checkpoints.append(f"{name} (not a Vertex AI run)")
+            continue
+        region = other.split("/")[3]
+        client = run.pipelines if region == run.region else pipeline_client(region, api_endpoint)
+        try:
+            job = call(client.get_pipeline_job, name=other)
+        except GoogleAPICallError as error:
+            record.sharing_checkpoints.append(f"{name} in {region}, not readable: {type(error).__name__}")
+            continue
+        if job.state.name not in PIPELINE_TERMINAL_STATES:
+            record.trained_in_by.append(f"{name} (in {region})")
+        elif job.labels.get(RESUMED_FROM_LABEL) != run_label(run.name):
+            record.sharing_checkpoints.append(f"{name} (in {region})")
 
 
 def vertex_task_folders(pipeline_root: str, run: str) -> list[str]:
@@ -305,7 +367,7 @@ def task_folder(relative: str) -> str:
 
 def task_kind(task: str) -> str:
     if not task:
-        return OTHER
+        return UNKNOWN
     name = TASK_SUFFIXES.sub("", storage.basename(task))
     return TASK_KINDS.get(name) or LOCAL_FOLDERS.get(name) or UNKNOWN
 
@@ -327,6 +389,10 @@ def run_folders(arguments: CleanArguments, record: RunRecord) -> list[RunFolder]
             relative = path[len(run_folder) :].replace(os.sep, "/").lstrip("/")
             tasks.setdefault(task_folder(relative), []).append((path, size))
         for task, files in tasks.items():
+            if not task:  # the run folder's own files: run-local's record is the run's, any other no task's
+                records = [file for file in files if storage.basename(file[0]) == LOCAL_RUN_RECORD]
+                found.append(RunFolder(run_folder, "the run's record", OTHER, records, False, run_folder))
+                files = [file for file in files if file not in records]
             kind = task_kind(task)
             uri = storage.join(run_folder, task) if task else run_folder
             what = f"{TASK_SUFFIXES.sub('', storage.basename(task))}: {kind}" if task else f"run folder's files: {kind}"
@@ -339,13 +405,13 @@ def run_folders(arguments: CleanArguments, record: RunRecord) -> list[RunFolder]
     for folder in found:
         if overlaps(folder.uri, record.fixed_checkpoint_dirs):
             folder.what, folder.keep = f"{folder.what} (a fixed checkpoint_dir: never deleted)", True
+        elif folder.kind == CHECKPOINTS and record.sharing_checkpoints:
+            folder.what, folder.keep = f"{folder.what} (run {record.sharing_checkpoints[0]} trained in them too)", True
+    found = [folder for folder in found if folder.files]
     if any(folder.keep for folder in found):  # the run's record goes with the last of the run's files
-        for folder in [folder for folder in found if folder.uri == folder.run_folder]:
-            record_files = [file for file in folder.files if storage.basename(file[0]) == LOCAL_RUN_RECORD]
-            folder.files = [file for file in folder.files if file not in record_files]
-            if record_files:
-                found.append(RunFolder(folder.uri, "the run's record", OTHER, record_files, True, folder.run_folder))
-    return sorted((folder for folder in found if folder.files), key=lambda folder: folder.uri)
+        for folder in found:
+            folder.keep = folder.keep or folder.what == "the run's record"
+    return sorted(found, key=lambda folder: folder.uri)
 
 
 def refuse_what_others_need(arguments: CleanArguments, record: RunRecord, doomed: list[RunFolder]) -> None:
@@ -360,11 +426,11 @@ def refuse_what_others_need(arguments: CleanArguments, record: RunRecord, doomed
                 arguments.run,
                 f"a training holds {folder.uri} ({lease.describe(held)}): clean it once that training has ended",
             )
-        if record.resumed_by:
+        if record.trained_in_by:
             raise refuse(
                 arguments.run,
-                f"run {record.resumed_by[0]}, resumed from it, is going and trains in {folder.uri}: clean it once "
-                "that run has ended",
+                f"run {record.trained_in_by[0]}, which trains in {folder.uri}, is going: clean it once that run has "
+                "ended",
             )
     if record.caching_runs and any(folder.kind == DATA for folder in doomed):
         raise refuse(
@@ -431,12 +497,23 @@ def clean(arguments: CleanArguments) -> dict[str, Any]:
     }
     if doomed and not arguments.yes:
         summary["command"] = delete_command(arguments)
-    for checkpoint_dir in dict.fromkeys(record.fixed_checkpoint_dirs):
-        summary.setdefault("hints", []).append(
-            f"the fixed checkpoint_dir {checkpoint_dir} is not deleted (runs may resume from it); when none will: "
-            f"gcloud storage rm -r {shlex.quote(checkpoint_dir)}"
-        )
+    if record.own_fixed_checkpoint_dir:
+        summary["hints"] = [fixed_checkpoint_dir_hint(record)]
     return summary
+
+
+def fixed_checkpoint_dir_hint(record: RunRecord) -> str:
+    """What becomes of the run's own fixed checkpoint_dir, which clean never deletes: how to delete it by hand, unless
+    a run going trains there."""
+    checkpoint_dir = record.own_fixed_checkpoint_dir
+    going = record.going_in_fixed.get(checkpoint_dir)
+    if going:
+        return f"the fixed checkpoint_dir {checkpoint_dir} is not deleted: run {going}, going, trains there"
+    remove = "gcloud storage rm -r" if storage.is_remote(checkpoint_dir) else "rm -r"
+    return (
+        f"the fixed checkpoint_dir {checkpoint_dir} is not deleted (runs submitted with it resume there); once none "
+        f"will: {remove} {shlex.quote(checkpoint_dir)}"
+    )
 
 
 def readable_size(size: float) -> str:

@@ -47,6 +47,7 @@ from datetime import timedelta
 from typing import Any
 
 from components.lib import storage, verdict
+from components.lib.attempts import RUN_VARIABLE
 from components.lib.errors import InvalidParameter, ReportedFailure, ServiceFailed
 from components.lib.job_runner import NOT_RETRIED_EXITS, log, run_job
 from components.lib.results import SUMMARY_FILE
@@ -262,6 +263,8 @@ def create(client: Any, arguments: LaunchArguments, job: Any, seconds_used: int)
         job.job_spec.base_output_directory.output_uri_prefix = run_output_folder(arguments, job)
     if arguments.run_name:
         job.labels[RUN_NAME_LABEL] = run_label(arguments.run_name)
+        run = f"{location_path(arguments.project, arguments.location)}/pipelineJobs/{run_name(arguments.run_name)}"
+        set_environment(job, RUN_VARIABLE, run)  # the attempts in its checkpoint folder name the run
     created = create_job(client, arguments.project, arguments.location, job)
     record_job(arguments.gcp_resources, arguments.endpoint, created.name)
     log.info("created %s", created.name)
@@ -279,6 +282,16 @@ def give_verdict_file(job: Any) -> None:
     uri = storage.join(storage.dirname(model), "verdicts", f"{uuid.uuid4().hex[:16]}.json")
     for pool in job.job_spec.worker_pool_specs:
         pool.container_spec.env.append(vertex.EnvVar(name=verdict.VERDICT_VARIABLE, value=uri))
+
+
+def set_environment(job: Any, name: str, value: str) -> None:
+    """Sets ``name`` to ``value`` in the environment of each of the job's containers, in place of any earlier value."""
+    from google.cloud import aiplatform_v1 as vertex
+
+    for pool in job.job_spec.worker_pool_specs:
+        kept = [variable for variable in pool.container_spec.env if variable.name != name]
+        del pool.container_spec.env[:]
+        pool.container_spec.env.extend([*kept, vertex.EnvVar(name=name, value=value)])
 
 
 def verdict_file_of(job: Any) -> str:

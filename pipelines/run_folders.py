@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
+from components.lib.attempts import RUN_VARIABLE
 from components.lib.errors import InvalidParameter
 
 PIPELINE_NAME = "tpu-mlm-pretraining"  # the compiled pipeline's name: what marks a pipeline job as this project's
@@ -106,7 +107,13 @@ def read_local_run_record(run_folder: str) -> dict[str, Any] | None:
         record = json.loads(storage.read_text(uri))
     except ValueError:
         return None
-    return record if isinstance(record, dict) and record.get("pipeline") == PIPELINE_NAME else None
+    if not isinstance(record, dict) or record.get("pipeline") != PIPELINE_NAME:
+        return None
+    fields = {"host": str, "pid": int, "state": str, "output_root": str, "checkpoint_dir": str}
+    wrong = [name for name, kind in fields.items() if not isinstance(record.get(name), kind)]
+    if wrong:  # run-local writes every field: this one was written or changed by hand
+        raise InvalidParameter("run", run_folder, f"its {LOCAL_RUN_RECORD} is not as run-local writes it ({wrong[0]})")
+    return record
 
 
 def local_run_alive(record: dict[str, Any]) -> str:
@@ -142,6 +149,8 @@ def local_run_recorded(run_dir: Callable[[], Path | None], values: dict[str, Any
 
     def write(folder: Path) -> None:
         storage.write_text_atomic(str(folder / LOCAL_RUN_RECORD), json.dumps(record, indent=1) + "\n")
+        # the run's later steps (subprocesses of this one) name it in their checkpoint folder's attempts
+        os.environ[RUN_VARIABLE] = folder.name
 
     def watch() -> None:
         while not ended.wait(0.05):
@@ -165,3 +174,4 @@ def local_run_recorded(run_dir: Callable[[], Path | None], values: dict[str, Any
         folder = run_dir()
         if folder is not None:
             write(folder)
+        os.environ.pop(RUN_VARIABLE, None)

@@ -23,6 +23,7 @@ from google.cloud import storage as gcs_client
 from vertex_server import VertexStandIn
 
 from components.lib import lease, storage
+from components.lib.attempts import RUN_VARIABLE, Attempts
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import BAD_INPUT_EXIT
 from pipelines import cli
@@ -306,28 +307,85 @@ def test_checkpoints_a_training_holds_are_not_deleted(tmp_path, vertex):
     assert clean(arguments(vertex, yes=True))["delete_objects"] == 2
 
 
-def test_a_fixed_checkpoint_dir_and_folders_no_task_makes_are_kept(gcs, vertex):
+def test_a_fixed_checkpoint_dir_and_files_no_task_makes_are_kept(gcs, vertex):
     """A run whose output_root is the bucket's root and whose name is that of the folder another run names as its
-    fixed checkpoint_dir: that folder is kept, and so is a folder in the run's folder that no task makes."""
+    fixed checkpoint_dir: that folder is kept, and so are a folder in the run's folder that no task makes and a file
+    of the run folder itself; no deletion of another run's folder is suggested."""
     bucket_root = "gs://bucket"
     run = f"ckpt-{uuid.uuid4().hex[:8]}"  # the bucket is the whole test session's
     fixed = checkpoint_folder(bucket_root, run)
-    write_files(storage.join(gcs, "root"), {f"{PROJECT_NUMBER}/{run}/shared-notes/notes.txt": 7})
+    run_folder = storage.join(gcs, "root", PROJECT_NUMBER, run)
+    write_files(run_folder, {"shared-notes/notes.txt": 7, "README.md": 5})
     write_files(bucket_root, {f"{run}/tokenizer-step_1/tokenizer/tokenizer.json": 300, f"checkpoints/{run}/c": 60})
     pipeline_job(vertex, run, storage.join(gcs, "root"), parameters={"output_root": bucket_root})
     pipeline_job(vertex, "another-run", storage.join(gcs, "root"), parameters={"checkpoint_dir": fixed})
 
     summary = clean(CleanArguments(run=run, project=PROJECT, api_endpoint=vertex.url, delete="all", yes=True))
 
-    assert {entry["folder"]: entry["action"] for entry in summary["folders"]} == {
-        storage.join(gcs, "root", PROJECT_NUMBER, run, "shared-notes"): "kept",
-        storage.join(bucket_root, run, "tokenizer-step_1"): "deleted",
-        fixed: "kept",
+    assert {entry["folder"]: (entry["what"], entry["action"]) for entry in summary["folders"]} == {
+        run_folder: ("run folder's files: unknown", "kept"),
+        storage.join(run_folder, "shared-notes"): ("shared-notes: unknown", "kept"),
+        storage.join(bucket_root, run, "tokenizer-step_1"): ("tokenizer-step: data", "deleted"),
+        fixed: ("checkpoints (a fixed checkpoint_dir: never deleted)", "kept"),
     }
-    assert storage.exists(storage.join(fixed, "c")) and storage.exists(
-        storage.join(gcs, "root", PROJECT_NUMBER, run, "shared-notes", "notes.txt")
-    )
-    assert any(hint.startswith(f"the fixed checkpoint_dir {fixed} is not deleted") for hint in summary["hints"])
+    assert all(storage.exists(path) for path in (storage.join(fixed, "c"), storage.join(run_folder, "README.md")))
+    assert storage.exists(storage.join(run_folder, "shared-notes", "notes.txt")) and "hints" not in summary
+
+
+def test_the_run_s_own_fixed_checkpoint_dir_is_kept_with_how_to_delete_it_unless_a_run_going_trains_there(
+    tmp_path, vertex
+):
+    root, fixed = str(tmp_path / "root"), str(tmp_path / "my checkpoints")
+    write_files(root, vertex_run(RUN))
+    write_files(fixed, {"checkpoint": 60})
+    pipeline_job(vertex, RUN, root, parameters={"checkpoint_dir": fixed})
+
+    summary = clean(arguments(vertex, yes=True))
+
+    assert summary["hints"] == [
+        f"the fixed checkpoint_dir {fixed} is not deleted (runs submitted with it resume there); once none will: "
+        f"rm -r '{fixed}'"
+    ]
+    assert storage.exists(storage.join(fixed, "checkpoint"))
+    pipeline_job(vertex, "next-run", root, state="PIPELINE_STATE_RUNNING", parameters={"checkpoint_dir": fixed})
+    assert clean(arguments(vertex))["hints"] == [
+        f"the fixed checkpoint_dir {fixed} is not deleted: run next-run, going, trains there"
+    ]
+
+
+@pytest.mark.parametrize("other", ["going", "ended", "resumed from the run"])
+def test_checkpoints_a_run_of_another_region_trained_in_are_kept_while_it_may_need_them(
+    other, tmp_path, vertex, monkeypatch
+):
+    """The attempts in the checkpoint folder (the train step's own records, each naming its run as the launcher tells
+    it) name a run in another region, which no listing of the run's region sees: going, the deletion is refused;
+    ended, the checkpoints are kept as that run's too, unless it was a resume of this run (its label)."""
+    root = str(tmp_path / "root")
+    write_files(root, vertex_run(RUN))
+    pipeline_job(vertex, RUN, root, state="PIPELINE_STATE_FAILED")
+    elsewhere = f"projects/{PROJECT}/locations/europe-west4"
+    labels = {RESUMED_FROM_LABEL: run_label(RUN)} if other == "resumed from the run" else {}
+    spec = {"pipelineInfo": {"name": PIPELINE_NAME}, "root": {"dag": {"tasks": {}}}}
+    vertex.create_pipeline_job(elsewhere, "abroad", {"pipelineSpec": spec, "runtimeConfig": {}, "labels": labels})
+    if other != "going":
+        vertex.end_pipeline_job(f"{elsewhere}/pipelineJobs/abroad", "PIPELINE_STATE_SUCCEEDED")
+    checkpoints = checkpoint_folder(root, RUN)
+    for run in (f"{PARENT}/pipelineJobs/{RUN}", f"{elsewhere}/pipelineJobs/abroad"):  # the train step's own records
+        monkeypatch.setenv(RUN_VARIABLE, run)
+        with Attempts(checkpoints, {}, ()).recorded():
+            pass
+
+    if other == "going":
+        with pytest.raises(
+            InvalidParameter, match=f"run abroad \\(in europe-west4\\), which trains in {checkpoints}, "
+        ):
+            clean(arguments(vertex, yes=True))
+        assert files_only(stored(root)).keys() >= vertex_run(RUN).keys()
+        return
+    summary = clean(arguments(vertex, yes=True))
+    (action,) = [entry["action"] for entry in summary["folders"] if entry["folder"] == checkpoints]
+    assert action == ("deleted" if other == "resumed from the run" else "kept")
+    assert storage.exists(storage.join(checkpoints, "checkpoint")) == (action == "kept")
 
 
 def test_a_run_local_run_is_cleaned_by_its_record_and_not_while_it_runs(root, tmp_path):
@@ -392,6 +450,7 @@ def test_a_run_local_run_whose_process_died_has_ended(tmp_path):
     write_files(pipeline_root, {f"{RUN}/tokenizer-step/tokenizer/tokenizer.json": 300})
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     record = {"pipeline": PIPELINE_NAME, "host": os.uname().nodename, "pid": int(dead.stdout), "state": "running"}
+    record.update(output_root="", checkpoint_dir="")
     Path(pipeline_root, RUN, LOCAL_RUN_RECORD).write_text(json.dumps(record))
     assert local_record(CleanArguments(run=RUN, pipeline_root=pipeline_root)).task_folders == [
         storage.join(pipeline_root, RUN)
@@ -400,6 +459,38 @@ def test_a_run_local_run_whose_process_died_has_ended(tmp_path):
     Path(pipeline_root, RUN, LOCAL_RUN_RECORD).write_text(json.dumps(record))
     with pytest.raises(InvalidParameter, match="it is running on 'another-machine'"):
         clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))
+    for forged in ({"pid": "1"}, {"output_root": ["gs://b"]}, {"checkpoint_dir": None}):  # no traceback: one line
+        Path(pipeline_root, RUN, LOCAL_RUN_RECORD).write_text(json.dumps({**record, **forged}))
+        with pytest.raises(InvalidParameter, match=f"its {LOCAL_RUN_RECORD} is not as run-local writes it"):
+            clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))
+
+
+def test_a_run_local_run_keeps_checkpoints_other_run_local_runs_use(tmp_path, monkeypatch):
+    """Another run-local run's record naming this run's checkpoints as its checkpoint_dir keeps them; a run-local run
+    whose attempts trained there and still runs refuses their deletion."""
+    pipeline_root = str(tmp_path / "pipeline")
+    checkpoints = checkpoint_folder(pipeline_root, RUN)
+    write_files(pipeline_root, {f"{RUN}/tokenizer-step/tokenizer/tokenizer.json": 300, f"checkpoints/{RUN}/c": 60})
+    for run, values in ((RUN, {}), (OTHER_RUN, {"checkpoint_dir": checkpoints})):
+        with local_run_recorded(lambda run=run: Path(pipeline_root, run), values):
+            pass  # its record, as run-local writes it, of a run that ended
+    assert clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))["delete_objects"] == 1
+    assert storage.exists(storage.join(checkpoints, "c"))
+
+    Path(pipeline_root, OTHER_RUN, LOCAL_RUN_RECORD).unlink()
+    with local_run_recorded(lambda: Path(pipeline_root, OTHER_RUN), {}):  # a run-local run going
+        deadline = time.monotonic() + 30
+        while os.environ.get(RUN_VARIABLE) != OTHER_RUN and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with Attempts(checkpoints, {}, ()).recorded():  # its train step, named by run-local's environment
+            pass
+        with pytest.raises(InvalidParameter, match=f"run {OTHER_RUN}, which trains in {checkpoints}, is going"):
+            clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))
+    summary = clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))  # ended: its checkpoints too
+    assert [entry["what"] for entry in summary["folders"] if entry["folder"] == checkpoints] == [
+        f"checkpoints (run {OTHER_RUN} trained in them too)"
+    ]
+    assert storage.exists(storage.join(checkpoints, "c"))
 
 
 def test_only_the_objects_listed_are_deleted(root, vertex):

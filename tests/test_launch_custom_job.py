@@ -452,7 +452,8 @@ def test_a_first_run_s_rehearsed_preemption_is_restarted_by_vertex_ai_and_resume
     pool = {"machine_spec": {"machine_type": "cloud-tpu"}, "replica_count": 1, "container_spec": {"command": command}}
     payload = {"display_name": "train", "job_spec": {"worker_pool_specs": [pool]}}
     with VertexStandIn() as vertex:
-        result = run_module("pipelines.launch_custom_job", *launcher(vertex, payload, tmp_path / "record"), timeout=600)
+        arguments = [*launcher(vertex, payload, tmp_path / "record"), "--run_name", "first-run"]
+        result = run_module("pipelines.launch_custom_job", *arguments, timeout=600)
         (name,) = vertex.jobs
     assert result.returncode == 0, result.stderr[-3000:] + vertex.logs[name][-3000:]
     assert vertex.starts[name] == 2 and vertex.jobs[name]["state"] == "JOB_STATE_SUCCEEDED"
@@ -462,6 +463,9 @@ def test_a_first_run_s_rehearsed_preemption_is_restarted_by_vertex_ai_and_resume
     assert summary["resumed_from_step"] == 10 and summary["total_steps"] == 20
     attempts = json.loads((tmp_path / "checkpoints" / "attempts.json").read_text())
     assert [(attempt["step"], attempt["outcome"]) for attempt in attempts] == [(0, "stopped"), (10, "done")]
+    # each names the run, as the launcher tells its job: clean reads who trained in a checkpoint folder
+    run = "projects/my-project/locations/us-central1/pipelineJobs/first-run"
+    assert {attempt["run"] for attempt in attempts} == {run}
 
 
 def test_a_tpu_that_did_not_start_ends_its_job_after_one_start_and_the_task_s_next_try_creates_a_new_job(

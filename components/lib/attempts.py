@@ -32,6 +32,9 @@ from components.lib.preemption import STOPPED_EXIT, hard_exit
 log = logging.getLogger("tpu_mlm.train")
 
 FILE = "attempts.json"
+# the pipeline run training, set in its environment by the launcher (the run's resource name) and by run-local (its
+# run folder's name): each attempt names it, so that clean tells the runs that trained in a checkpoint folder apart
+RUN_VARIABLE = "TPU_MLM_RUN"
 REPEATS = 2
 START_FAILED = "start failed"  # an attempt whose TPU did not start for a reason another start may not meet
 
@@ -114,7 +117,8 @@ class Attempts:
     def _new_record(self) -> dict[str, Any]:
         """An attempt starting now, running until it ends."""
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        return {"key": self.key, "step": self.step, "started": started, "outcome": "running"}
+        run = os.environ.get(RUN_VARIABLE, "")
+        return {"key": self.key, "step": self.step, "started": started, "outcome": "running", "run": run}
 
     def _end(self, record: dict[str, Any], outcome: str, error: str) -> None:
         if record not in self.records:
@@ -125,6 +129,20 @@ class Attempts:
 
     def _write(self) -> None:
         storage.write_text_atomic(self.uri, json.dumps(self.records, indent=1) + "\n")
+
+
+def runs_trained_in(checkpoint_dir: str) -> list[str]:
+    """The pipeline runs whose attempts trained in ``checkpoint_dir``, as its attempts name them (``RUN_VARIABLE``),
+    in the order they first did; attempts of a training outside a pipeline run name none."""
+    uri = storage.join(checkpoint_dir, FILE)
+    try:
+        records = json.loads(storage.read_text(uri)) if storage.exists(uri) else []
+    except ValueError:
+        records = None
+    if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+        # who trained there cannot be told: refused rather than taken for no one
+        raise InvalidParameter("checkpoint_dir", checkpoint_dir, f"its {FILE} is not a list of attempts' records")
+    return list(dict.fromkeys(run for record in records if isinstance(run := record.get("run"), str) and run))
 
 
 def latest_checkpoint_step(checkpoint_dir: str) -> int:
