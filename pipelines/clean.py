@@ -325,7 +325,11 @@ def vertex_task_folders(pipeline_root: str, run: str) -> list[str]:
         if storage.basename(storage.dirname(folder)).isdigit()
     ]
     if len(found) > 1:
-        raise refuse(run, f"runs of that name in several projects' folders ({', '.join(found)}): cannot tell which")
+        raise refuse(
+            run,
+            f"runs of that name in several projects' folders ({', '.join(found)}): cannot tell which is this "
+            "project's; delete the other's folder by hand (it is no run of this project's), then clean again",
+        )
     return found
 
 
@@ -456,6 +460,8 @@ def delete_command(arguments: CleanArguments) -> str:
     words = ["tpu-mlm", "clean", arguments.run]
     if arguments.project:
         words += ["--project", arguments.project, "--region", arguments.region]
+    if arguments.api_endpoint:
+        words += ["--api_endpoint", arguments.api_endpoint]
     if arguments.pipeline_root:
         words += ["--pipeline_root", arguments.pipeline_root]
     return shlex.join([*words, "--delete", arguments.delete, "--yes"])

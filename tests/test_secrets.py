@@ -76,9 +76,9 @@ def test_a_token_in_submit_s_parameters_is_never_shown(tmp_path, capsys):
     template = tmp_path / "pipeline.yaml"
     template.write_text("{}")
     where = ["submit", "--template", str(template), "--project", "my-proj", "--pipeline_root", "gs://b/r"]
-    malformed = f'{{"hub_repo_id": "me/x", "hf_token": "{TOKEN}", "hub_secret": "s3cret-value",}}'
+    malformed = f'{{"hub_repo_id": "me/x", "hf_token": "{TOKEN}", "hub_secret": "s3cret\\"-value",}}'
     line = refusal([*where, "--parameters", malformed], capsys)
-    assert TOKEN not in line and "s3cret-value" not in line
+    assert TOKEN not in line and "s3cret" not in line and "-value" not in line  # past an escaped quote too
     assert '"hub_repo_id": "me/x"' in line and "is not a JSON object" in line  # the rest still shown, to find the typo
     line = refusal([*where, "--parameters", f'{{"corpus": "{ACCESS_TOKEN}"'], capsys)  # by its form alone
     assert ACCESS_TOKEN not in line and "ya29.…(redacted)" in line

@@ -14,7 +14,8 @@ CREDENTIALS = re.compile(r"\b(hf_)[A-Za-z0-9]{20,}|\b(ya29\.)[\w.-]+")
 REDACTED = "\u2026(redacted)"
 # a secret's value in JSON (--parameters '{"hf_token_secret": "..."}'), by its key as SECRET_PARAMETER has it
 SECRET_IN_JSON = re.compile(
-    r'("(?:[A-Za-z0-9]+_)*(?:token|secret|password|credentials?|api_key)(?:_[A-Za-z0-9]+)*"\s*:\s*")([^"]+)(")'
+    r'("(?:[A-Za-z0-9]+_)*(?:token|secret|password|credentials?|api_key)(?:_[A-Za-z0-9]+)*"\s*:\s*")'
+    r'((?:[^"\\]|\\.)+)(")'  # up to the closing quote, past escaped ones
 )
 
 
@@ -42,7 +43,7 @@ def shown_value(parameter: str, value: object) -> str:
         text = str(value)
         kind = next((prefix for prefix in ("hf_", "ya29.") if text.startswith(prefix)), "")
         return repr(kind + REDACTED)
-    return redact(repr(value))
+    return repr(redact(value)) if isinstance(value, str) else redact(repr(value))  # before repr doubles escapes
 
 
 class InvalidParameter(ValueError):
