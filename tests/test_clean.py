@@ -198,7 +198,8 @@ def test_the_dry_run_lists_the_run_s_folders_with_their_sizes_and_deletes_nothin
     assert summary["monthly_cost"] == pytest.approx(deleted / GIB * 0.020)
     assert summary["warnings"] == [CACHING_WARNING]  # data goes: a later cached run would be handed it
     assert summary["command"] == (
-        f"tpu-mlm clean {RUN} --project {PROJECT} --region {REGION} --delete checkpoints,data --yes"
+        f"tpu-mlm clean {RUN} --project {PROJECT} --region {REGION} --api_endpoint {vertex.url} --delete "
+        "checkpoints,data --yes"  # the command as it was given, the endpoint included
     )
     lines = printed.splitlines()
     assert lines[0] == f"run {RUN}: dry run, nothing deleted"
