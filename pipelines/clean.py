@@ -17,8 +17,9 @@ running) and no training holds the checkpoints' lease; the checkpoints not while
 going, the data not while another run of the pipeline that may read it through Vertex AI's cache is going. Nothing
 at or under a fixed checkpoint_dir (this run's or any other run's) is deleted, nor checkpoints another run trained in
 (their attempts name each run, in any region: going, it refuses; ended, they are kept unless it was a resume of this
-run), nor what no task of the pipeline makes (a folder or file of the run's folder: listed as unknown, kept). Folders are found with object permissions only (list, get, delete:
-the README's roles/storage.objectUser on the bucket), and only the objects listed are deleted.
+run), nor what no task of the pipeline makes (a folder or file of the run's folder: listed as unknown, kept).
+Folders are found with object permissions only (list, get, delete: the README's roles/storage.objectUser on the
+bucket), and only the objects listed are deleted.
 """
 
 from __future__ import annotations

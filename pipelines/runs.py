@@ -45,7 +45,9 @@ from pipelines.vertex_jobs import (
     call,
     cancel_command,
     check_endpoint,
+    check_project,
     check_region,
+    endpoint_url,
     job_client,
     location_path,
     pipeline_client,
@@ -87,6 +89,7 @@ class RunArguments:
 
     def __post_init__(self) -> None:
         self.run = run_name(self.run)
+        check_project(self.project)  # in every resource name the command sends
         check_region(self.region)
 
 
@@ -109,7 +112,8 @@ class LogsArguments(RunArguments):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_endpoint("api_endpoint", self.api_endpoint)
-        check_endpoint("logging_endpoint", self.logging_endpoint)
+        # requests, unlike Google's clients, needs a scheme: a bare host is taken as https://, as a browser takes it
+        self.logging_endpoint = endpoint_url(check_endpoint("logging_endpoint", self.logging_endpoint))
         if self.tail < 0:
             raise InvalidParameter("tail", self.tail, "must be 0 (all lines) or above")
 

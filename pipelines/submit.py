@@ -40,6 +40,7 @@ from components.lib.tpu_catalogue import TPU_TYPES
 from pipelines.pipeline import check_values, peak_cpus, routed_values, step_values
 from pipelines.quota import CPU_QUOTA, QuotaArguments, require_cpu_quota, require_tpu_quota
 from pipelines.run_folders import (
+    PIPELINE_NAME,
     RESUMED_FROM_LABEL,
     run_checkpoint_folder,
     run_label,
@@ -47,7 +48,7 @@ from pipelines.run_folders import (
     run_root,
     tensorboard_folder,
 )
-from pipelines.vertex_jobs import JobServiceArguments, VertexProject
+from pipelines.vertex_jobs import JobServiceArguments, VertexProject, check_project
 
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool}
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -196,13 +197,6 @@ def resumed_values(values: dict[str, Any], pipeline_root: str, resume: str) -> d
             "checkpoint_dir resumes there when submitted again with the same parameters (no --resume)",
         )
     return {**values, "checkpoint_dir": folder}
-
-
-def check_project(project: str) -> None:
-    if not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", project):
-        raise InvalidParameter(
-            "project", project, "is not a Google Cloud project id (6-30 lowercase letters, digits and hyphens)"
-        )
 
 
 def check_service_account(service_account: str, otherwise: str) -> None:
@@ -565,6 +559,39 @@ def check_not_leased(arguments: SubmitArguments, folder: str) -> None:
     )
 
 
+def check_no_run_going(arguments: SubmitArguments, credentials: Any = None) -> None:
+    """Refuses a resume while the run it resumes, or another resume of it (labelled ``RESUMED_FROM_LABEL``), has not
+    ended: queued or pending, that run's training has not taken the folder's lease yet (``check_not_leased`` sees
+    none), and both would train in the folder. Reads this pipeline's runs in the region, each with its state and
+    labels. Two resumes submitted at the same moment can still both pass (each lists before the other is created):
+    the later training's start is then refused by the lease."""
+    from components.lib.errors import Refused
+    from pipelines.vertex_jobs import PIPELINE_TERMINAL_STATES, call, location_path, pipeline_client
+
+    resumed = run_name(arguments.resume, "resume")
+    client = pipeline_client(arguments.region, arguments.api_endpoint, credentials)
+    request = {
+        "parent": location_path(arguments.project, arguments.region),
+        "filter": f'pipeline_name="{PIPELINE_NAME}"',
+    }
+    for job in call(client.list_pipeline_jobs, request=request):
+        name, state = job.name.rsplit("/", 1)[-1], job.state.name
+        if state in PIPELINE_TERMINAL_STATES:
+            continue
+        if name == resumed:
+            what = f"the run {name} is {state}: it trains in its checkpoint folder"
+        elif job.labels.get(RESUMED_FROM_LABEL) == run_label(resumed):
+            what = f"{name}, a resume of it, is {state}: it trains in the run's checkpoint folder"
+        else:
+            continue
+        where = f"--project {arguments.project} --region {arguments.region}"
+        raise Refused(
+            f"--resume={arguments.resume!r}: {what}, and a second training would write over its checkpoints: see it "
+            f"with tpu-mlm status {name} {where}, stop it with tpu-mlm cancel {name} {where}, or wait until it ends, "
+            "then submit again"
+        )
+
+
 def check_same_training(resume: str, folder: str, values: dict[str, Any]) -> None:
     """Refuses a resume whose model config or recipe differs from what the folder's checkpoints were trained with:
     ``check_checkpoints_match``, which preflight and the train step run once the data exists, on the identity the
@@ -593,6 +620,12 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
     values = run_values(request)
     if arguments.resume:
         check_resume(arguments, values)
+    if arguments.resume and arguments.dry_run:
+        print(
+            f"warning: a dry run lists no runs (no credentials): whether {arguments.resume} or another resume of it "
+            "is still queued or running is not checked here; submit checks it before it creates the run",
+            file=sys.stderr,
+        )
     if arguments.dry_run:
         estimate = check_estimate(arguments, request, values)
         tasks = sorted(request["pipelineSpec"]["root"]["dag"]["tasks"])
@@ -606,6 +639,8 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
         tpu = TPU_TYPES[template_tpu_type(request["pipelineSpec"])]
         require_tpu_quota(arguments, arguments.project, arguments.region, tpu, values["tpu_provisioning"])
         require_cpu_quota(arguments, arguments.project, arguments.region, int(values["num_parts"]))
+        if arguments.resume:  # last before anything is created: the runs listed stay as near as can be to now
+            check_no_run_going(arguments, credentials)
         checked_experiment(job, arguments.experiment)
         job.submit(service_account=arguments.service_account or None)  # the run exists from here: never twice
         request["name"] = job.resource_name

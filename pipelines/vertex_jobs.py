@@ -114,6 +114,19 @@ def check_region(region: str, parameter: str = "region") -> str:
     return region
 
 
+# A Google Cloud project's id: every resource name this project sends is built from it ('/' would name another path)
+PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+
+
+def check_project(project: str) -> str:
+    """``project`` when it is a Google Cloud project's id: submit's, status's, logs's, cancel's and clean's."""
+    if not PROJECT.fullmatch(project):
+        raise InvalidParameter(
+            "project", project, "is not a Google Cloud project id (6-30 lowercase letters, digits and hyphens)"
+        )
+    return project
+
+
 def check_endpoint(parameter: str, endpoint: str) -> str:
     """An endpoint given explicitly (``""``: the default, left alone): a host name with an optional port and scheme."""
     if endpoint and not ENDPOINT.fullmatch(endpoint):
@@ -124,6 +137,13 @@ def check_endpoint(parameter: str, endpoint: str) -> str:
             "googleapis.com), no user, path, query or fragment; leave it out for the default",
         )
     return endpoint
+
+
+def endpoint_url(endpoint: str) -> str:
+    """An endpoint (``check_endpoint``'s) as the base of the URLs an HTTP session requests: https:// where it names no
+    scheme (as Google's clients take a bare host), no trailing '/'."""
+    url = endpoint if "://" in endpoint else f"https://{endpoint}"
+    return url.rstrip("/")
 
 
 def chain_post_init(cls: type, self: Any) -> None:
@@ -180,22 +200,23 @@ def job_client(region: str, endpoint: str = "") -> Any:
     return service_client(vertex.JobServiceClient, region, endpoint)
 
 
-def pipeline_client(region: str, endpoint: str = "") -> Any:
-    """Vertex AI's pipeline service over REST, reached as ``job_client`` reaches the job service."""
+def pipeline_client(region: str, endpoint: str = "", credentials: Any = None) -> Any:
+    """Vertex AI's pipeline service over REST, reached as ``job_client`` reaches the job service (as ``credentials``
+    when given: submit's, which creates the run with them)."""
     from google.cloud import aiplatform_v1 as vertex
 
-    return service_client(vertex.PipelineServiceClient, region, endpoint)
+    return service_client(vertex.PipelineServiceClient, region, endpoint, credentials)
 
 
-def service_client(client_class: type, region: str, endpoint: str) -> Any:
-    """A client of one of Vertex AI's services over REST at ``endpoint`` (default: the region's); an ``http://``
-    endpoint without credentials."""
+def service_client(client_class: type, region: str, endpoint: str, credentials: Any = None) -> Any:
+    """A client of one of Vertex AI's services over REST at ``endpoint`` (default: the region's) as ``credentials``
+    (default: Application Default Credentials); an ``http://`` endpoint without credentials."""
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
 
     check_region(region)  # in the default host name, and in every resource name sent to an explicit one
     endpoint = check_endpoint("api_endpoint", endpoint) or f"{region}-aiplatform.googleapis.com"
-    credentials = AnonymousCredentials() if endpoint.startswith("http://") else None
+    credentials = AnonymousCredentials() if endpoint.startswith("http://") else credentials
     return client_class(transport="rest", client_options=ClientOptions(api_endpoint=endpoint), credentials=credentials)
 
 

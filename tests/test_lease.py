@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from conftest import PROJECT_ROOT, record_hard_exits, train_tiny
 
 from components.lib import lease as lease_module
 from components.lib.attempts import FILE as ATTEMPTS_FILE
+from components.lib.errors import InvalidParameter
 from components.lib.lease import FILE, JOB_ID_VARIABLE, Lease, LeaseHeld, live_lease
 from components.lib.preemption import STOPPED_EXIT
 
@@ -119,3 +121,85 @@ def test_a_holder_whose_lease_was_taken_over_ends_at_once_without_writing_over_i
     ((code, why),) = hard_exits.calls
     assert code == 1 and "was taken over by pipeline run other" in why and "without a checkpoint" in why
     assert live_lease(str(tmp_path))["token"] == other.token  # neither renewed nor released by the old holder
+
+
+def honest_record(folder) -> dict:
+    """The lease.json a training of another machine wrote in ``folder`` (alive: its expiry 600 s away)."""
+    Lease(str(folder), expiry=600, run="elsewhere").take()
+    record = json.loads((folder / FILE).read_text())
+    return {**record, "machine": "another-host/another-boot"}
+
+
+def without(record: dict, name: str) -> dict:
+    return {key: value for key, value in record.items() if key != name}
+
+
+def with_(record: dict, **changed) -> dict:
+    return {**record, **changed}
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda record: without(record, "holder"), "no holder"),
+        (lambda record: without(record, "heartbeat"), "no heartbeat"),
+        (lambda record: without(record, "heartbeat_at"), "no heartbeat_at"),
+        (
+            lambda record: with_(record, expires_at="3000-01-01T00:00:00Z"),
+            "expires_at is '3000-01-01T00:00:00Z', not a finite number",
+        ),
+        (lambda record: with_(record, pid="1234"), "pid is str, not int"),
+        (lambda record: with_(record, pid=2**70), f"pid is {2**70}, not a process id"),
+        (lambda record: with_(record, heartbeat_seconds=float("inf")), "heartbeat_seconds is inf, not a finite number"),
+        (lambda record: "[1, 2]", "a JSON list, not an object"),
+        (lambda record: '{"holder": "someone", ', "not JSON"),
+    ],
+    ids=[
+        "no holder",
+        "no heartbeat",
+        "no heartbeat_at",
+        "expires_at a string",
+        "pid a string",
+        "pid too large",
+        "infinite heartbeat",
+        "a list",
+        "not JSON",
+    ],
+)
+def test_a_lease_json_this_project_did_not_write_refuses_the_folder_in_one_line(tmp_path, damage, why):
+    """A forged or damaged lease.json: whether a training holds the folder cannot be told, so reading it (clean's and
+    submit's live_lease, a train step's start) refuses the folder in one line, and the start leaves it as it is."""
+    record = honest_record(tmp_path)
+    damaged = damage(record)
+    text = damaged if isinstance(damaged, str) else json.dumps(damaged)
+    (tmp_path / FILE).write_text(text)
+    expected = (
+        f"--checkpoint-dir={str(tmp_path)!r}: its lease.json is not a lease this project wrote ({why}): delete it "
+        "once no training runs there"
+    )
+    with pytest.raises(InvalidParameter) as read:
+        live_lease(str(tmp_path))
+    assert str(read.value) == expected
+    with pytest.raises(InvalidParameter) as started:
+        Lease(str(tmp_path), ALIVE_EXPIRY).take()
+    assert str(started.value) == expected
+    assert (tmp_path / FILE).read_text() == text  # not taken over
+
+
+def test_a_lease_expiring_beyond_its_own_expiry_expires_at_its_last_heartbeat_plus_that_expiry(tmp_path):
+    """A lease.json whose expires_at is in the year 3000 (its heartbeat 0.3 s apart: an expiry of 1.5 s) is live
+    1.5 s after its heartbeat at most: a start waits that long, not for ever. An honest lease keeps its expiry, a
+    longer one than the reader's included."""
+    honest = honest_record(tmp_path)
+    assert live_lease(str(tmp_path))["expires_at"] == honest["expires_at"]  # 600 s: the reader's would be 20
+    heartbeat_at = time.time()
+    forged = {**honest, "heartbeat_at": heartbeat_at, "heartbeat_seconds": 0.3, "expires_at": 32503680000.0}
+    (tmp_path / FILE).write_text(json.dumps(forged))
+    record = live_lease(str(tmp_path))
+    assert record is None or record["expires_at"] == pytest.approx(heartbeat_at + 1.5)
+    started = time.monotonic()
+    taking = threading.Thread(target=Lease(str(tmp_path), ALIVE_EXPIRY).take, daemon=True)
+    taking.start()
+    taking.join(timeout=60)  # a wait for the year 3000 would still be going
+    assert not taking.is_alive() and time.monotonic() - started < 60
+    assert live_lease(str(tmp_path))["token"] != forged["token"]  # taken over

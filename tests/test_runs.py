@@ -373,3 +373,36 @@ def test_status_shows_the_run_where_its_training_s_files_cannot_be_read(template
     assert shown.returncode == 0, shown.stderr[-3000:]
     (training,) = [line for line in shown.stdout.splitlines() if line.startswith("training: ")]
     assert training.startswith(f"training: {folder} not readable here (") and "tasks:" in shown.stdout
+
+
+@pytest.mark.parametrize("project", ["a/b", "my-project/locations/elsewhere", "My Project"])
+@pytest.mark.parametrize("job_name", ["status", "logs", "cancel"])
+def test_a_project_that_is_no_project_id_is_refused_before_any_request(vertex, job_name, project):
+    """The project is in every resource name a command sends: one with a '/' would name another path. Refused in
+    one line as submit refuses it."""
+    refused = run_module(
+        "pipelines.cli",
+        *(job_name, "some-run", "--project", project, "--region", REGION, "--api_endpoint", vertex.url),
+        timeout=COMMAND_SECONDS,
+        stdin=subprocess.DEVNULL,
+    )
+    assert refused.returncode == 2 and not refused.stdout
+    assert refused.stderr.strip().splitlines() == [
+        f"error: --project={project!r}: is not a Google Cloud project id (6-30 lowercase letters, digits and hyphens)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("given", "requested"),
+    [
+        ("logging.googleapis.com", "https://logging.googleapis.com"),
+        ("logging.googleapis.com:443/", "https://logging.googleapis.com:443"),
+        ("http://127.0.0.1:8080/", "http://127.0.0.1:8080"),
+    ],
+)
+def test_a_logging_endpoint_without_a_scheme_is_reached_over_https(given, requested):
+    """A bare host, as --api_endpoint takes one: logs requests it over https:// (requests itself takes no URL
+    without a scheme), and a trailing '/' makes no '//' in the path."""
+    from pipelines.runs import LogsArguments
+
+    assert LogsArguments(run="some-run", project=PROJECT, logging_endpoint=given).logging_endpoint == requested

@@ -7,6 +7,7 @@ from conftest import PROJECT_ROOT, run_module
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
 from google.cloud.aiplatform_v1.types import pipeline_job as gca_pipeline_job
+from vertex_server import VertexStandIn
 
 from components.lib.errors import InvalidParameter
 from pipelines.submit import SubmitArguments, submit
@@ -32,6 +33,17 @@ def arguments(template_path, **overrides) -> SubmitArguments:
         "labels": "team=nlp,run=first",
     }
     return SubmitArguments(**{**values, **overrides})
+
+
+@pytest.fixture
+def vertex(monkeypatch):
+    """The Vertex AI stand-in, where a resume lists the pipeline's runs before it is created; aiplatform's settings
+    for this test only (submit's init sets them)."""
+    from test_submit_stand_ins import own_aiplatform_settings
+
+    own_aiplatform_settings(monkeypatch)
+    with VertexStandIn() as stand_in:
+        yield stand_in
 
 
 def fake_create_pipeline_job(sent: list):
@@ -401,13 +413,14 @@ def test_the_documented_submit_commands_dry_run_offline_and_show_the_bill(templa
             assert sign_of_the_network not in result.stderr, (command, result.stderr[-2000:])
 
 
-def test_a_failed_run_is_resumed_by_its_name_from_its_checkpoint_folder(template, monkeypatch, gcs):
+def test_a_failed_run_is_resumed_by_its_name_from_its_checkpoint_folder(template, monkeypatch, gcs, vertex):
     """--resume RUN: the run trains on in RUN's own checkpoint folder (under output_root, else the pipeline root);
     a folder without checkpoints (a misspelt name) is refused before anything is sent, in a dry run too."""
     from components.lib import storage
 
     values = {"corpus": "hf:wikitext:wikitext-103-raw-v1", "output_root": f"{gcs}/out"}
     given = {"parameters": json.dumps(values), "pipeline_root": f"{gcs}/root", "resume": "wikitext-base-1"}
+    given["api_endpoint"] = vertex.url
     sent = []
     monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", fake_create_pipeline_job(sent))
     for dry_run in (True, False):
@@ -428,7 +441,9 @@ def test_a_failed_run_is_resumed_by_its_name_from_its_checkpoint_folder(template
         submit(arguments(template, dry_run=True, **{**given, "resume": "Bad/Name"}))
 
 
-def test_a_resume_is_refused_while_a_training_holds_the_run_s_checkpoint_folder(template, monkeypatch, gcs, capsys):
+def test_a_resume_is_refused_while_a_training_holds_the_run_s_checkpoint_folder(
+    template, monkeypatch, gcs, capsys, vertex
+):
     """Two trainings in one folder would write over each other's checkpoints: while a training (here a resume of the
     run, still going) holds the folder's lease, submit --resume is refused in one line naming it, when its lease
     expires and what to do, in a dry run too; once it is released, the resume is sent."""
@@ -464,7 +479,7 @@ def test_a_resume_is_refused_while_a_training_holds_the_run_s_checkpoint_folder(
         error = capsys.readouterr().err.strip().splitlines()[-1]
         assert error.startswith("error: --resume='wikitext-base-1': a training holds the lease") and where in error
     assert not sent
-    submit(arguments(template, **given), credentials=AnonymousCredentials())
+    submit(arguments(template, **given, api_endpoint=vertex.url), credentials=AnonymousCredentials())
     assert len(sent) == 1
 
 
@@ -476,11 +491,14 @@ def test_a_dry_run_of_a_resume_that_cannot_reach_the_bucket_says_so_and_shows_th
     result = run_module("pipelines.submit", *command, env={**os.environ, **OFFLINE}, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "warning: gs://bucket/root/checkpoints/run-1 not read, the resume not checked: " in result.stderr
+    assert "warning: a dry run lists no runs (no credentials): whether run-1 or another resume of it is still " in (
+        result.stderr
+    )
     assert "most it can cost" in result.stderr and "dry run: would submit" in result.stdout
 
 
 def test_a_resume_onto_checkpoints_of_another_model_or_recipe_is_refused_before_anything_runs(
-    template, monkeypatch, gcs
+    template, monkeypatch, gcs, vertex
 ):
     """The train step's own check of a checkpoint folder (training_plan.check_checkpoints_match, which preflight runs
     after the data steps), run at submit on what the parameters settle: another model config or recipe knob than the
@@ -501,6 +519,7 @@ def test_a_resume_onto_checkpoints_of_another_model_or_recipe_is_refused_before_
 
     def resume(dry_run: bool = False, **changed) -> dict:
         given = {"parameters": json.dumps({**values, **changed}), "pipeline_root": f"{gcs}/root"}
+        given["api_endpoint"] = vertex.url
         return submit(arguments(template, dry_run=dry_run, resume="wikitext-base-1", **given), AnonymousCredentials())
 
     for dry_run in (True, False):

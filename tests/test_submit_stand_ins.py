@@ -143,3 +143,76 @@ def test_a_run_whose_cpu_tasks_the_region_cannot_hold_is_refused_before_anything
     bill_rows = [line for line in capsys.readouterr().err.splitlines() if line.startswith("CPUs at once")]
     assert len(bill_rows) == 2  # the bill of each, printed before anything is read or sent
     assert all("256 vCPUs (shards: 2 x 16 part(s) at once)" in row for row in bill_rows)
+
+
+@pytest.mark.parametrize("state", ["PIPELINE_STATE_QUEUED", "PIPELINE_STATE_RUNNING"])
+def test_a_resume_is_refused_while_the_run_or_another_resume_of_it_has_not_ended(template, gcs, monkeypatch, state):
+    """A resume that is queued has not taken the checkpoint folder's lease yet: a second resume of the same run, or
+    a resume of a run still going, would pass the lease's check and train in the same folder. submit lists the
+    pipeline's runs and refuses in one line naming the one still going and how to follow or stop it, before anything
+    is created; once it has ended (failed, cancelled by tpu-mlm cancel), the resume is created. In this process
+    (aiplatform's settings for this test only), as the CLI runs it; every run created ``state``."""
+    from components.lib import storage
+    from components.lib.errors import Refused
+    from pipelines.runs import CancelArguments, cancel
+
+    own_aiplatform_settings(monkeypatch)
+    storage.write_text_atomic(f"{gcs}/root/checkpoints/wikitext-base-1/checkpoint", 'model_checkpoint_path: "ckpt-3"')
+    where = f"--project {PROJECT} --region {REGION}"
+    with VertexStandIn(pipeline_state=state) as vertex, QuotaStandIn(PROJECT, ENOUGH_TPU) as quotas:
+        given = {
+            "project": PROJECT,
+            "region": REGION,
+            "pipeline_root": f"{gcs}/root",
+            "template": template,
+            "parameters": json.dumps({"corpus": "hf:wikitext:wikitext-103-raw-v1"}),
+            "corpus_bytes": 546500949,
+            "api_endpoint": vertex.url,
+            "quota_endpoint": quotas.url,
+        }
+
+        def refused_resume(run_name: str) -> str:
+            created = list(vertex.pipeline_jobs)
+            with pytest.raises(Refused) as refused:
+                submit(SubmitArguments(**given, resume="wikitext-base-1", run_name=run_name))
+            assert list(vertex.pipeline_jobs) == created  # refused before any create request
+            return str(refused.value)
+
+        submit(SubmitArguments(**given, run_name="wikitext-base-1"))  # the run itself, not ended
+        assert refused_resume("resume-1") == (
+            f"--resume='wikitext-base-1': the run wikitext-base-1 is {state}: it trains in its checkpoint folder, and "
+            f"a second training would write over its checkpoints: see it with tpu-mlm status wikitext-base-1 {where}, "
+            f"stop it with tpu-mlm cancel wikitext-base-1 {where}, or wait until it ends, then submit again"
+        )
+        vertex.end_pipeline_job(pipeline_job("wikitext-base-1"), "PIPELINE_STATE_FAILED", "preempted")
+        submit(SubmitArguments(**given, resume="wikitext-base-1", run_name="resume-1"))
+        assert vertex.pipeline_jobs[pipeline_job("resume-1")]["state"] == state  # its training not started
+        message = refused_resume("resume-2")
+        assert message.startswith(f"--resume='wikitext-base-1': resume-1, a resume of it, is {state}: it trains in ")
+        assert f"tpu-mlm status resume-1 {where}" in message and f"tpu-mlm cancel resume-1 {where}" in message
+        assert "\n" not in message
+
+        cancelled = cancel(CancelArguments(run="resume-1", yes=True, poll_seconds=0.05, **where_of(given)))
+        assert cancelled["state"] == "PIPELINE_STATE_CANCELLED"
+        submit(SubmitArguments(**given, resume="wikitext-base-1", run_name="resume-2"))
+        resumed = vertex.pipeline_jobs[pipeline_job("resume-2")]
+    assert resumed["labels"]["tpu-mlm-resumed-from"] == "wikitext-base-1"
+
+
+def pipeline_job(run: str) -> str:
+    return f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/{run}"
+
+
+def where_of(given: dict) -> dict:
+    return {key: given[key] for key in ("project", "region", "api_endpoint")}
+
+
+def own_aiplatform_settings(monkeypatch) -> None:
+    """aiplatform's settings for this test only: a fresh global config, and ``aiplatform.init`` (bound to the config
+    of the import) setting that one, so that submit's init reaches the jobs it creates here and no later test."""
+    from google.cloud import aiplatform
+    from google.cloud.aiplatform import initializer
+
+    config = initializer._Config()
+    monkeypatch.setattr(initializer, "global_config", config)
+    monkeypatch.setattr(aiplatform, "init", config.init)

@@ -10,11 +10,12 @@ after the restarts Vertex AI documents (a worker that exits non-zero starts agai
 up to 3 times). What the job can do here is what this machine has: no TPU. Each line the
 job's process prints is a log entry at once (``resource.type="ml_job"``, its numeric id as ``job_id``).
 
-Pipeline jobs: create, get and cancel. No orchestrator runs the pipeline: a created job is
-``PIPELINE_STATE_RUNNING`` with a ``PENDING`` task for each task of its root DAG, and the test reports what the
-tasks do (``set_task``) and how the run ends (``end_pipeline_job``), as Vertex AI's orchestrator would. Each run has
-its context in the metadata store (``jobDetail.pipelineRunContext``), which an experiment (a context of its own,
-created and read through Vertex ML Metadata's contexts) takes as a child: what ``submit(experiment=...)`` does.
+Pipeline jobs: create, get, list (by the pipeline's name) and cancel. No orchestrator runs the pipeline: a created
+job is ``PIPELINE_STATE_RUNNING`` (or queued, as the test has it) with a ``PENDING`` task for each task of its root
+DAG, and the test reports what the tasks do (``set_task``) and how the run ends (``end_pipeline_job``), as Vertex AI's
+orchestrator would. Each run has its context in the metadata store (``jobDetail.pipelineRunContext``), which an
+experiment (a context of its own, created and read through Vertex ML Metadata's contexts) takes as a child: what
+``submit(experiment=...)`` does.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class VertexStandIn:
     a cancelled job (custom or pipeline) stays cancelling; ``refuse_creates``: a create is refused as Vertex AI refuses
     an account without ``aiplatform.customJobs.create``; ``refuse_links``: a run added to an experiment is refused as
     for an account without ``aiplatform.contexts.addContextChildren``; ``filters=False``: a list with a filter is
-    refused as invalid. ``cancel_requests`` lists the jobs (custom and pipeline) asked to cancel; ``starts`` counts
+    refused as invalid; ``pipeline_state``: the state a created pipeline job is in (PIPELINE_STATE_QUEUED: created, not
+    begun). ``cancel_requests`` lists the jobs (custom and pipeline) asked to cancel; ``starts`` counts
     each custom job's worker starts (``worker_restarts`` and ``job_retries``: Vertex AI's documented restarts, the
     defaults)."""
 
@@ -76,8 +78,10 @@ class VertexStandIn:
         filters: bool = True,
         worker_restarts: int = WORKER_RESTARTS,
         job_retries: int = JOB_RETRIES,
+        pipeline_state: str = "PIPELINE_STATE_RUNNING",
     ) -> None:
         self.start_jobs, self.cancels_take, self.refuse_creates = start_jobs, cancels_take, refuse_creates
+        self.pipeline_state = pipeline_state
         self.filters, self.refuse_links = filters, refuse_links
         self.worker_restarts, self.job_retries = worker_restarts, job_retries
         self.jobs: dict[str, dict] = {}
@@ -230,9 +234,9 @@ class VertexStandIn:
         self.pipeline_jobs[name] = {
             **job,
             "name": name,
-            "state": "PIPELINE_STATE_RUNNING",
+            "state": self.pipeline_state,
             "createTime": created,
-            "startTime": created,
+            **({"startTime": created} if self.pipeline_state == "PIPELINE_STATE_RUNNING" else {}),
             "jobDetail": {"taskDetails": [root, *tasks], "pipelineRunContext": run_context},
         }
         return self.pipeline_jobs[name]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.errors import Refused
+from components.lib.errors import InvalidParameter, Refused
 from components.lib.preemption import hard_exit, last_words
 
 log = logging.getLogger("tpu_mlm.train")
@@ -54,23 +55,76 @@ class LeaseHeld(Refused):
     """Another training holds the checkpoint folder's lease and renews it: a start there is refused (exit 3)."""
 
 
+# what every lease this project writes holds, by type (a bool is no number here, though Python's is an int)
+NUMBERS = ("heartbeat_at", "expires_at", "heartbeat_seconds")
+FIELDS: dict[str, type] = {"holder": str, "heartbeat": str, "expires": str, "token": str, "job": str, "pid": int}
+# what later versions added (absent from an earlier version's lease), checked when present
+LATER_FIELDS: dict[str, type] = {"run": str, "machine": str, "host": str, "started": str}
+MAX_PID = 2**31 - 1
+ROUNDING_SECONDS = 1.0  # an honest expires_at and heartbeat_at + 5 heartbeats differ by a float's rounding at most
+
+
 def _read(checkpoint_dir: str) -> dict[str, Any] | None:
+    """The folder's lease record, None when it has none; a lease.json that is no lease this project wrote (forged,
+    damaged, not JSON) is refused with ``InvalidParameter``: whether a training holds the folder cannot be told, and
+    taking it over could put a second training in a folder one still trains in."""
     uri = storage.join(checkpoint_dir, FILE)
     if not storage.exists(uri):
         return None
     try:
         record = json.loads(storage.read_text(uri))
-    except (ValueError, UnicodeDecodeError):  # written atomically, so only by hand: no training's
-        log.warning("%s is not a lease this project wrote: ignored", uri)
-        return None
-    return record if isinstance(record, dict) and "expires_at" in record else None
+    except (ValueError, UnicodeDecodeError):
+        # refused as a forged record is: leases are written atomically, so one that is not JSON was written by hand
+        # or damaged, and ignoring it would let a start take a folder whose holder may still be training
+        raise _not_a_lease(checkpoint_dir, "not JSON") from None
+    wrong = _what_is_wrong(record)
+    if wrong:
+        raise _not_a_lease(checkpoint_dir, wrong)
+    # a lease expires at most its expiry after its last heartbeat (the holder writes exactly that): a later
+    # expires_at, which no holder writes, would keep a dead holder's lease live and a waiting start waiting for
+    # ever. Bounded by the record's own expiry, not the reader's: an honest holder's may be longer than a reader's
+    # (--lease_seconds), and waiting only the reader's would take a live holder's lease between two heartbeats.
+    latest = record["heartbeat_at"] + record["heartbeat_seconds"] * HEARTBEATS_IN_EXPIRY
+    if record["expires_at"] > latest + ROUNDING_SECONDS:
+        log.warning("%s expires %s, beyond its expiry: taken to expire %s", uri, record["expires"], _utc(latest))
+        record.update(expires_at=latest, expires=_utc(latest))
+    return record
+
+
+def _what_is_wrong(record: Any) -> str:
+    """What makes ``record`` no lease this project writes ("" when it is one)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    for name in (*FIELDS, *NUMBERS):
+        if name not in record:
+            return f"no {name}"
+    for name, kind in [*FIELDS.items(), *((name, kind) for name, kind in LATER_FIELDS.items() if name in record)]:
+        if not isinstance(record[name], kind) or isinstance(record[name], bool):
+            return f"{name} is {type(record[name]).__name__}, not {kind.__name__}"
+    for name in NUMBERS:
+        value = record[name]
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            return f"{name} is {value!r}, not a finite number"
+    if record["heartbeat_seconds"] <= 0:
+        return f"heartbeat_seconds is {record['heartbeat_seconds']!r}, not above 0"
+    if not 0 < record["pid"] <= MAX_PID:  # os.kill takes a C int; 0 and below name process groups
+        return f"pid is {record['pid']}, not a process id"
+    return ""
+
+
+def _not_a_lease(checkpoint_dir: str, why: str) -> InvalidParameter:
+    return InvalidParameter(
+        "checkpoint_dir",
+        checkpoint_dir,
+        f"its {FILE} is not a lease this project wrote ({why}): delete it once no training runs there",
+    )
 
 
 def live_lease(checkpoint_dir: str) -> dict[str, Any] | None:
     """The live lease of ``checkpoint_dir``: its record (``holder``, ``run``, ``job``, ``host``, ``pid``, ``token``,
     ``started``, ``heartbeat``, ``expires`` as UTC times, ``expires_at`` in seconds since the epoch,
     ``heartbeat_seconds``); None when the folder has none or its holder is dead: its lease expired, or it was held on
-    this machine by a process that is gone."""
+    this machine by a process that is gone. A lease.json that is no lease this project wrote is refused (``_read``)."""
     record = _read(checkpoint_dir)
     return record if record is not None and _alive(record) else None
 
