@@ -78,6 +78,7 @@ LOCAL_FOLDERS = {"logs": OTHER}  # run-local's steps' logs
 TASK_SUFFIXES = re.compile(r"(-\d+)?(_\d+)?$")
 RESOURCE_NAME = re.compile(r"projects/[^/]+/locations/[^/]+/pipelineJobs/[^/]+")
 GLOB_CHARACTERS = re.compile(r"[*?\[\]]")
+LOOKUP_SECONDS = 30  # a run of another region that its attempts name, read once: one that does not answer is kept
 # Cloud Storage's Standard class in a region (us-central1): $0.000027397 a GiB-hour on
 # https://cloud.google.com/storage/pricing (as transcribed on 2026-09-20 in api-evangelist/gcp-cloud-storage,
 # plans/gcp-cloud-storage-plans-pricing.yml), 730 hours a month: $0.020 a GiB-month. Multi-regions cost more.
@@ -175,6 +176,7 @@ class RunRecord:
     root: str  # the run's output_root, else its pipeline root
     searched: list[str]  # the roots its folders were looked for under
     own_fixed_checkpoint_dir: str = ""  # the run's checkpoint_dir parameter
+    resumed_from: str = ""  # the label of the run whose checkpoints it resumed (submit --resume)
     fixed_checkpoint_dirs: list[str] = field(default_factory=list)  # the run's and every other run's of the pipeline
     going_in_fixed: dict[str, str] = field(default_factory=dict)  # a fixed checkpoint_dir: a run going that uses it
     trained_in_by: list[str] = field(default_factory=list)  # runs going that train in this run's checkpoints
@@ -256,6 +258,7 @@ def vertex_record(arguments: CleanArguments) -> RunRecord:
         output_root = check_root("output_root", parameters["output_root"])
         record.task_folders.append(storage.join(output_root, run.name))
         record.searched.append(output_root)
+    record.resumed_from = job.labels.get(RESUMED_FROM_LABEL, "")
     if parameters.get("checkpoint_dir"):
         record.own_fixed_checkpoint_dir = parameters["checkpoint_dir"]
         record.fixed_checkpoint_dirs.append(parameters["checkpoint_dir"])
@@ -287,26 +290,28 @@ def trainers_elsewhere(run: Any, api_endpoint: str, checkpoints: str, record: Ru
     """The runs other than this one that trained in its checkpoints, as the attempts there name them, in any region
     (the listing sees one): going, they refuse the deletion; ended, they keep the checkpoints unless resumed from this
     run (submit --resume: its label), or when they cannot be read."""
-    from google.api_core.exceptions import GoogleAPICallError
-
-    from pipelines.vertex_jobs import PIPELINE_TERMINAL_STATES, call, pipeline_client
+    from pipelines.vertex_jobs import PIPELINE_TERMINAL_STATES, check_region, pipeline_client
 
     for other in runs_trained_in(checkpoints):
+        if not RESOURCE_NAME.fullmatch(other):  # a run-local run's, or not written by a run's train step
+            record.sharing_checkpoints.append(f"{other!r} (not a Vertex AI run)")
+            continue
+        _, project, _, region, _, name = other.split("/")
+        if (project, region, name) == (run.project, run.region, run.name):  # the launcher names the project by its id
+            continue
+        if name == run.name:  # the same name in another region or project: its folders are the same folders
+            raise refuse(
+                run.name,
+                f"a run of the same name elsewhere ({other}) trained in {checkpoints}: its folders and this run's "
+                "cannot be told apart; delete what is no longer needed by hand",
+            )
+        if name in record.trained_in_by:
+            continue
         try:
-            name = run_name(other)
-        except InvalidParameter:  # no run's name: not written by a run's train step
-            record.sharing_checkpoints.append(repr(other))
-            continue
-        if name == run.name or name in record.trained_in_by:
-            continue
-        if not RESOURCE_NAME.fullmatch(other):
-            record.sharing_checkpoints.append(f"{name} (not a Vertex AI run)")
-            continue
-        region = other.split("/")[3]
-        client = run.pipelines if region == run.region else pipeline_client(region, api_endpoint)
-        try:
-            job = call(client.get_pipeline_job, name=other)
-        except GoogleAPICallError as error:
+            check_region(region)
+            client = run.pipelines if region == run.region else pipeline_client(region, api_endpoint)
+            job = client.get_pipeline_job(name=other, retry=None, timeout=LOOKUP_SECONDS)  # once: kept if no answer
+        except Exception as error:  # unreadable, unreachable, no such region: kept as that run's
             record.sharing_checkpoints.append(f"{name} in {region}, not readable: {type(error).__name__}")
             continue
         if job.state.name not in PIPELINE_TERMINAL_STATES:
@@ -377,18 +382,30 @@ def task_kind(task: str) -> str:
     return TASK_KINDS.get(name) or LOCAL_FOLDERS.get(name) or UNKNOWN
 
 
+def same_path(uri: str) -> str:
+    """``uri`` as a key that two spellings of one folder share: a bucket's without a trailing "/", this machine's
+    resolved (relative, with "..", through links). For comparing only: a link is never followed to delete."""
+    return uri.rstrip("/") if storage.is_remote(uri) else os.path.realpath(uri)
+
+
 def overlaps(folder: str, others: Sequence[str]) -> bool:
-    """Whether ``folder`` is one of ``others``, or holds one, or is inside one."""
-    folder = folder.rstrip("/") + "/"
-    return any(folder.startswith(other.rstrip("/") + "/") or other.startswith(folder) for other in others)
+    """Whether ``folder`` is one of ``others``, or holds one, or is inside one, however each is written."""
+    folder = same_path(folder).rstrip("/") + "/"
+    others = [same_path(other).rstrip("/") + "/" for other in others]
+    return any(folder.startswith(other) or other.startswith(folder) for other in others)
 
 
 def run_folders(arguments: CleanArguments, record: RunRecord) -> list[RunFolder]:
     """Every folder of the run that holds a file, with its files, and whether it is kept: not named by --delete,
     unknown, or at, in or around a fixed checkpoint_dir."""
-    deleted = set(arguments.delete.split(",")) | {OTHER}
+    deleted = set(arguments.delete.split(","))
+    if DATA in deleted:
+        deleted.add(OTHER)
     found = []
-    for run_folder in dict.fromkeys(record.task_folders):
+    unique: dict[str, str] = {}  # a root written two ways (runs, ./runs, its absolute path) is listed once
+    for folder in record.task_folders:
+        unique.setdefault(same_path(folder), folder)
+    for run_folder in unique.values():
         tasks: dict[str, list[tuple[str, int]]] = {}
         for path, size in storage.files_under(run_folder):
             relative = path[len(run_folder) :].replace(os.sep, "/").lstrip("/")
@@ -450,7 +467,12 @@ def delete(doomed: list[RunFolder], kept: list[RunFolder]) -> None:
     when it holds nothing kept."""
     for folder in doomed:
         for path, _ in folder.files:
-            storage.remove(path)
+            try:
+                storage.remove(path)
+            except Exception:
+                if storage.exists(path):
+                    raise
+                # gone meanwhile (another clean of the run): what was to be done is done
     holding_kept = {folder.run_folder for folder in kept} | {folder.uri for folder in kept}
     emptied = {folder.uri for folder in doomed} | {folder.run_folder for folder in doomed}
     for uri in sorted(emptied - holding_kept - {""}, reverse=True):
@@ -504,7 +526,12 @@ def clean(arguments: CleanArguments) -> dict[str, Any]:
     }
     if doomed and not arguments.yes:
         summary["command"] = delete_command(arguments)
-    if record.own_fixed_checkpoint_dir:
+    if record.resumed_from:
+        summary["hints"] = [
+            f"its checkpoints are run {record.resumed_from}'s, which it resumed: they go with tpu-mlm clean "
+            f"{record.resumed_from}"
+        ]
+    elif record.own_fixed_checkpoint_dir:
         summary["hints"] = [fixed_checkpoint_dir_hint(record)]
     return summary
 

@@ -111,6 +111,8 @@ def read_local_run_record(run_folder: str) -> dict[str, Any] | None:
         return None
     fields = {"host": str, "pid": int, "state": str, "output_root": str, "checkpoint_dir": str}
     wrong = [name for name, kind in fields.items() if not isinstance(record.get(name), kind)]
+    if not wrong and not 0 < record["pid"] < 2**31:  # a process id of this machine, os.kill's to ask
+        wrong = ["pid"]
     if wrong:  # run-local writes every field: this one was written or changed by hand
         raise InvalidParameter("run", run_folder, f"its {LOCAL_RUN_RECORD} is not as run-local writes it ({wrong[0]})")
     return record

@@ -16,6 +16,7 @@ evaluation metrics and a fill-mask example.
 """
 
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -253,6 +254,21 @@ def step_exit_statuses() -> Iterator[list[int]]:
             setattr(module, name, original)
 
 
+def new_run_folder(root: Path, before: set[Path], started_at: datetime.datetime) -> Path | None:
+    """The folder kfp.local made for the run started at ``started_at`` under ``root``, once it did: of the folders
+    not there ``before``, the one named nearest that start (another run-local under the same root makes its own)."""
+    new = set(root.glob(f"{PIPELINE_NAME}-*")) - before
+    return min(new, key=lambda folder: abs(folder_start(folder) - started_at)) if new else None
+
+
+def folder_start(folder: Path) -> datetime.datetime:
+    """When the kfp.local run of ``folder`` started, as its name says (``NAME-%Y-%m-%d-%H-%M-%S-%f``)."""
+    try:
+        return datetime.datetime.strptime(folder.name[len(PIPELINE_NAME) + 1 :], "%Y-%m-%d-%H-%M-%S-%f")
+    except ValueError:
+        return datetime.datetime.min  # not kfp.local's name: last of all
+
+
 def run_local(arguments: LocalRunOptions) -> dict[str, Any]:
     """Runs the pipeline under kfp.local and returns the artifacts' folders and the evaluation metrics."""
     from kfp import local
@@ -269,10 +285,13 @@ def run_local(arguments: LocalRunOptions) -> dict[str, Any]:
     local.init(runner=runner, pipeline_root=str(root))
     pipeline = build_pipeline("local", cpu_image=arguments.image)
     before = set(root.glob(f"{PIPELINE_NAME}-*"))
+    started_at = datetime.datetime.now()  # kfp.local names the run's folder by its local start time
+    found: list[Path] = []
 
     def run_dir() -> Path | None:
-        new = set(root.glob(f"{PIPELINE_NAME}-*")) - before
-        return new.pop() if new else None
+        if not found:  # chosen once: a later look could find another run-local's folder too
+            found.extend(filter(None, [new_run_folder(root, before, started_at)]))
+        return found[0] if found else None
 
     values = arguments.pipeline_values()
     started = time.perf_counter()

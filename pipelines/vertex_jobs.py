@@ -132,7 +132,7 @@ def check_endpoint(parameter: str, endpoint: str) -> str:
     if endpoint and not ENDPOINT.fullmatch(endpoint):
         raise InvalidParameter(
             parameter,
-            endpoint,
+            re.sub(r"^((?:[A-Za-z][A-Za-z0-9+.-]*://)?)[^/@]*@", r"\1…(redacted)@", endpoint),  # a password in it
             "must be a host name, with a port and an http(s):// scheme if need be (us-central1-aiplatform."
             "googleapis.com), no user, path, query or fragment; leave it out for the default",
         )

@@ -8,6 +8,7 @@ the pipeline makes, nothing written after its listing; the dry run deletes nothi
 one line. What is left is read without the storage layer: google-cloud-storage in the bucket (TensorFlow's folder
 markers included), pathlib on this machine (folders included)."""
 
+import datetime
 import json
 import os
 import subprocess
@@ -50,7 +51,7 @@ from pipelines.run_folders import (
     local_run_recorded,
     run_label,
 )
-from pipelines.run_local import display_names
+from pipelines.run_local import display_names, new_run_folder
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -460,7 +461,7 @@ def test_a_run_local_run_whose_process_died_has_ended(tmp_path):
     Path(pipeline_root, RUN, LOCAL_RUN_RECORD).write_text(json.dumps(record))
     with pytest.raises(InvalidParameter, match="it is running on 'another-machine'"):
         clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))
-    for forged in ({"pid": "1"}, {"output_root": ["gs://b"]}, {"checkpoint_dir": None}):  # no traceback: one line
+    for forged in ({"pid": "1"}, {"pid": 2**40}, {"output_root": ["gs://b"]}, {"checkpoint_dir": None}):  # one line
         Path(pipeline_root, RUN, LOCAL_RUN_RECORD).write_text(json.dumps({**record, **forged}))
         with pytest.raises(InvalidParameter, match=f"its {LOCAL_RUN_RECORD} is not as run-local writes it"):
             clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))
@@ -599,3 +600,66 @@ def test_help_says_what_is_deleted_by_default(capsys):
     assert "tpu-mlm clean tpu-mlm-20260101-120000 --project my-project --region us-central1 --yes" in printed
     assert "its checkpoints and its data (tokenizer and shards) by default" in printed
     assert "(default: checkpoints,data)" in printed
+
+
+def test_a_run_of_the_same_name_elsewhere_refuses_and_an_unreadable_one_keeps_the_checkpoints(
+    tmp_path, vertex, monkeypatch
+):
+    """Attempts naming a run of this name in another region (its folders are this run's folders) refuse; attempts
+    naming a run whose region is no region, or that cannot be read, keep the checkpoints, in one line each."""
+    root = str(tmp_path / "root")
+    write_files(root, vertex_run(RUN))
+    pipeline_job(vertex, RUN, root)
+    checkpoints = checkpoint_folder(root, RUN)
+    for run in (f"projects/{PROJECT}/locations/bad@x/pipelineJobs/odd", f"{PARENT}/pipelineJobs/gone"):
+        monkeypatch.setenv(RUN_VARIABLE, run)
+        with Attempts(checkpoints, {}, ()).recorded():
+            pass
+    summary = clean(arguments(vertex, yes=True))
+    assert [entry["what"] for entry in summary["folders"] if entry["folder"] == checkpoints] == [
+        "checkpoints (run odd in bad@x, not readable: InvalidParameter trained in them too)"
+    ]
+    monkeypatch.setenv(RUN_VARIABLE, f"projects/{PROJECT}/locations/europe-west4/pipelineJobs/{RUN}")
+    with Attempts(checkpoints, {}, ()).recorded():
+        pass
+    with pytest.raises(InvalidParameter, match=r"a run of the same name elsewhere .* cannot be told apart"):
+        clean(arguments(vertex, yes=True))
+    assert storage.exists(storage.join(checkpoints, "checkpoint"))
+
+
+def test_a_resume_s_clean_points_at_the_resumed_run_and_delete_keeps_what_it_does_not_name(tmp_path, vertex):
+    root = str(tmp_path / "root")
+    write_files(root, vertex_run(RUN))
+    pipeline_job(
+        vertex,
+        RUN,
+        root,
+        parameters={"checkpoint_dir": checkpoint_folder(root, "first-run")},
+        labels={RESUMED_FROM_LABEL: "first-run"},
+    )
+    summary = clean(arguments(vertex, delete="tensorboard", yes=True))
+    assert summary["hints"] == [
+        "its checkpoints are run first-run's, which it resumed: they go with tpu-mlm clean first-run"
+    ]
+    actions = {entry["what"]: entry["action"] for entry in summary["folders"]}
+    assert actions["tensorboard"] == "deleted" and actions["part-indices: other"] == "kept"  # other goes with data
+
+
+def test_a_root_written_two_ways_is_listed_once(tmp_path, monkeypatch):
+    """run-local's output_root the pipeline root, written relative: each file listed and deleted once."""
+    monkeypatch.chdir(tmp_path)
+    pipeline_root = str(tmp_path / "runs")
+    write_files(pipeline_root, {f"{RUN}/tokenizer-step/tokenizer/tokenizer.json": 300})
+    with local_run_recorded(lambda: Path(pipeline_root, RUN), {"output_root": "./runs/", "checkpoint_dir": ""}):
+        pass
+    summary = clean(CleanArguments(run=RUN, pipeline_root=pipeline_root, yes=True))
+    assert summary["delete_objects"] == 2 and of_run(stored(pipeline_root), RUN) == {}  # the tokenizer, the record
+
+
+def test_run_local_finds_its_own_folder_when_another_run_local_makes_one_beside_it(tmp_path):
+    before = {tmp_path / f"{PIPELINE_NAME}-2026-12-05-08-00-00-000000"}
+    for folder in (*before, tmp_path / f"{PIPELINE_NAME}-2026-12-05-09-00-00-000000"):
+        folder.mkdir()
+    assert new_run_folder(tmp_path, before, datetime.datetime(2026, 12, 5, 9, 0, 1)).name.endswith("09-00-00-000000")
+    (tmp_path / f"{PIPELINE_NAME}-2026-12-05-09-00-03-000000").mkdir()  # another's, started later
+    assert new_run_folder(tmp_path, before, datetime.datetime(2026, 12, 5, 9, 0, 0)).name.endswith("09-00-00-000000")

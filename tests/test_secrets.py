@@ -80,6 +80,8 @@ def test_a_token_in_submit_s_parameters_is_never_shown(tmp_path, capsys):
     line = refusal([*where, "--parameters", malformed], capsys)
     assert TOKEN not in line and "s3cret" not in line and "-value" not in line  # past an escaped quote too
     assert '"hub_repo_id": "me/x"' in line and "is not a JSON object" in line  # the rest still shown, to find the typo
+    line = refusal([*where, "--parameters", "{'HF_TOKEN': 'plain-secret', 'max_steps': 10}"], capsys)  # any case, quote
+    assert "plain-secret" not in line and "'max_steps': 10" in line
     line = refusal([*where, "--parameters", f'{{"corpus": "{ACCESS_TOKEN}"'], capsys)  # by its form alone
     assert ACCESS_TOKEN not in line and "ya29.…(redacted)" in line
 
@@ -148,9 +150,11 @@ def test_a_region_that_could_name_another_host_is_refused_before_any_connection(
 )
 def test_an_endpoint_with_a_user_or_a_path_is_refused_before_any_connection(flag, command, listener, capsys):
     port, accepted = listener
-    for endpoint in (f"https://me@127.0.0.1:{port}", f"127.0.0.1:{port}/x#", f"https://127.0.0.1:{port}?a=b"):
+    for endpoint in (f"127.0.0.1:{port}/x#", f"https://127.0.0.1:{port}?a=b"):
         line = refusal([*command, flag, endpoint], capsys)
         assert line.startswith(f"error: {flag.replace('_', '-')}='{endpoint}': must be a host name"), line
+    line = refusal([*command, flag, f"https://me:hunter2@127.0.0.1:{port}"], capsys)  # its password never shown
+    assert line.startswith(f"error: {flag.replace('_', '-')}='https://…(redacted)@127.0.0.1:{port}': must be a host")
     assert accepted == []
 
 

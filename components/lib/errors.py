@@ -14,8 +14,9 @@ CREDENTIALS = re.compile(r"\b(hf_)[A-Za-z0-9]{20,}|\b(ya29\.)[\w.-]+")
 REDACTED = "\u2026(redacted)"
 # a secret's value in JSON (--parameters '{"hf_token_secret": "..."}'), by its key as SECRET_PARAMETER has it
 SECRET_IN_JSON = re.compile(
-    r'("(?:[A-Za-z0-9]+_)*(?:token|secret|password|credentials?|api_key)(?:_[A-Za-z0-9]+)*"\s*:\s*")'
-    r'((?:[^"\\]|\\.)+)(")'  # up to the closing quote, past escaped ones
+    r"""(["'](?:[A-Za-z0-9]+_)*(?:token|secret|password|credentials?|api_key)(?:_[A-Za-z0-9]+)*["']\s*:\s*(["']))"""
+    r"""((?:(?!\2)[^\\]|\\.)+)(\2)""",  # its value, in either quote, up to the closing one, past escaped ones
+    re.IGNORECASE,  # HF_TOKEN as hf_token
 )
 
 
@@ -33,7 +34,7 @@ def is_secret_parameter(parameter: str) -> bool:
 def redact(text: str) -> str:
     """``text`` with whatever looks like a credential shown as its kind alone (``hf_…(redacted)``), and a secret's
     value in JSON not at all."""
-    text = SECRET_IN_JSON.sub(lambda match: match.group(1) + REDACTED + match.group(3), text)
+    text = SECRET_IN_JSON.sub(lambda match: match.group(1) + REDACTED + match.group(4), text)
     return CREDENTIALS.sub(lambda match: (match.group(1) or match.group(2)) + REDACTED, text)
 
 
