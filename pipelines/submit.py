@@ -574,7 +574,16 @@ def check_no_run_going(arguments: SubmitArguments, credentials: Any = None) -> N
         "parent": location_path(arguments.project, arguments.region),
         "filter": f'pipeline_name="{PIPELINE_NAME}"',
     }
-    for job in call(client.list_pipeline_jobs, request=request):
+    jobs = list(call(client.list_pipeline_jobs, request=request))
+    if resumed not in {job.name.rsplit("/", 1)[-1] for job in jobs}:
+        # a resume in another region than its run's: neither this check nor clean there would see the other
+        raise InvalidParameter(
+            "resume",
+            arguments.resume,
+            f"no run of {PIPELINE_NAME} of that name in project {arguments.project}, region {arguments.region}: "
+            "resume a run in its own region (--region)",
+        )
+    for job in jobs:
         name, state = job.name.rsplit("/", 1)[-1], job.state.name
         if state in PIPELINE_TERMINAL_STATES:
             continue

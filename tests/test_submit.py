@@ -10,6 +10,7 @@ from google.cloud.aiplatform_v1.types import pipeline_job as gca_pipeline_job
 from vertex_server import VertexStandIn
 
 from components.lib.errors import InvalidParameter
+from pipelines.run_folders import PIPELINE_NAME
 from pipelines.submit import SubmitArguments, submit
 from pipelines.submit import main as submit_main
 
@@ -43,6 +44,11 @@ def vertex(monkeypatch):
 
     own_aiplatform_settings(monkeypatch)
     with VertexStandIn() as stand_in:
+        # the run the tests resume, failed, in the region they submit to: a resume is of a run of that region
+        parent = "projects/my-project/locations/europe-west4"
+        spec = {"pipelineInfo": {"name": PIPELINE_NAME}, "root": {"dag": {"tasks": {}}}}
+        stand_in.create_pipeline_job(parent, "wikitext-base-1", {"pipelineSpec": spec, "runtimeConfig": {}})
+        stand_in.end_pipeline_job(f"{parent}/pipelineJobs/wikitext-base-1", "PIPELINE_STATE_FAILED")
         yield stand_in
 
 

@@ -153,7 +153,7 @@ def test_a_resume_is_refused_while_the_run_or_another_resume_of_it_has_not_ended
     is created; once it has ended (failed, cancelled by tpu-mlm cancel), the resume is created. In this process
     (aiplatform's settings for this test only), as the CLI runs it; every run created ``state``."""
     from components.lib import storage
-    from components.lib.errors import Refused
+    from components.lib.errors import InvalidParameter, Refused
     from pipelines.runs import CancelArguments, cancel
 
     own_aiplatform_settings(monkeypatch)
@@ -178,6 +178,12 @@ def test_a_resume_is_refused_while_the_run_or_another_resume_of_it_has_not_ended
             assert list(vertex.pipeline_jobs) == created  # refused before any create request
             return str(refused.value)
 
+        created = list(vertex.pipeline_jobs)
+        with pytest.raises(
+            InvalidParameter, match=f"no run of tpu-mlm-pretraining of that name in project {PROJECT}, "
+        ):
+            submit(SubmitArguments(**given, resume="wikitext-base-1", run_name="resume-0"))  # not of this region
+        assert list(vertex.pipeline_jobs) == created
         submit(SubmitArguments(**given, run_name="wikitext-base-1"))  # the run itself, not ended
         assert refused_resume("resume-1") == (
             f"--resume='wikitext-base-1': the run wikitext-base-1 is {state}: it trains in its checkpoint folder, and "
