@@ -29,8 +29,16 @@ from components.lib.downstream_tasks import METRICS, Task, TaskSelection, publis
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import PROBE_FINE_TUNING, fine_tuning_steps
 from components.lib.job_runner import run_job
+from components.lib.probe_baselines import baseline_predictions, score_error
 from components.lib.pytorch_weights import TF_LOADING, check_model_folder
-from components.lib.results import DOWNSTREAM_FILE, PROBE_MODELS, REPORT_FILE, downstream_table
+from components.lib.results import (
+    DOWNSTREAM_FILE,
+    PROBE_MODELS,
+    REPORT_FILE,
+    baselines_line,
+    downstream_table,
+    shown_score,
+)
 
 log = logging.getLogger("tpu_mlm.downstream")
 
@@ -133,6 +141,8 @@ class EncodedTask:
     task: Task
     train: dict[str, Any]
     validation: dict[str, Any]
+    train_tokens: list[list[int]]  # each sample's tokens, special ones left out: what the baselines read
+    validation_tokens: list[list[int]]
 
 
 def encode_task(model_dir: Path, task: Task, max_length: int) -> EncodedTask:
@@ -150,7 +160,24 @@ def encode_task(model_dir: Path, task: Task, max_length: int) -> EncodedTask:
         tokens = tokenizer(*columns, truncation=True, max_length=max_length, padding="longest", return_tensors="np")
         return {name: tokens[name].astype("int32") for name in ("input_ids", "attention_mask")}
 
-    return EncodedTask(task, encoded(task.train.texts), encoded(task.validation.texts))
+    special = set(tokenizer.all_special_ids)
+
+    def tokens(encoded_split: dict[str, Any]) -> list[list[int]]:
+        return [
+            [int(token) for token, kept in zip(ids, mask, strict=True) if kept and token not in special]
+            for ids, mask in zip(encoded_split["input_ids"], encoded_split["attention_mask"], strict=True)
+        ]
+
+    train, validation = encoded(task.train.texts), encoded(task.validation.texts)
+    return EncodedTask(task, train, validation, tokens(train), tokens(validation))
+
+
+def task_score_error(task: Task, predicted: Sequence[int]) -> float:
+    """The sampling error of the task's metric for these predictions of its scored split."""
+    classes = len(task.label_names)
+    return score_error(
+        task.metric, lambda p, labels: scores(p, labels, classes)[task.metric], predicted, task.validation.labels
+    )
 
 
 def fine_tune(
@@ -194,6 +221,7 @@ def fine_tune(
     predicted = np.argmax(logits, axis=-1)
     return {
         **scores(predicted, task.validation.labels, len(task.label_names)),
+        "standard_error": task_score_error(task, predicted),
         "steps": steps,
         "mean_train_loss": float(history.history["loss"][-1]),  # over all the steps (one Keras epoch)
         "seconds": round(time.perf_counter() - started, 3),
@@ -215,13 +243,14 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
                 model: [fine_tune(Path(local), tokens, arguments, seed, model == PROBE_MODELS[0]) for seed in seeds]
                 for model in PROBE_MODELS
             }
-            result = task_result(task, runs)
+            result = task_result(task, runs, tokens)
             log.info(
-                "%s: %s %.4f pre-trained, %.4f random init (validation, %d samples, %d seed(s))",
+                "%s: %s %s pre-trained, %s random init, majority class %.4f (validation, %d samples, %d seed(s))",
                 task.name,
                 task.metric,
-                result["pre-trained"][task.metric],
-                result["random init"][task.metric],
+                shown_score(result["pre-trained"]),
+                shown_score(result["random init"]),
+                result["baselines"]["majority class"],
                 result["validation_samples"],
                 len(arguments.seed_list),
             )
@@ -238,8 +267,17 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
     return summary
 
 
-def task_result(task: Task, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """A task's figures: each model's mean over the seeds of each score, its task metric's as ``score``."""
+def task_result(task: Task, runs: dict[str, list[dict[str, Any]]], tokens: EncodedTask) -> dict[str, Any]:
+    """A task's figures: each model's mean over the seeds of each score, its task metric's as ``score``, each seed's,
+    their spread and the score's sampling error; the trivial baselines' scores on the same split; and whether each
+    model beat always answering the majority class by more than its error (else: "no signal")."""
+    classes, labels = len(task.label_names), task.validation.labels
+    baselines = {
+        name: scores(predicted, labels, classes)[task.metric]
+        for name, predicted in baseline_predictions(
+            tokens.train_tokens, task.train.labels, tokens.validation_tokens, classes
+        ).items()
+    }
     result: dict[str, Any] = {
         "task": task.name,
         "metric": task.metric,
@@ -248,10 +286,23 @@ def task_result(task: Task, runs: dict[str, list[dict[str, Any]]]) -> dict[str, 
         "validation_samples": len(task.validation.labels),
         "validation_split": task.validation_split,
         "published": published_score(task.name),  # roberta-base's, after a full fine-tune: not comparable
+        # the share of the scored split's most frequent label, and the trivial baselines' scores in the task's metric
+        "majority_class": max(labels.count(label) for label in set(labels)) / len(labels),
+        "baselines": baselines,
     }
     for model, model_runs in runs.items():
         means = {name: statistics.mean(run[name] for run in model_runs) for name in METRICS}
-        result[model] = {**means, "score": means[task.metric], "runs": model_runs}
+        seed_scores = [run[task.metric] for run in model_runs]
+        error = statistics.mean(run["standard_error"] for run in model_runs)
+        result[model] = {
+            **means,
+            "score": means[task.metric],
+            "seed_scores": seed_scores,
+            "seed_std": statistics.stdev(seed_scores) if len(seed_scores) > 1 else 0.0,
+            "standard_error": error,
+            "signal": means[task.metric] - baselines["majority class"] > error,
+            "runs": model_runs,
+        }
     result["gain"] = result[PROBE_MODELS[0]]["score"] - result[PROBE_MODELS[1]]["score"]
     return result
 
@@ -267,8 +318,8 @@ def report_markdown(summary: dict[str, Any]) -> str:
 
 def summary_for_people(summary: dict[str, Any]) -> str:
     lines = [
-        f"{result['task']}: {result['metric']} {result['pre-trained']['score']:.4f} pre-trained against "
-        f"{result['random init']['score']:.4f} from random weights ({result['gain']:+.4f})"
+        f"{result['task']}: {result['metric']} {shown_score(result['pre-trained'])} pre-trained against "
+        f"{shown_score(result['random init'])} from random weights; trivial baselines: {baselines_line(result)}"
         for result in summary["tasks"]
     ]
     return "\n".join([*lines, f"downstream.json and report.md: {summary['arguments']['output']}"])

@@ -19,9 +19,11 @@ from components.lib.results import (
     METRICS_FILE,
     PROBE_MODELS,
     SUMMARY_FILE,
+    baselines_line,
     display_token,
     loss_summary,
     read_downstream,
+    shown_score,
 )
 from components.lib.run_shape import describe_batch_stages
 
@@ -105,8 +107,9 @@ def probe_section(results: dict[str, Any] | None) -> str:
         return f"<h2>Downstream probe</h2><p>The probe failed: {html.escape(results['failed'])}</p>"
     rows = "".join(
         f"<tr><td><code>{html.escape(task['task'])}</code></td><td>{task['metric']}</td>"
-        f"<td>{task[PROBE_MODELS[0]]['score']:.4f}</td><td>{task[PROBE_MODELS[1]]['score']:.4f}</td>"
-        f"<td>{task['gain']:+.4f}</td><td>{task['train_samples']:,}</td><td>{task['validation_samples']:,}</td></tr>"
+        f"<td>{shown_score(task[PROBE_MODELS[0]])}</td><td>{shown_score(task[PROBE_MODELS[1]])}</td>"
+        f"<td>{task['gain']:+.4f}</td><td>{html.escape(baselines_line(task))}</td>"
+        f"<td>{task['train_samples']:,}</td><td>{task['validation_samples']:,}</td></tr>"
         for task in results["tasks"]
     )
     seeds = results["arguments"]["seeds"]
@@ -115,7 +118,7 @@ def probe_section(results: dict[str, Any] | None) -> str:
         "<h2>Downstream probe</h2><p>Each task fine-tuned from the pre-trained model and from a randomly initialised "
         f"twin (same config, budget and seeds: {html.escape(seeds)}), scored on its validation split.</p><table>"
         "<tr><th>task</th><th>metric</th><th>pre-trained</th><th>random init</th><th>gain</th>"
-        f"<th>fine-tuned on</th><th>scored on</th></tr>{rows}</table>"
+        f"<th>trivial baselines</th><th>fine-tuned on</th><th>scored on</th></tr>{rows}</table>"
         f'<img alt="downstream scores" src="data:image/png;base64,{plot}">'
     )
 

@@ -33,7 +33,15 @@ from components.lib import storage
 from components.lib.errors import InvalidParameter, ReportedFailure
 from components.lib.hub import check_repo_id, hub_token
 from components.lib.job_runner import run_job
-from components.lib.results import METRICS_FILE, PROBE_MODELS, fill_mask_line, read_downstream, standard_error
+from components.lib.results import (
+    METRICS_FILE,
+    PROBE_MODELS,
+    baselines_line,
+    fill_mask_line,
+    read_downstream,
+    shown_score,
+    standard_error,
+)
 from pipelines.pipeline import DEFAULT_CPU_IMAGE, build_pipeline, check_values, pipeline_parameters
 from pipelines.run_folders import PIPELINE_NAME, local_run_recorded
 from pipelines.submit import check_parts
@@ -386,12 +394,13 @@ def print_summary(summary: dict[str, Any]) -> None:
     elif probe:
         seeds = len(probe["arguments"]["seeds"].split(","))
         lines += ["", f"Downstream probe (fine-tuned from the model and from random weights, {seeds} seed(s)):"]
-        lines += [
-            f"  {task['task']}: {task['metric']} {task[PROBE_MODELS[0]]['score']:.3f} pre-trained, "
-            f"{task[PROBE_MODELS[1]]['score']:.3f} random init ({task['gain']:+.3f}) on "
-            f"{task['validation_samples']:,} {task['validation_split']} samples"
-            for task in probe["tasks"]
-        ]
+        for task in probe["tasks"]:
+            lines += [
+                f"  {task['task']}: {task['metric']} {shown_score(task[PROBE_MODELS[0]])} pre-trained, "
+                f"{shown_score(task[PROBE_MODELS[1]])} random init ({task['gain']:+.3f}) on "
+                f"{task['validation_samples']:,} {task['validation_split']} samples",
+                f"    trivial baselines: {baselines_line(task)}",
+            ]
     print("\n".join(lines) + "\n", file=sys.stderr)
 
 

@@ -3,6 +3,7 @@ and a fine-tuning of the trained model against its randomly initialised twin thr
 
 import json
 import math
+import random
 import re
 
 import pytest
@@ -11,6 +12,8 @@ from conftest import run_module
 from components.downstream import DownstreamArguments, scores
 from components.lib.downstream_tasks import GLUE_TASKS, TaskSpec, parse_tasks, word_order_task
 from components.lib.errors import InvalidParameter
+from components.lib.probe_baselines import baseline_predictions
+from components.lib.results import downstream_table, shown_score
 
 
 def test_scores_are_accuracy_f1_of_the_positive_class_and_matthews_correlation():
@@ -153,12 +156,18 @@ def test_the_probe_fine_tunes_the_model_and_its_random_twin_and_reports_both(tmp
         (run,) = task[model]["runs"]
         assert run["steps"] == 20 and 0 <= run["accuracy"] <= 1 and math.isfinite(run["mean_train_loss"])
     assert task["gain"] == pytest.approx(task["pre-trained"]["score"] - task["random init"]["score"])
+    assert set(task["baselines"]) == {"majority class", "bag of words", "first token", "last token", "length"}
+    assert 0.5 <= task["majority_class"] <= 1 and all(0 <= score <= 1 for score in task["baselines"].values())
+    for model in ("pre-trained", "random init"):
+        figures = task[model]
+        accuracy = figures["score"]
+        assert figures["standard_error"] == pytest.approx(math.sqrt(accuracy * (1 - accuracy) / 128))  # binomial
+        assert figures["seed_scores"] == [accuracy] and figures["seed_std"] == 0.0
+        assert figures["signal"] == (accuracy - task["baselines"]["majority class"] > figures["standard_error"])
     report = (output / "report.md").read_text()
-    assert (
-        f"| `word-order` | accuracy | {task['pre-trained']['score']:.4f} | {task['random init']['score']:.4f} |"
-        in report
-    )
-    assert "word-order: accuracy" in done.stdout
+    assert f"| `word-order` | accuracy | {shown_score(task['pre-trained'])} | " in report
+    assert f"| {task['baselines']['majority class']:.4f} | {task['baselines']['bag of words']:.4f} |" in report
+    assert "word-order: accuracy" in done.stdout and "trivial baselines: majority class" in done.stdout
     refused = run_module(
         "components.downstream", "--model", str(tiny_model), "--output", str(tmp_path / "x"), "--tasks", "hf:"
     )
@@ -181,7 +190,60 @@ def test_roberta_base_s_published_score_is_a_landmark_beside_glue_tasks_only_whe
         {**row, "task": "word-order", "published": None},
     ]
     table = downstream_table({"tasks": tasks, "average": {"pre-trained": 0.8, "random init": 0.8}})
-    assert table[0].endswith("| published roberta-base¹ |") and table[2].endswith("| 5 (validation) | 0.948 |")
+    assert table[0].endswith("| published roberta-base² |") and table[2].endswith("| 5 (validation) | 0.948 |")
     assert table[3].endswith("| 5 (validation) | |") and "not comparable with this probe's short budget" in table[-1]
     alone = downstream_table({"tasks": tasks[1:], "average": {"pre-trained": 0.8, "random init": 0.8}})
     assert "published" not in "\n".join(alone)  # no column where no task has a published figure
+
+
+def test_the_trivial_baselines_find_the_cue_a_task_leaves_and_only_it():
+    """Count classifiers over each sample's tokens: a label given away by the first token is found by the first-token
+    baseline alone, one given away by a word anywhere by the bag of words, one given away by order by none."""
+    draw = random.Random(0)
+    words = list(range(10, 60))
+    samples = [draw.sample(words, 8) for _ in range(400)]
+    labels = [draw.randrange(2) for _ in samples]
+    by_first = [[5 + label, *sample] for sample, label in zip(samples, labels, strict=True)]
+    by_word = [[*sample[:4], 7 + label, *sample[4:]] for sample, label in zip(samples, labels, strict=True)]
+    by_order = [sample[::-1] if label else sample for sample, label in zip(samples, labels, strict=True)]
+    for tokens, solved in ((by_first, {"first token", "bag of words"}), (by_word, {"bag of words"}), (by_order, set())):
+        predicted = baseline_predictions(tokens[:300], labels[:300], tokens[300:], 2)
+        accuracy = {name: scores(guess, labels[300:], 2)["accuracy"] for name, guess in predicted.items()}
+        assert {name for name, value in accuracy.items() if value == 1.0} == solved, accuracy
+        assert all(value < 0.7 for name, value in accuracy.items() if name not in solved), accuracy
+    assert len(set(predicted["majority class"])) == 1
+
+
+def test_a_model_no_better_than_the_majority_class_is_no_signal_in_the_report_and_not_on_the_hub():
+    """A score within its error of always answering one class is the model's no more than that answer's: the report
+    says "no signal", the card's model-index leaves it out."""
+    from components.lib.model_card import probe_results
+
+    model = {"score": 0.62, "standard_error": 0.03, "signal": False, "seed_scores": [0.62], "seed_std": 0.0}
+    task = {
+        "task": "hf:user/sport-or-cooking",
+        "metric": "accuracy",
+        "train_samples": 240,
+        "validation_samples": 100,
+        "validation_split": "validation",
+        "published": None,
+        "majority_class": 0.633,
+        "baselines": {
+            "majority class": 0.633,
+            "bag of words": 0.9,
+            "first token": 0.6,
+            "last token": 0.55,
+            "length": 0.58,
+        },
+        "pre-trained": model,
+        "random init": {**model, "score": 0.61},
+        "gain": 0.01,
+    }
+    probe = {"tasks": [task], "average": {"pre-trained": 0.62, "random init": 0.61}, "arguments": {"seeds": "1"}}
+    (row,) = [line for line in downstream_table(probe) if line.startswith("| `")]
+    assert row.startswith(
+        "| `hf:user/sport-or-cooking` | accuracy | no signal (0.6200) | no signal (0.6100) | +0.0100 |"
+    )
+    assert "| 0.6330 | 0.9000 | 0.6000 (first token) |" in row
+    assert probe_results(probe) == []
+    assert shown_score({"score": 0.8, "standard_error": 0.02, "signal": True}) == "0.8000 ± 0.0200"

@@ -119,6 +119,8 @@ def probe_results(probe: dict | None) -> list | None:
         return None
     results = []
     for task in probe["tasks"]:
+        if not task["pre-trained"].get("signal", True):  # not above always answering one class: no score of the model's
+            continue
         name = task["task"]
         dataset, config = (parse_hub_name(name)[:2]) if name.startswith(HUB_PREFIX) else (public_name(name), None)
         results.append(

@@ -83,34 +83,67 @@ def read_downstream(folder: str) -> dict[str, Any] | None:
     return json.loads(storage.read_text(storage.join(folder, DOWNSTREAM_FILE))) if folder else None
 
 
+NO_SIGNAL = "no signal"
+CUES = ("first token", "last token", "length")
+
+
+def shown_score(model: dict[str, Any]) -> str:
+    """A probe model's score as people read it: with its sampling error, or "no signal" (its score in brackets) when
+    it does not beat always answering the majority class by more than that error: no accuracy of the model's."""
+    if not model.get("signal", True):
+        return f"{NO_SIGNAL} ({model['score']:.4f})"
+    error = model.get("standard_error")
+    return f"{model['score']:.4f}" + (f" ± {error:.4f}" if error is not None else "")
+
+
+def baselines_line(task: dict[str, Any]) -> str:
+    """A probe task's trivial baselines in one line: each one's score in the task's metric."""
+    return ", ".join(f"{name} {score:.4f}" for name, score in task.get("baselines", {}).items())
+
+
 def downstream_table(results: dict[str, Any]) -> list[str]:
     """The probe's results as Markdown lines (its report, the model card): a row a task, each model's score on the
-    task's validation split and the gain; the average where there are several; a failed probe's error."""
+    task's scored split with its sampling error (or "no signal"), the gain, the trivial baselines beside them; the
+    average where there are several; a failed probe's error."""
     if results.get("failed"):
         return [f"The downstream probe failed: {results['failed']}"]
     published = any(result.get("published") is not None for result in results["tasks"])
     lines = [
-        "| task | metric | pre-trained | random init | gain | fine-tuned on | scored on |"
-        + (" published roberta-base¹ |" if published else ""),
-        "|---|---|---|---|---|---|---|" + ("---|" if published else ""),
+        "| task | metric | pre-trained | random init | gain | majority class | bag of words | best cue¹ | "
+        "fine-tuned on | scored on |" + (" published roberta-base² |" if published else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if published else ""),
     ]
     for result in results["tasks"]:
+        baselines = result.get("baselines", {})
+        cue = max((baselines[name], name) for name in CUES if name in baselines) if baselines else None
         lines.append(
-            f"| `{result['task']}` | {result['metric']} | {result['pre-trained']['score']:.4f} | "
-            f"{result['random init']['score']:.4f} | {result['gain']:+.4f} | {result['train_samples']:,} | "
-            f"{result['validation_samples']:,} ({result['validation_split']}) |"
+            f"| `{result['task']}` | {result['metric']} | {shown_score(result['pre-trained'])} | "
+            f"{shown_score(result['random init'])} | {result['gain']:+.4f} | "
+            + (
+                f"{baselines['majority class']:.4f} | {baselines['bag of words']:.4f} | {cue[0]:.4f} ({cue[1]}) | "
+                if cue
+                else "| | | "
+            )
+            + f"{result['train_samples']:,} | {result['validation_samples']:,} ({result['validation_split']}) |"
             + (f" {result['published']:.3f} |" if result.get("published") is not None else " |" if published else "")
         )
     average = results["average"]
     if len(results["tasks"]) > 1:
         lines.append(
             f"| average | | {average['pre-trained']:.4f} | {average['random init']:.4f} | "
-            f"{average['pre-trained'] - average['random init']:+.4f} | | |" + (" |" if published else "")
+            f"{average['pre-trained'] - average['random init']:+.4f} | | | | | |" + (" |" if published else "")
         )
+    lines += [
+        "",
+        "Scores are means over the seeds ± the sampling error of the scored split (binomial for accuracy, bootstrap "
+        "else); no signal: not above always answering the majority class by more than that error. ¹ The best of "
+        "the first token, the last token and the length alone, each a count classifier like the bag of words "
+        "(naive Bayes on the training split).",
+    ]
     if published:
         from components.lib.downstream_tasks import PUBLISHED_SOURCE
 
-        lines += ["", f"¹ {PUBLISHED_SOURCE}; a landmark, not comparable with this probe's short budget."]
+        lines += ["", f"² {PUBLISHED_SOURCE}; a landmark, not comparable with this probe's short budget."]
     return lines
 
 
