@@ -93,7 +93,7 @@ def preflight_step(
     report: Output[Artifact],
     output_root: str = '',
     tasks: str = 'word-order',
-    text_columns: str = '',
+    text_columns: str = 'text',
     label_column: str = 'label',
     hf_token_secret: str = '',
     model_config: str = 'roberta-base',
@@ -148,7 +148,7 @@ def preflight_step(
         train_shards: Training shard folder with manifest.json.
         eval_shards: Validation shards: loss logged at each checkpoint.
         tasks: The downstream probe's tasks, comma-separated: word-order (from the embedded corpus, no network), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation .jsonl/.csv/.parquet files.
-        text_columns: Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's.
+        text_columns: Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's (text, as the corpus's).
         label_column: Label column of tasks that are not GLUE's.
         hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
         model_config: Preset ['mini', 'roberta-base', 'roberta-large', 'tiny'], a config.json path/URI, or a Hub model name.
@@ -362,7 +362,7 @@ def downstream_step(
     report: Output[Markdown],
     output_root: str = '',
     tasks: str = 'word-order',
-    text_columns: str = '',
+    text_columns: str = 'text',
     label_column: str = 'label',
     epochs: int = 3,
     max_steps: int = 0,
@@ -381,7 +381,7 @@ def downstream_step(
     Args:
         model: Model folder from components.train (local or gs://).
         tasks: The downstream probe's tasks, comma-separated: word-order (from the embedded corpus, no network), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation .jsonl/.csv/.parquet files.
-        text_columns: Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's.
+        text_columns: Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's (text, as the corpus's).
         label_column: Label column of tasks that are not GLUE's.
         epochs: Passes over each task's training split.
         max_steps: Optimizer steps per task and seed; overrides epochs if > 0.

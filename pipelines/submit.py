@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from components.lib.corpus import EMBEDDED, HUB_PREFIX
+from components.lib.downstream_tasks import BUILT_IN_TASKS
 from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.job_runner import log, one_line_failure, run_job
@@ -262,6 +263,16 @@ def check_reachable_on_vertex(values: dict[str, Any]) -> None:
                     "(gcloud storage cp) and name its gs:// URI"
                     + (", or use an hf: dataset or 'embedded'" if name.endswith("corpus") else ""),
                 )
+    for task in str(values.get("downstream_tasks", "")).split(","):
+        task = task.strip()
+        if task and task not in BUILT_IN_TASKS and not task.startswith((HUB_PREFIX, "gs://")):
+            raise InvalidParameter(
+                "downstream_tasks",
+                values["downstream_tasks"],
+                f"{task!r} is a path on this machine, which the probe on Vertex AI cannot reach: copy its train and "
+                f"validation files to a bucket and name its gs:// folder, or use an hf: dataset or "
+                f"{', '.join(BUILT_IN_TASKS)}",
+            )
 
 
 def parse_labels(labels: str) -> dict[str, str]:

@@ -126,17 +126,19 @@ def test_task_specs_and_the_probe_s_settings_are_checked_before_anything_loads()
         ("hf:user/reviews::dev", "a Hub dataset task is written hf:NAME[:CONFIG[:SPLIT]]"),
         ("hf:glue:sst2:train", "is scored on the split it fine-tunes on: name another split"),
         (",", "name at least one task"),
+        ("word-ordr", "is no built-in task (word-order), no hf:NAME dataset and no folder here"),
     ):
         with pytest.raises(InvalidParameter, match=re.escape(message)):
             DownstreamArguments(model="m", output="o", tasks=tasks)
     with pytest.raises(InvalidParameter, match="names one text column, or two for sentence pairs"):
-        parse_tasks("some/folder", "a,b,c")
+        parse_tasks("gs://bucket/folder", "a,b,c")
     with pytest.raises(InvalidParameter, match=re.escape("--seeds='1;2': must be comma-separated whole numbers")):
         DownstreamArguments(model="m", output="o", seeds="1;2")
     assert DownstreamArguments(model="m", output="o", seeds="1, 2,3").seed_list == [1, 2, 3]
     # GLUE's tasks name their columns and metric themselves; another Hub dataset needs its text column named
     assert GLUE_TASKS["mrpc"][:2] == (("sentence1", "sentence2"), "f1") and GLUE_TASKS["cola"][1] == "mcc"
     assert TaskSpec("hf:glue:sst2").name == "hf:glue:sst2"
+    assert DownstreamArguments(model="m", output="o").text_columns == "text"  # the corpus's column, by default
 
 
 @pytest.mark.xdist_group("trained")  # reads the tiny model, made once

@@ -337,6 +337,15 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
         # what the run could only find out on Vertex AI, after paying for the steps before
         ({"parameters": '{"corpus": "/home/me/corpus.txt"}'}, r"--corpus='/home/me/corpus.txt': is a path on this"),
         ({"parameters": '{"output_root": "runs"}'}, r"--output-root='runs': is a path on this machine"),
+        # the probe's tasks too: a misspelt built-in task, a labelled folder of this machine
+        (
+            {"parameters": '{"downstream_tasks": "word-ordr"}'},
+            r"--downstream-tasks='word-ordr': 'word-ordr' is a path on this machine, which the probe on Vertex AI",
+        ),
+        (
+            {"parameters": '{"downstream_tasks": "word-order,/home/me/labelled"}'},
+            r"--downstream-tasks='word-order,/home/me/labelled': '/home/me/labelled' is a path on this machine",
+        ),
         ({"parameters": '{"replicas": 8}'}, r"--replicas=8: a v5e-4 has 4"),
         ({"parameters": '{"tpu_max_queued_hours": 0.0}'}, r"--tpu-max-queued-hours=0.0: must be above 0 and at most"),
         ({"parameters": '{"vertex_tensorboard": "my-board"}'}, r"--vertex-tensorboard='my-board': must be a Tensor"),

@@ -20,6 +20,7 @@ Labels are whole numbers from 0, or text (the training split's values, sorted, b
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import tempfile
@@ -34,6 +35,7 @@ from components.lib.corpus.spec import HUB_PREFIX
 from components.lib.errors import InvalidParameter, first_line
 
 WORD_ORDER = "word-order"
+BUILT_IN_TASKS = (WORD_ORDER,)
 METRICS = ("accuracy", "f1", "mcc")
 # GLUE's classification tasks: text columns, the metric its papers report (F1 for MRPC and QQP, whose accuracy is
 # reported beside it), the split scored
@@ -175,8 +177,11 @@ class TaskSelection:
         },
     )
     text_columns: str = field(
-        default="",
-        metadata={"help": "Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's."},
+        default="text",
+        metadata={
+            "help": "Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's (text, as "
+            "the corpus's)."
+        },
     )
     label_column: str = field(default="label", metadata={"help": "Label column of tasks that are not GLUE's."})
 
@@ -191,8 +196,14 @@ def parse_tasks(tasks: str, text_columns: str = "", label_column: str = "label")
     for spec in specs:
         if spec.source.startswith(HUB_PREFIX):
             _hub_name(spec.source)
-        elif spec.source != WORD_ORDER:
+        elif spec.source not in BUILT_IN_TASKS:
             storage.check_uri("tasks", spec.source)
+            if not storage.is_remote(spec.source) and not os.path.isdir(spec.source):  # a misspelt name, or no folder
+                raise InvalidParameter(
+                    "tasks",
+                    spec.source,
+                    f"is no built-in task ({', '.join(BUILT_IN_TASKS)}), no hf:NAME dataset and no folder here",
+                )
     if len(columns) > 2:
         raise InvalidParameter("text_columns", text_columns, "names one text column, or two for sentence pairs")
     return specs
