@@ -60,10 +60,11 @@ class EvaluateArguments:
     max_batches: int = field(
         default=EVALUATION_MAX_BATCHES,
         metadata={
-            "help": "Evaluate at most this many batches (the first ones, the same in every run); 0: all. The "
-            "default scores 9,600 samples: minutes for roberta-base on 8 vCPUs. The loss's standard error is "
-            "reported, over these samples as if independent: neighbouring samples of one document are not, and the "
-            "first batches come from the first shard files, so the loss of the whole set is less certain than it says."
+            "help": "Evaluate at most this many batches (the first ones, the same in every run, read 16 files at a "
+            "time from across the shard set); 0: all. The default scores 9,600 samples: minutes for roberta-base on "
+            "8 vCPUs. The loss's standard error is reported, over these samples as if drawn independently from the "
+            "set: neighbouring samples of one document are not, and a file's first samples stand for it, so the "
+            "loss of the whole set is less certain than it says."
         },
     )
     eval_mlm_probability: float = field(

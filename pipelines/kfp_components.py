@@ -338,7 +338,7 @@ def evaluate_step(
         shards: Shard folder with manifest.json to evaluate on.
         train_shards: The training shards: their token counts give the unigram baseline.
         batch_size: Samples per evaluation batch.
-        max_batches: Evaluate at most this many batches (the first ones, the same in every run); 0: all. The default scores 9,600 samples: minutes for roberta-base on 8 vCPUs. The loss's standard error is reported, over these samples as if independent: neighbouring samples of one document are not, and the first batches come from the first shard files, so the loss of the whole set is less certain than it says.
+        max_batches: Evaluate at most this many batches (the first ones, the same in every run, read 16 files at a time from across the shard set); 0: all. The default scores 9,600 samples: minutes for roberta-base on 8 vCPUs. The loss's standard error is reported, over these samples as if drawn independently from the set: neighbouring samples of one document are not, and a file's first samples stand for it, so the loss of the whole set is less certain than it says.
         eval_mlm_probability: Share of tokens masked; keep the default to compare runs (whatever their training masked).
         seed: Masking seed; keep it fixed to compare runs and models.
         fill_mask: Sentences for fill-mask examples, separated by ' | ', each with <mask>.

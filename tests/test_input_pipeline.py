@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,6 +11,7 @@ from components.lib.input_pipeline import (
     input_share,
     mask_tokens,
     shard_files,
+    spread_order,
     training_dataset,
 )
 from components.lib.shard_set import read_manifest
@@ -237,3 +240,13 @@ def test_each_host_streams_its_share_the_same_for_a_seed_with_masks_of_its_own(e
         share = input_share(files, pipelines, host, seed=3)
         mine = {tuple(row) for row in unmasked_rows(batches)[:, :128]}
         assert mine and not mine & records_of([file for file in files if file not in share])
+
+
+def test_a_cut_evaluation_pass_reads_files_from_across_the_set_first():
+    """The evaluation reads 16 files at a time: its first 16 are spread over every part's files, not the first 16."""
+    assert spread_order(8) == [0, 4, 2, 6, 1, 5, 3, 7]
+    for count in (1, 5, 16, 100, 1000):
+        order = spread_order(count)
+        assert sorted(order) == list(range(count))
+        first = sorted(order[: min(16, count)])
+        assert first[-1] >= count * 0.9 - 1 and all(b - a <= count / 8 + 1 for a, b in itertools.pairwise(first))

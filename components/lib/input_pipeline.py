@@ -208,6 +208,10 @@ def evaluation_dataset(
     seed_tensor = tf.constant(seed, tf.int64)
     spec = feature_spec(manifest["max_length"])
     paths, firsts, records = (list(column) for column in zip(*layout.files, strict=True))
+    # the files in an order that spreads the first read over the whole set: a pass cut at max_batches scores samples
+    # from across the hold-out, not the first parts' files only (a sample's masks follow its place, not the order)
+    order = spread_order(len(paths))
+    paths, firsts = [paths[i] for i in order], [firsts[i] for i in order]
     if drop_remainder and layout.pipelines > 1:
         # every host the same number of full batches: a host that ran out would be given empty batches, of
         # another shape than the others' (a TPU compiles the step again for it)
@@ -235,6 +239,13 @@ def evaluation_dataset(
         deterministic=True,
     )
     return _without_autotuning(dataset.prefetch(autotune))
+
+
+def spread_order(count: int) -> list[int]:
+    """0 to ``count - 1`` in the order of their bit-reversed binary fractions (0, 1/2, 1/4, 3/4, ...): every first
+    few of them spread evenly over the whole range."""
+    width = max(count - 1, 1).bit_length()
+    return sorted(range(count), key=lambda index: int(f"{index:0{width}b}"[::-1], 2))
 
 
 def input_pipelines(strategy: Any) -> int:
