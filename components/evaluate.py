@@ -9,7 +9,6 @@ most of which the model only has to copy). Writes ``metrics.json`` and a Markdow
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -34,10 +33,9 @@ from components.lib.masked_lm import (
     max_predictions,
     unigram_perplexity,
 )
-from components.lib.pytorch_weights import check_model_folder, load_tf_masked_lm
+from components.lib.pytorch_weights import load_model
 from components.lib.results import METRICS_FILE, REPORT_FILE, display_token, metrics_table, standard_error
 from components.lib.shard_set import read_manifest, verify_files
-from components.lib.tokenization import TOKENIZER_FILE, fingerprint
 
 log = logging.getLogger("tpu_mlm.evaluate")
 
@@ -121,21 +119,6 @@ def fill_mask_examples(model: Any, tokenizer: Any, sentences: list[str], top_k: 
             }
         )
     return examples
-
-
-def load_model(uri: str, local_dir: Path, parameter: str = "model", strategy: Any = None) -> tuple[Any, Any, str]:
-    """Model (in ``strategy``'s scope when given), tokenizer and tokenizer fingerprint of a saved model folder
-    (local or gs://)."""
-    from transformers import AutoTokenizer
-
-    check_model_folder(parameter, uri)
-    storage.download_folder(uri, local_dir)
-    if not (local_dir / TOKENIZER_FILE).exists():
-        raise InvalidParameter(parameter, uri, f"holds no tokenizer ({TOKENIZER_FILE}) beside the model")
-    with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        model = load_tf_masked_lm(local_dir, parameter, uri)
-    tokenizer = AutoTokenizer.from_pretrained(local_dir)
-    return model, tokenizer, fingerprint((local_dir / TOKENIZER_FILE).read_bytes())
 
 
 def training_token_counts(train_shards: str, manifest: dict[str, Any]) -> list[int] | None:

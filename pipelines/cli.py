@@ -25,6 +25,7 @@ JOBS = {
     "preflight": ("components.preflight", "Check data, config, storage and Hub access before a TPU run."),
     "train": ("components.train", "Pre-train a masked language model on shards (TPU, GPU or CPU)."),
     "evaluate": ("components.evaluate", "Loss, perplexity, masked accuracy and fill-mask examples."),
+    "compare": ("components.compare", "Two models' loss on the same masked samples, with a paired error."),
     "downstream": ("components.downstream", "Fine-tune the model and a random twin on labelled tasks: what it gained."),
     "report": ("components.report", "The run report: metrics, loss curve, throughput, fill-mask examples (HTML)."),
     "push": ("components.push", "Push model, tokenizer and model card to the Hugging Face Hub."),

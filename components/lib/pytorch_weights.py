@@ -18,6 +18,7 @@ in this project goes through :data:`TF_LOADING`, which keeps it on ``tf_model.h5
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
+from components.lib.tokenization import TOKENIZER_FILE, fingerprint
 
 log = logging.getLogger("tpu_mlm.pytorch_weights")
 
@@ -123,3 +125,18 @@ def load_tf_masked_lm(folder: Path, parameter: str, uri: str) -> Any:
     if not (folder / TF_WEIGHTS_FILE).exists():
         raise InvalidParameter(parameter, uri, f"holds no TF model weights ({TF_WEIGHTS_FILE})")
     return TFAutoModelForMaskedLM.from_pretrained(folder, **TF_LOADING)
+
+
+def load_model(uri: str, local_dir: Path, parameter: str = "model", strategy: Any = None) -> tuple[Any, Any, str]:
+    """Model (in ``strategy``'s scope when given), tokenizer and tokenizer fingerprint of a saved model folder
+    (local or gs://)."""
+    from transformers import AutoTokenizer
+
+    check_model_folder(parameter, uri)
+    storage.download_folder(uri, local_dir)
+    if not (local_dir / TOKENIZER_FILE).exists():
+        raise InvalidParameter(parameter, uri, f"holds no tokenizer ({TOKENIZER_FILE}) beside the model")
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = load_tf_masked_lm(local_dir, parameter, uri)
+    tokenizer = AutoTokenizer.from_pretrained(local_dir)
+    return model, tokenizer, fingerprint((local_dir / TOKENIZER_FILE).read_bytes())
