@@ -247,5 +247,19 @@ def test_a_model_no_better_than_the_majority_class_is_no_signal_in_the_report_an
         "| `hf:user/sport-or-cooking` | accuracy | no signal (0.6200) | no signal (0.6100) | +0.0100 |"
     )
     assert "| 0.6330 | 0.9000 | 0.6000 (first token) |" in row
-    assert probe_results(probe) == []
+    assert probe_results(probe, "user/model") is None
+    # with a signal: a Hub dataset's task goes into model-index as scored, the built-in task into the table alone
+    signal = {**model, "score": 0.9, "signal": True}
+    sst2 = {**task, "task": "hf:nyu-mll/glue:sst2", "pre-trained": signal, "validation_samples": 500}
+    probe["tasks"] = [sst2, {**task, "task": "word-order", "pre-trained": signal}]
+    (result,) = probe_results(probe, "user/model")
+    assert (result.dataset_type, result.dataset_name, result.dataset_config, result.dataset_split) == (
+        "nyu-mll/glue",
+        "glue sst2",
+        "sst2",
+        "validation",
+    )
+    assert result.dataset_args == {"scored_samples": 500} and result.metric_value == 0.9
+    assert result.metric_name == "accuracy (short fine-tune, 1 seed(s))"  # no twin's score in a metric's name
+    assert result.source_url == "https://huggingface.co/user/model"
     assert shown_score({"score": 0.8, "standard_error": 0.02, "signal": True}) == "0.8000 ± 0.0200"

@@ -53,7 +53,7 @@ def model_card(
         datasets=[hub_dataset_name(source)] if source.startswith(HUB_PREFIX) else None,
         tags=["roberta", "masked-language-modeling", "safetensors", "pytorch", "tensorflow", "tpu-mlm-pipeline"],
         model_name=repo_id.split("/")[-1],
-        eval_results=probe_results(probe),
+        eval_results=probe_results(probe, repo_id),
     )
     lines = [
         "---",
@@ -110,32 +110,38 @@ PROBE_NOTE = (
 HUB_METRIC_IDS = {"mcc": "matthews_correlation"}
 
 
-def probe_results(probe: dict | None) -> list | None:
-    """The probe's scores of the pre-trained model as the Hub's ``model-index`` results (the model page shows
-    them); none for a failed or absent probe."""
+def probe_results(probe: dict | None, repo_id: str) -> list | None:
+    """The probe's scores of the pre-trained model as the Hub's ``model-index`` results (the model page shows them):
+    only tasks that are Hub datasets (the Hub's ``dataset.type`` is a dataset id; the built-in task and files go
+    into the card's table alone), only scores with a signal, the split as scored (its samples when the probe
+    scored fewer than the split holds are in ``dataset.args``), the probe named as their source; None when there is
+    none of them (a failed or absent probe too)."""
     from huggingface_hub import EvalResult
 
     if not probe or probe.get("failed"):
         return None
     results = []
+    seeds = len(str(probe["arguments"]["seeds"]).split(","))
     for task in probe["tasks"]:
-        if not task["pre-trained"].get("signal", True):  # not above always answering one class: no score of the model's
+        if not task["task"].startswith(HUB_PREFIX) or not task["pre-trained"].get("signal", True):
             continue
-        name = task["task"]
-        dataset, config = (parse_hub_name(name)[:2]) if name.startswith(HUB_PREFIX) else (public_name(name), None)
+        dataset, config = parse_hub_name(task["task"])[:2]
         results.append(
             EvalResult(
                 task_type="text-classification",
                 dataset_type=dataset,
-                dataset_name=dataset,
+                dataset_name=" ".join([dataset.rsplit("/", 1)[-1], *([config] if config else [])]),
                 dataset_config=config,
                 dataset_split=task["validation_split"],
+                dataset_args={"scored_samples": task["validation_samples"]},
                 metric_type=HUB_METRIC_IDS.get(task["metric"], task["metric"]),
                 metric_value=round(task["pre-trained"]["score"], 4),
-                metric_name=f"{task['metric']} (short fine-tune, random init: {task['random init']['score']:.4f})",
+                metric_name=f"{task['metric']} (short fine-tune, {seeds} seed(s))",
+                source_name="tpu-mlm downstream probe of this model's run",
+                source_url=f"https://huggingface.co/{repo_id}",
             )
         )
-    return results
+    return results or None  # an empty list would still write a model-index, of no results
 
 
 CARD_HYPERPARAMETERS = (
