@@ -342,8 +342,9 @@ CASES = {
     "an endpoint with more than a host": Case(
         "cancel",
         "tpu-mlm-20260101-120000 --project my-proj --api_endpoint https://me@127.0.0.1:8443",
-        "--api-endpoint='https://me@127.0.0.1:8443': must be a host name, with a port and an http(s):// scheme if need "
-        "be (us-central1-aiplatform.googleapis.com), no user, path, query or fragment; leave it out for the default",
+        "--api-endpoint='https://…(redacted)@127.0.0.1:8443': must be a host name, with a port and an http(s):// "
+        "scheme if need be (us-central1-aiplatform.googleapis.com), no user, path, query or fragment; leave it out "
+        "for the default",
     ),
     "a poll interval below zero": Case(
         "status",
