@@ -27,7 +27,13 @@ from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.input_pipeline import EVALUATION_MLM_PROBABILITY, Masking, evaluation_dataset, naming_corrupt_shards
 from components.lib.job_runner import run_job
-from components.lib.masked_lm import EVALUATION_BATCH_SIZE, EVALUATION_MAX_BATCHES, masked_logits, max_predictions
+from components.lib.masked_lm import (
+    EVALUATION_BATCH_SIZE,
+    EVALUATION_MAX_BATCHES,
+    max_predictions,
+    ratio_standard_error,
+    sample_losses,
+)
 from components.lib.pytorch_weights import load_model
 from components.lib.shard_set import read_manifest, verify_files
 
@@ -57,16 +63,11 @@ class CompareArguments:
             raise InvalidParameter("max_batches", self.max_batches, "must be 0 (all) or a positive whole number")
 
 
-def sample_losses(model: Any, batches: Any, predictions: int) -> tuple[list[float], list[float]]:
+def losses_of_samples(model: Any, batches: Any, predictions: int) -> tuple[list[float], list[float]]:
     """Each sample's summed masked-token loss and its masked tokens, in the batches' order."""
     import tensorflow as tf
 
-    @tf.function
-    def per_sample(batch: dict[str, Any]) -> tuple[Any, Any]:
-        logits, targets, weights = masked_logits(model, batch, predictions, training=False)
-        losses = tf.reduce_logsumexp(logits, axis=-1) - tf.gather(logits, targets, batch_dims=2)
-        return tf.reduce_sum(losses * weights, 1), tf.reduce_sum(weights, 1)
-
+    per_sample = tf.function(lambda batch: sample_losses(model, batch, predictions)[:2])
     losses, tokens = [], []
     for batch in batches:
         loss, count = per_sample(batch)
@@ -76,13 +77,16 @@ def sample_losses(model: Any, batches: Any, predictions: int) -> tuple[list[floa
 
 
 def ratio_and_error(values: Sequence[float], tokens: Sequence[float]) -> tuple[float, float]:
-    """sum(values) / sum(tokens) over the samples, and its standard error by the delta method (a ratio of two sums:
-    each sample's departure from it, sum((v_i - r t_i)^2) / T^2, with n / (n - 1))."""
-    total = sum(tokens)
-    ratio = sum(values) / total
-    samples = len(values)
-    spread = sum((value - ratio * count) ** 2 for value, count in zip(values, tokens, strict=True))
-    return ratio, math.sqrt(spread * samples / (samples - 1)) / total if samples > 1 else math.nan
+    """sum(values) / sum(tokens) over the samples, and its standard error (``ratio_standard_error``)."""
+    pairs = list(zip(values, tokens, strict=True))
+    sums = (
+        sum(value for value, _ in pairs),
+        sum(count for _, count in pairs),
+        sum(value**2 for value, _ in pairs),
+        sum(value * count for value, count in pairs),
+        sum(count**2 for _, count in pairs),
+    )
+    return sums[0] / sums[1], ratio_standard_error(*sums, len(pairs))
 
 
 def compare(arguments: CompareArguments) -> dict[str, Any]:
@@ -108,7 +112,9 @@ def compare(arguments: CompareArguments) -> dict[str, Any]:
                     f"({manifest['tokenizer_fingerprint']}): models are compared on the same tokens",
                 )
             with naming_corrupt_shards(("shards", arguments.shards, manifest)):
-                scored[parameter] = sample_losses(model, stream(max_batches=arguments.max_batches or None), predictions)
+                scored[parameter] = losses_of_samples(
+                    model, stream(max_batches=arguments.max_batches or None), predictions
+                )
             del model
             tf.keras.backend.clear_session()
     (model_losses, tokens), (baseline_losses, baseline_tokens) = scored["model"], scored["baseline"]

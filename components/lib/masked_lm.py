@@ -60,6 +60,29 @@ def masked_lm_loss(model: Any, batch: dict[str, Any], predictions: int, training
     return tf.reduce_sum(losses * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
 
 
+def sample_losses(model: Any, batch: dict[str, Any], predictions: int) -> tuple[Any, Any, Any]:
+    """Each sample's summed masked-token loss, its masked tokens and the tokens predicted right. The cross-entropy
+    without the softmax's probabilities, which only a gradient needs: the vocabulary-wide softmax is what a small
+    model's evaluation spends most of its time on."""
+    import tensorflow as tf
+
+    logits, targets, weights = masked_logits(model, batch, predictions, training=False)
+    losses = tf.reduce_logsumexp(logits, axis=-1) - tf.gather(logits, targets, batch_dims=2)
+    correct = tf.cast(tf.argmax(logits, axis=-1, output_type=targets.dtype) == targets, tf.float32)
+    return tf.reduce_sum(losses * weights, 1), tf.reduce_sum(weights, 1), tf.reduce_sum(correct * weights, 1)
+
+
+def ratio_standard_error(
+    values: float, tokens: float, value_squares: float, value_by_tokens: float, token_squares: float, samples: float
+) -> float:
+    """The standard error of values / tokens, a ratio of two sums over samples, from the sums of each sample's value
+    and tokens, squared and crossed: by the delta method, each sample's departure from the ratio,
+    sum((v_i - r t_i)^2) / tokens^2, and n / (n - 1) for the mean's own estimate; NaN for one sample."""
+    ratio = values / tokens
+    spread = max(value_squares - 2 * ratio * value_by_tokens + ratio**2 * token_squares, 0.0)
+    return math.sqrt(spread * samples / (samples - 1)) / tokens if samples > 1 else math.nan
+
+
 class MaskedLMScorer:
     """Loss, perplexity and masked-token accuracy over a dataset of global batches.
 
@@ -79,16 +102,11 @@ class MaskedLMScorer:
             samples = tf.shape(batch["input_ids"])[0]
 
             def scored() -> tuple[Any, ...]:
-                logits, targets, weights = masked_logits(model, batch, predictions, training=False)
-                # the cross-entropy without the softmax's probabilities, which only a gradient needs: the
-                # vocabulary-wide softmax is what a small model's evaluation spends most of its time on
-                losses = tf.reduce_logsumexp(logits, axis=-1) - tf.gather(logits, targets, batch_dims=2)
-                correct = tf.cast(tf.argmax(logits, axis=-1, output_type=targets.dtype) == targets, tf.float32)
-                sample_loss, sample_tokens = tf.reduce_sum(losses * weights, 1), tf.reduce_sum(weights, 1)
+                sample_loss, sample_tokens, correct = sample_losses(model, batch, predictions)
                 return (
                     tf.reduce_sum(sample_loss),
                     tf.reduce_sum(sample_tokens),
-                    tf.reduce_sum(correct * weights),
+                    tf.reduce_sum(correct),
                     tf.reduce_sum(sample_loss**2),
                     tf.reduce_sum(sample_loss * sample_tokens),
                     tf.reduce_sum(sample_tokens**2),
@@ -121,10 +139,7 @@ class MaskedLMScorer:
         if tokens == 0:
             raise InvalidParameter("shards", "(evaluation set)", "no token was masked; the evaluation set is empty")
         loss = loss_sum / tokens
-        # the loss is a ratio of two sums over samples: its variance, by the delta method, from each sample's
-        # departure from it, sum((l_i - loss t_i)^2) / tokens^2, and n / (n - 1) for the mean's own estimate
-        spread = max(loss_squares - 2 * loss * loss_by_tokens + loss**2 * token_squares, 0.0)
-        standard_error = math.sqrt(spread * samples / (samples - 1)) / tokens if samples > 1 else math.nan
+        standard_error = ratio_standard_error(loss_sum, tokens, loss_squares, loss_by_tokens, token_squares, samples)
         return {
             "loss": float(loss),
             "loss_standard_error": float(standard_error),
