@@ -29,7 +29,7 @@ sys.path.insert(0, str(PROJECT))
 from transformers import HfArgumentParser  # noqa: E402
 
 from components.downstream import DownstreamArguments, encode_task, fine_tune  # noqa: E402
-from components.lib.downstream_tasks import Task, reversed_words, word_order_task  # noqa: E402
+from components.lib.downstream_tasks import Examples, Task, reversed_words, word_order_task  # noqa: E402
 from components.lib.results import PROBE_MODELS  # noqa: E402
 
 
@@ -63,14 +63,14 @@ def probe(arguments: BenchmarkArguments, task: Task, train_size: int) -> dict:
     from components.lib.downstream_tasks import _head
 
     task = Task(task.name, task.metric, task.label_names, _head(task.train, train_size), task.validation)
-    settings = DownstreamArguments(
-        model=arguments.model, output="unused", max_steps=arguments.max_steps, learning_rate=arguments.learning_rate
-    )
-    encoded = encode_task(Path(arguments.model), task, 0)
+    settings = DownstreamArguments(model=arguments.model, output="unused", max_steps=arguments.max_steps)
+    encoded = encode_task(Path(arguments.model), task, Examples([], []), 0)
     seeds = [int(seed) for seed in arguments.seeds.split(",")]
     accuracy = {
         model: [
-            fine_tune(Path(arguments.model), encoded, settings, seed, model == PROBE_MODELS[0])["accuracy"]
+            fine_tune(
+                Path(arguments.model), encoded, settings, seed, model == PROBE_MODELS[0], arguments.learning_rate
+            )["scored"][task.validation_split]["accuracy"]
             for seed in seeds
         ]
         for model in PROBE_MODELS

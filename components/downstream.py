@@ -20,14 +20,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.downstream_tasks import METRICS, Task, TaskSelection, published_score
+from components.lib.downstream_tasks import METRICS, Examples, Task, TaskSelection, published_score, split_off
 from components.lib.errors import InvalidParameter
-from components.lib.estimates import PROBE_FINE_TUNING, fine_tuning_steps
+from components.lib.estimates import PROBE_FINE_TUNING, dev_samples, fine_tuning_steps, fine_tunings, probe_grids
 from components.lib.job_runner import run_job
 from components.lib.probe_baselines import baseline_predictions, score_error
 from components.lib.pytorch_weights import TF_LOADING, check_model_folder
@@ -63,14 +63,26 @@ class DownstreamArguments(TaskSelection):
         default=PROBE_FINE_TUNING["max_eval_samples"], metadata={"help": "Score at most this many samples; 0: all."}
     )
     batch_size: int = field(default=PROBE_FINE_TUNING["batch_size"], metadata={"help": "Samples per fine-tuning step."})
-    learning_rate: float = field(
-        default=2e-5, metadata={"help": "Peak learning rate of fine-tuning (RoBERTa's GLUE runs: 1e-5 to 3e-5)."}
-    )
-    random_init_learning_rate: float = field(
-        default=0.0,
+    learning_rates: str = field(
+        default=PROBE_FINE_TUNING["learning_rates"],
         metadata={
-            "help": "Peak learning rate of the random twin's fine-tuning; 0: learning_rate. A model trained from "
-            "scratch wants more than a pre-trained one: a rate too low for it overstates the gain."
+            "help": "Peak learning rates of fine-tuning, comma-separated: each model's is the one of them that "
+            "scores best on a development split carved from the task's training split, never on the scored split "
+            "(roberta-base learns at 1e-5 to 3e-5, a small model at about 1e-3)."
+        },
+    )
+    random_init_learning_rates: str = field(
+        default=PROBE_FINE_TUNING["random_init_learning_rates"],
+        metadata={
+            "help": "The random twin's rates to choose from; empty: learning_rates. A model trained from scratch "
+            "often wants a higher rate than a pre-trained one: a rate too low for it overstates the gain."
+        },
+    )
+    dev_fraction: float = field(
+        default=PROBE_FINE_TUNING["dev_fraction"],
+        metadata={
+            "help": "Share of each task's training split set aside as the development split the rates are chosen "
+            "on (none with one rate each)."
         },
     )
     warmup_fraction: float = field(default=0.06, metadata={"help": "Share of the steps of linear warmup."})
@@ -92,12 +104,9 @@ class DownstreamArguments(TaskSelection):
         for parameter in ("max_steps", "max_train_samples", "max_eval_samples", "max_length"):
             if getattr(self, parameter) < 0:
                 raise InvalidParameter(parameter, getattr(self, parameter), "must be 0 or a positive whole number")
-        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise InvalidParameter("learning_rate", self.learning_rate, "must be a positive number (2e-5 is usual)")
-        if not (self.random_init_learning_rate >= 0 and math.isfinite(self.random_init_learning_rate)):
-            raise InvalidParameter(
-                "random_init_learning_rate", self.random_init_learning_rate, "must be 0 (learning_rate) or positive"
-            )
+        probe_grids(self.learning_rates, self.random_init_learning_rates)  # each rate checked
+        if not 0 < self.dev_fraction < 1:
+            raise InvalidParameter("dev_fraction", self.dev_fraction, "must be above 0 and below 1 (0.2 is usual)")
         if not 0 <= self.warmup_fraction < 1:
             raise InvalidParameter("warmup_fraction", self.warmup_fraction, "must be at least 0 and below 1")
         if self.weight_decay < 0:
@@ -108,6 +117,11 @@ class DownstreamArguments(TaskSelection):
     @property
     def seed_list(self) -> list[int]:
         return [int(seed) for seed in self.seeds.split(",")]
+
+    @property
+    def grids(self) -> dict[str, list[float]]:
+        """Each probe model's learning rates to choose from."""
+        return dict(zip(PROBE_MODELS, probe_grids(self.learning_rates, self.random_init_learning_rates), strict=True))
 
 
 def scores(predicted: Sequence[int], labels: Sequence[int], classes: int) -> dict[str, float]:
@@ -135,17 +149,26 @@ def scores(predicted: Sequence[int], labels: Sequence[int], classes: int) -> dic
 
 
 @dataclass
+class ScoredSplit:
+    """A held-out split the fine-tuned models are scored on: its examples, their inputs, their tokens."""
+
+    examples: Examples
+    inputs: dict[str, Any]
+    tokens: list[list[int]]  # each sample's tokens, special ones left out: what the baselines read
+
+
+@dataclass
 class EncodedTask:
     """A task's splits as the model's token ids, each split padded to its longest sample (at most max_length)."""
 
-    task: Task
-    train: dict[str, Any]
-    validation: dict[str, Any]
-    train_tokens: list[list[int]]  # each sample's tokens, special ones left out: what the baselines read
-    validation_tokens: list[list[int]]
+    task: Task  # its train split is what the models fine-tune on: the development split is carved off it
+    dev: Examples  # where each model's learning rate is chosen: empty when both models have one rate
+    inputs: dict[str, dict[str, Any]]  # "train" and "dev": input_ids and attention_mask
+    train_tokens: list[list[int]]
+    scored: dict[str, ScoredSplit]  # by split name: the task's validation split first, then its also_scored
 
 
-def encode_task(model_dir: Path, task: Task, max_length: int) -> EncodedTask:
+def encode_task(model_dir: Path, task: Task, dev: Examples, max_length: int) -> EncodedTask:
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -156,6 +179,8 @@ def encode_task(model_dir: Path, task: Task, max_length: int) -> EncodedTask:
     max_length = max_length or min(tokenizer.model_max_length, longest)
 
     def encoded(texts: list[tuple[str, ...]]) -> dict[str, Any]:
+        if not texts:
+            return {}
         columns = [list(column) for column in zip(*texts, strict=True)]
         tokens = tokenizer(*columns, truncation=True, max_length=max_length, padding="longest", return_tensors="np")
         return {name: tokens[name].astype("int32") for name in ("input_ids", "attention_mask")}
@@ -168,29 +193,40 @@ def encode_task(model_dir: Path, task: Task, max_length: int) -> EncodedTask:
             for ids, mask in zip(encoded_split["input_ids"], encoded_split["attention_mask"], strict=True)
         ]
 
-    train, validation = encoded(task.train.texts), encoded(task.validation.texts)
-    return EncodedTask(task, train, validation, tokens(train), tokens(validation))
+    inputs = {"train": encoded(task.train.texts), "dev": encoded(dev.texts)}
+    scored = {}
+    for split, examples in {task.validation_split: task.validation, **task.also_scored}.items():
+        split_inputs = encoded(examples.texts)
+        scored[split] = ScoredSplit(examples, split_inputs, tokens(split_inputs))
+    return EncodedTask(task, dev, inputs, tokens(inputs["train"]), scored)
 
 
-def task_score_error(task: Task, predicted: Sequence[int]) -> float:
-    """The sampling error of the task's metric for these predictions of its scored split."""
+def task_score_error(task: Task, predicted: Sequence[int], labels: Sequence[int]) -> float:
+    """The sampling error of the task's metric for these predictions of a scored split."""
     classes = len(task.label_names)
-    return score_error(
-        task.metric, lambda p, labels: scores(p, labels, classes)[task.metric], predicted, task.validation.labels
-    )
+    return score_error(task.metric, lambda p, truth: scores(p, truth, classes)[task.metric], predicted, labels)
 
 
 def fine_tune(
-    model_dir: Path, encoded: EncodedTask, arguments: DownstreamArguments, seed: int, pretrained: bool
+    model_dir: Path,
+    encoded: EncodedTask,
+    arguments: DownstreamArguments,
+    seed: int,
+    pretrained: bool,
+    learning_rate: float,
+    score_dev: bool = False,
 ) -> dict:
-    """One fine-tuning of the pre-trained model (or of a new one of its config) on a task: its validation scores."""
+    """One fine-tuning of the pre-trained model (or of a new one of its config) on a task at a peak learning rate:
+    its scores on each scored split, and its development split's score in the task's metric if asked
+    (``dev_score``)."""
     import numpy as np
     import tensorflow as tf
     from transformers import AutoConfig, TFAutoModelForSequenceClassification, create_optimizer
 
     tf.keras.utils.set_random_seed(seed)  # the head's initialisation (and the twin's weights), the batches' order
     task = encoded.task
-    config = AutoConfig.from_pretrained(model_dir, num_labels=len(task.label_names))
+    classes = len(task.label_names)
+    config = AutoConfig.from_pretrained(model_dir, num_labels=classes)
     if pretrained:  # the encoder's weights; the LM head is dropped, the classification head is new
         model = TFAutoModelForSequenceClassification.from_pretrained(model_dir, config=config, **TF_LOADING)
     else:
@@ -198,9 +234,6 @@ def fine_tune(
     samples = len(task.train.labels)
     batch_size = min(arguments.batch_size, samples)
     steps = fine_tuning_steps(samples, arguments.batch_size, arguments.epochs, arguments.max_steps)
-    learning_rate = (
-        arguments.learning_rate if pretrained else arguments.random_init_learning_rate or arguments.learning_rate
-    )
     optimizer, _ = create_optimizer(
         init_lr=learning_rate,
         num_train_steps=steps,
@@ -208,24 +241,90 @@ def fine_tune(
         weight_decay_rate=arguments.weight_decay,
     )
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    train = tf.data.Dataset.from_tensor_slices((encoded.train, np.asarray(task.train.labels)))
+    train = tf.data.Dataset.from_tensor_slices((encoded.inputs["train"], np.asarray(task.train.labels)))
     train = train.shuffle(samples, seed=seed).repeat().batch(batch_size, drop_remainder=True)
     started = time.perf_counter()
     history = model.fit(train, steps_per_epoch=steps, epochs=1, verbose=0)
-    logits = model.predict(encoded.validation, batch_size=arguments.batch_size, verbose=0).logits
-    if not (math.isfinite(history.history["loss"][-1]) and np.isfinite(logits).all()):
-        raise FloatingPointError(
-            f"{task.name}: the {'pre-trained' if pretrained else 'random init'} model's fine-tuning (seed {seed}) "
-            f"diverged: its loss or logits are not finite; try a lower learning rate than {learning_rate:g}"
+
+    def predicted(inputs: dict[str, Any]) -> Any:
+        logits = model.predict(inputs, batch_size=arguments.batch_size, verbose=0).logits
+        if not (math.isfinite(history.history["loss"][-1]) and np.isfinite(logits).all()):
+            raise FloatingPointError(
+                f"{task.name}: the {'pre-trained' if pretrained else 'random init'} model's fine-tuning (seed {seed}) "
+                f"diverged: its loss or logits are not finite; try a lower learning rate than {learning_rate:g}"
+            )
+        return np.argmax(logits, axis=-1)
+
+    run: dict[str, Any] = {"learning_rate": learning_rate, "steps": steps, "scored": {}}
+    for split, part in encoded.scored.items():
+        split_predictions = predicted(part.inputs)
+        run["scored"][split] = {
+            **scores(split_predictions, part.examples.labels, classes),
+            "standard_error": task_score_error(task, split_predictions, part.examples.labels),
+        }
+    if score_dev and encoded.dev.labels:
+        run["dev_score"] = scores(predicted(encoded.inputs["dev"]), encoded.dev.labels, classes)[task.metric]
+    run["mean_train_loss"] = float(history.history["loss"][-1])  # over all the steps (one Keras epoch)
+    run["seconds"] = round(time.perf_counter() - started, 3)
+    return run
+
+
+def tuned_runs(
+    model_dir: Path, encoded: EncodedTask, arguments: DownstreamArguments, model: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A probe model's fine-tunings on a task: with several rates, one at each with the first seed, scored on the
+    development split, the best of them kept; then one for each other seed at that rate. Returns the kept runs (one
+    a seed) and the search (each rate's development score; None where it diverged)."""
+    grid, seeds, pretrained = arguments.grids[model], arguments.seed_list, model == PROBE_MODELS[0]
+    if len(grid) == 1:
+        return [fine_tune(model_dir, encoded, arguments, seed, pretrained, grid[0]) for seed in seeds], []
+    name, metric = encoded.task.name, encoded.task.metric
+    search, first = [], {}
+    for rate in grid:
+        try:
+            first[rate] = fine_tune(model_dir, encoded, arguments, seeds[0], pretrained, rate, score_dev=True)
+        except FloatingPointError as error:
+            log.warning("%s", error)
+            search.append({"learning_rate": rate, "dev_score": None})
+            continue
+        search.append({"learning_rate": rate, "dev_score": first[rate]["dev_score"]})
+        log.info(
+            "%s, %s: rate %g, %s %.4f on the development split", name, model, rate, metric, search[-1]["dev_score"]
         )
-    predicted = np.argmax(logits, axis=-1)
-    return {
-        **scores(predicted, task.validation.labels, len(task.label_names)),
-        "standard_error": task_score_error(task, predicted),
-        "steps": steps,
-        "mean_train_loss": float(history.history["loss"][-1]),  # over all the steps (one Keras epoch)
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    rate = chosen_rate(search, f"{name}: the {model} model's fine-tuning")
+    others = [fine_tune(model_dir, encoded, arguments, seed, pretrained, rate) for seed in seeds[1:]]
+    return [first[rate], *others], search
+
+
+def chosen_rate(search: list[dict[str, Any]], what: str) -> float:
+    """The rate of the search's best development score (the first of equals, in the grid's order)."""
+    scored = [point for point in search if point["dev_score"] is not None]
+    if not scored:
+        rates = ", ".join(f"{point['learning_rate']:g}" for point in search)
+        raise FloatingPointError(f"{what} diverged at every rate ({rates}): its loss or logits are not finite")
+    return max(scored, key=lambda point: point["dev_score"])["learning_rate"]
+
+
+def encode_for_probe(model_dir: Path, task: Task, arguments: DownstreamArguments) -> EncodedTask:
+    """A task's splits encoded, its development split carved from training when a model has several rates."""
+    most_rates = max(len(grid) for grid in arguments.grids.values())
+    train, dev = split_off(task.train, dev_samples(len(task.train.labels), arguments.dev_fraction, most_rates))
+    return encode_task(model_dir, replace(task, train=train), dev, arguments.max_length)
+
+
+def probe_task(model_dir: Path, encoded: EncodedTask, arguments: DownstreamArguments) -> list[dict[str, Any]]:
+    """Both models' fine-tunings on a task, each at its chosen rate: the task's figures on each split it is scored
+    on (``task_result``; MNLI's two)."""
+    task = encoded.task
+    log.info(
+        "%s: %d fine-tunings of %d samples, %d development samples to choose the rates on",
+        task.name,
+        sum(fine_tunings(len(grid), len(arguments.seed_list)) for grid in arguments.grids.values()),
+        len(task.train.labels),
+        len(encoded.dev.labels),
+    )
+    tuned = {model: tuned_runs(model_dir, encoded, arguments, model) for model in PROBE_MODELS}
+    return [task_result(encoded, tuned, split) for split in encoded.scored]
 
 
 def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
@@ -236,30 +335,26 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
     results = []
     with tempfile.TemporaryDirectory() as local:
         storage.download_folder(arguments.model, Path(local))
-        encoded = [encode_task(Path(local), task, arguments.max_length) for task in tasks]  # refusals first
-        for task, tokens in zip(tasks, encoded, strict=True):
-            seeds = arguments.seed_list
-            runs = {
-                model: [fine_tune(Path(local), tokens, arguments, seed, model == PROBE_MODELS[0]) for seed in seeds]
-                for model in PROBE_MODELS
-            }
-            result = task_result(task, runs, tokens)
-            log.info(
-                "%s: %s %s pre-trained, %s random init, majority class %.4f (validation, %d samples, %d seed(s))",
-                task.name,
-                task.metric,
-                shown_score(result["pre-trained"]),
-                shown_score(result["random init"]),
-                result["baselines"]["majority class"],
-                result["validation_samples"],
-                len(arguments.seed_list),
-            )
-            results.append(result)
+        encoded = [encode_for_probe(Path(local), task, arguments) for task in tasks]  # refusals first
+        for task_inputs in encoded:
+            for result in probe_task(Path(local), task_inputs, arguments):
+                log.info(
+                    "%s: %s %s pre-trained, %s random init, majority class %.4f (%s, %d samples, %d seed(s))",
+                    result["task"],
+                    result["metric"],
+                    shown_score(result["pre-trained"]),
+                    shown_score(result["random init"]),
+                    result["baselines"]["majority class"],
+                    result["validation_split"],
+                    result["validation_samples"],
+                    len(arguments.seed_list),
+                )
+                results.append(result)
     summary = {
         "tasks": results,
-        # each task's own metric, averaged over the tasks (GLUE's score averages F1 and accuracy where it reports
-        # both: MRPC and QQP count F1 alone here)
-        "average": {model: statistics.mean(result[model]["score"] for result in results) for model in PROBE_MODELS},
+        # each task's own metric, averaged over the tasks (a task scored on two splits, as MNLI, by their mean;
+        # GLUE's score averages F1 and accuracy where it reports both: MRPC and QQP count F1 alone here)
+        "average": {model: average_over_tasks(results, model) for model in PROBE_MODELS},
         "arguments": asdict(arguments),
     }
     storage.write_text_atomic(storage.join(arguments.output, REPORT_FILE), report_markdown(summary))
@@ -267,15 +362,27 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
     return summary
 
 
-def task_result(task: Task, runs: dict[str, list[dict[str, Any]]], tokens: EncodedTask) -> dict[str, Any]:
-    """A task's figures: each model's mean over the seeds of each score, its task metric's as ``score``, each seed's,
-    their spread and the score's sampling error; the trivial baselines' scores on the same split; and whether each
-    model beat always answering the majority class by more than its error (else: "no signal")."""
-    classes, labels = len(task.label_names), task.validation.labels
+def average_over_tasks(results: list[dict[str, Any]], model: str) -> float:
+    """A model's score averaged over the tasks, each task's over the splits it is scored on."""
+    by_task: dict[str, list[float]] = {}
+    for result in results:
+        by_task.setdefault(result["task"], []).append(result[model]["score"])
+    return statistics.mean(statistics.mean(split_scores) for split_scores in by_task.values())
+
+
+def task_result(
+    encoded: EncodedTask, tuned: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]], split: str
+) -> dict[str, Any]:
+    """A task's figures on one scored split: each model's rate and the search that chose it, its mean over the seeds
+    of each score, its task metric's as ``score``, each seed's, their spread and the score's sampling error; the
+    trivial baselines' scores on the same split; and whether each model beat always answering the majority class by
+    more than its error (else: "no signal")."""
+    task, scored = encoded.task, encoded.scored[split]
+    classes, labels = len(task.label_names), scored.examples.labels
     baselines = {
         name: scores(predicted, labels, classes)[task.metric]
         for name, predicted in baseline_predictions(
-            tokens.train_tokens, task.train.labels, tokens.validation_tokens, classes
+            encoded.train_tokens, task.train.labels, scored.tokens, classes
         ).items()
     }
     result: dict[str, Any] = {
@@ -283,20 +390,28 @@ def task_result(task: Task, runs: dict[str, list[dict[str, Any]]], tokens: Encod
         "metric": task.metric,
         "labels": list(task.label_names),
         "train_samples": len(task.train.labels),
-        "validation_samples": len(task.validation.labels),
-        "validation_split": task.validation_split,
-        "published": published_score(task.name),  # roberta-base's, after a full fine-tune: not comparable
+        "dev_samples": len(encoded.dev.labels),
+        "validation_samples": len(labels),
+        "validation_split": split,
+        # roberta-base's, after a full fine-tune: not comparable; on the task's usual split only
+        "published": published_score(task.name) if split == task.validation_split else None,
         # the share of the scored split's most frequent label, and the trivial baselines' scores in the task's metric
         "majority_class": max(labels.count(label) for label in set(labels)) / len(labels),
         "baselines": baselines,
     }
-    for model, model_runs in runs.items():
+    for model, (tuned_model_runs, search) in tuned.items():
+        model_runs = [
+            {**{key: value for key, value in run.items() if key != "scored"}, **run["scored"][split]}
+            for run in tuned_model_runs
+        ]
         means = {name: statistics.mean(run[name] for run in model_runs) for name in METRICS}
         seed_scores = [run[task.metric] for run in model_runs]
         error = statistics.mean(run["standard_error"] for run in model_runs)
         result[model] = {
             **means,
             "score": means[task.metric],
+            "learning_rate": model_runs[0]["learning_rate"],
+            "learning_rate_search": search,  # empty with one rate: nothing chosen
             "seed_scores": seed_scores,
             "seed_std": statistics.stdev(seed_scores) if len(seed_scores) > 1 else 0.0,
             "standard_error": error,

@@ -369,8 +369,9 @@ def downstream_step(
     max_train_samples: int = 0,
     max_eval_samples: int = 0,
     batch_size: int = 32,
-    learning_rate: float = 2e-05,
-    random_init_learning_rate: float = 0.0,
+    learning_rates: str = '2e-5,1e-4,1e-3',
+    random_init_learning_rates: str = '',
+    dev_fraction: float = 0.2,
     warmup_fraction: float = 0.06,
     weight_decay: float = 0.1,
     max_length: int = 0,
@@ -388,8 +389,9 @@ def downstream_step(
         max_train_samples: Fine-tune on at most this many samples; 0: all.
         max_eval_samples: Score at most this many samples; 0: all.
         batch_size: Samples per fine-tuning step.
-        learning_rate: Peak learning rate of fine-tuning (RoBERTa's GLUE runs: 1e-5 to 3e-5).
-        random_init_learning_rate: Peak learning rate of the random twin's fine-tuning; 0: learning_rate. A model trained from scratch wants more than a pre-trained one: a rate too low for it overstates the gain.
+        learning_rates: Peak learning rates of fine-tuning, comma-separated: each model's is the one of them that scores best on a development split carved from the task's training split, never on the scored split (roberta-base learns at 1e-5 to 3e-5, a small model at about 1e-3).
+        random_init_learning_rates: The random twin's rates to choose from; empty: learning_rates. A model trained from scratch often wants a higher rate than a pre-trained one: a rate too low for it overstates the gain.
+        dev_fraction: Share of each task's training split set aside as the development split the rates are chosen on (none with one rate each).
         warmup_fraction: Share of the steps of linear warmup.
         weight_decay: Decoupled weight decay (RoBERTa's GLUE runs: 0.1).
         max_length: Tokens per sample; 0: the length the model trained at.

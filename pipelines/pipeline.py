@@ -221,8 +221,9 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
             "max_train_samples",
             "max_eval_samples",
             "batch_size",
-            "learning_rate",
-            "random_init_learning_rate",
+            "learning_rates",
+            "random_init_learning_rates",
+            "dev_fraction",
             "seeds",
         )
     ),

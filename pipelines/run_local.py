@@ -79,7 +79,7 @@ LOCAL_DEFAULTS = {
     # given all of them, the random twin catches up; a small model's rate
     "downstream_max_train_samples": 256,
     "downstream_max_steps": 150,
-    "downstream_learning_rate": 1e-3,
+    "downstream_learning_rates": "3e-4,1e-3,3e-3",
     "downstream_seeds": "1,2,3",
 }
 # The figure a step's line shows: (its output metadata's key, how to show it), by task name without suffix.

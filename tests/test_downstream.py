@@ -135,6 +135,15 @@ def test_task_specs_and_the_probe_s_settings_are_checked_before_anything_loads()
     with pytest.raises(InvalidParameter, match=re.escape("--seeds='1;2': must be comma-separated whole numbers")):
         DownstreamArguments(model="m", output="o", seeds="1;2")
     assert DownstreamArguments(model="m", output="o", seeds="1, 2,3").seed_list == [1, 2, 3]
+    for name, value, message in (
+        ("learning_rates", "1e-3,fast", "--learning-rates='1e-3,fast': must be distinct rates between 0 and 1"),
+        ("random_init_learning_rates", "0", "--random-init-learning-rates='0': must be distinct rates"),
+        ("dev_fraction", 1.0, "--dev-fraction=1.0: must be above 0 and below 1"),
+    ):
+        with pytest.raises(InvalidParameter, match=re.escape(message)):
+            DownstreamArguments(model="m", output="o", **{name: value})
+    grids = DownstreamArguments(model="m", output="o", learning_rates="1e-4, 1e-3").grids
+    assert grids == {"pre-trained": [1e-4, 1e-3], "random init": [1e-4, 1e-3]}  # the twin's: the same unless given
     # GLUE's tasks name their columns and metric themselves; another Hub dataset needs its text column named
     assert GLUE_TASKS["mrpc"][:2] == (("sentence1", "sentence2"), "f1") and GLUE_TASKS["cola"][1] == "mcc"
     assert TaskSpec("hf:glue:sst2").name == "hf:glue:sst2"
@@ -144,16 +153,27 @@ def test_task_specs_and_the_probe_s_settings_are_checked_before_anything_loads()
 @pytest.mark.xdist_group("trained")  # reads the tiny model, made once
 @pytest.mark.slow
 def test_the_probe_fine_tunes_the_model_and_its_random_twin_and_reports_both(tmp_path, tiny_model):
+    """Each model at the rate of its grid that scores best on a development split carved from training (the twin
+    given one rate here: no search, the same samples), scored on the validation split beside the baselines."""
     output = tmp_path / "downstream"
     done = run_module(
         "components.downstream",
-        *("--model", str(tiny_model), "--output", str(output), "--max_steps", "20", "--learning_rate", "5e-4"),
+        *("--model", str(tiny_model), "--output", str(output), "--max_steps", "20"),
+        *("--learning_rates", "1e-7,5e-4", "--random_init_learning_rates", "5e-4"),
         *("--max_train_samples", "256", "--max_eval_samples", "128", "--max_length", "32"),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((output / "downstream.json").read_text())
     (task,) = results["tasks"]
-    assert task["task"] == "word-order" and task["train_samples"] == 256 and task["validation_samples"] == 128
+    assert task["task"] == "word-order" and task["validation_samples"] == 128
+    assert task["dev_samples"] == round(0.2 * 256) and task["train_samples"] == 256 - task["dev_samples"]
+    search = task["pre-trained"]["learning_rate_search"]
+    assert [point["learning_rate"] for point in search] == [1e-7, 5e-4]
+    best = max(search, key=lambda point: point["dev_score"])
+    (pre_trained_run,) = task["pre-trained"]["runs"]
+    assert task["pre-trained"]["learning_rate"] == best["learning_rate"] == pre_trained_run["learning_rate"]
+    assert pre_trained_run["dev_score"] == best["dev_score"]  # the search's run at that rate is the one reported
+    assert task["random init"]["learning_rate_search"] == [] and task["random init"]["learning_rate"] == 5e-4
     for model in ("pre-trained", "random init"):
         (run,) = task[model]["runs"]
         assert run["steps"] == 20 and 0 <= run["accuracy"] <= 1 and math.isfinite(run["mean_train_loss"])
@@ -169,6 +189,7 @@ def test_the_probe_fine_tunes_the_model_and_its_random_twin_and_reports_both(tmp
     report = (output / "report.md").read_text()
     assert f"| `word-order` | accuracy | {shown_score(task['pre-trained'])} | " in report
     assert f"| {task['baselines']['majority class']:.4f} | {task['baselines']['bag of words']:.4f} |" in report
+    assert f"each the best on {task['dev_samples']} development samples carved from training" in report
     assert "word-order: accuracy" in done.stdout and "trivial baselines: majority class" in done.stdout
     refused = run_module(
         "components.downstream", "--model", str(tiny_model), "--output", str(tmp_path / "x"), "--tasks", "hf:"
@@ -184,7 +205,8 @@ def test_roberta_base_s_published_score_is_a_landmark_beside_glue_tasks_only_whe
     assert published_score("hf:nyu-mll/glue:sst2") == 0.948 and published_score("hf:glue:cola") == 0.636
     assert published_score("hf:nyu-mll/glue:mrpc") is None  # published as accuracy, the probe's MRPC metric is F1
     assert published_score("hf:glue:sst2:test") is None and published_score("word-order") is None
-    model = {"score": 0.8, "accuracy": 0.8, "f1": 0.8, "mcc": 0.6, "runs": []}
+    model = {"score": 0.8, "accuracy": 0.8, "f1": 0.8, "mcc": 0.6, "runs": [], "learning_rate": 2e-5}
+    model["learning_rate_search"] = []
     row = {"metric": "accuracy", "pre-trained": model, "random init": model, "gain": 0.0, "train_samples": 10}
     row |= {"validation_samples": 5, "validation_split": "validation"}
     tasks = [
@@ -222,10 +244,12 @@ def test_a_model_no_better_than_the_majority_class_is_no_signal_in_the_report_an
     from components.lib.model_card import probe_results
 
     model = {"score": 0.62, "standard_error": 0.03, "signal": False, "seed_scores": [0.62], "seed_std": 0.0}
+    model |= {"learning_rate": 1e-3, "learning_rate_search": [{"learning_rate": 1e-3, "dev_score": 0.6}]}
     task = {
         "task": "hf:user/sport-or-cooking",
         "metric": "accuracy",
         "train_samples": 240,
+        "dev_samples": 60,
         "validation_samples": 100,
         "validation_split": "validation",
         "published": None,

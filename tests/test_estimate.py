@@ -241,3 +241,28 @@ def test_a_limited_run_counts_the_texts_its_data_steps_read(tmp_path, embedded_t
     )
     assert measured["text_bytes"] == pytest.approx(sum(len(line.encode()) + 1 for line in lines) / len(lines))
     assert measured["samples"] == int(10 * measured["text_bytes"] * measured["tokens_per_byte"] / 128)
+
+
+def test_the_probe_counts_a_fine_tuning_a_rate_of_each_grid_then_one_for_every_other_seed():
+    """A grid of rates costs one fine-tuning a rate (the first seed's, scored on the development split carved from
+    training), then one for each other seed at the chosen rate, for each model; one rate, one a seed."""
+    from types import SimpleNamespace
+
+    from components.lib.downstream_tasks import word_order_task
+    from components.lib.estimates import DEFAULT_PROBE, fine_tuning_steps, probe_estimate
+    from components.lib.modeling import PRESETS
+    from components.lib.run_shape import run_shape
+
+    config = SimpleNamespace(**PRESETS["mini"], vocab_size=1000)
+    shape = run_shape(per_replica_batch_size=32, max_length=128, samples=None, max_steps=1, replicas=1, config=config)
+    probe = {**DEFAULT_PROBE, "max_steps": 0, "epochs": 3, "seeds": "1,2"}
+    one_rate = probe_estimate(shape, {**probe, "learning_rates": "1e-3"})
+    grids = probe_estimate(shape, {**probe, "learning_rates": "1e-4,1e-3,1e-2", "random_init_learning_rates": "1e-3"})
+    assert one_rate["fine_tunings"] == 2 * 2 and grids["fine_tunings"] == (3 + 2 - 1) + 2
+    train = len(word_order_task().train.labels)
+    fitted = train - round(0.2 * train)  # the development split is carved once, for both models
+    ratio = (grids["hours"] - CPU_TASK_START_HOURS) / (one_rate["hours"] - CPU_TASK_START_HOURS)
+    steps = fine_tuning_steps(fitted, 32, 3, 0) / fine_tuning_steps(train, 32, 3, 0)
+    assert ratio == pytest.approx(6 / 4 * steps, rel=0.05)  # six fine-tunings on 80% of the lines, against four
+    with pytest.raises(InvalidParameter, match=r"--learning-rates='1e-3,1e-3': must be distinct rates"):
+        probe_estimate(shape, {**probe, "learning_rates": "1e-3,1e-3"})

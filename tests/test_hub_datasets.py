@@ -55,9 +55,9 @@ def configs_readme(splits: dict[str, tuple[str, ...]]) -> bytes:
 
 
 def add_labelled_datasets(hub) -> None:
-    """GLUE's layout with two of its tasks (SST-2, single sentences; MRPC, pairs; test splits unlabelled: -1, as
-    GLUE's are), and a dataset of another layout (text labels, its held-out split named ``dev``), made of real
-    sentences: the embedded corpus's prose lines."""
+    """GLUE's layout with three of its tasks (SST-2, single sentences; MRPC, pairs; MNLI, three classes scored on two
+    splits; test splits unlabelled: -1, as GLUE's are), and a dataset of another layout (text labels, its held-out
+    split named ``dev``), made of real sentences: the embedded corpus's prose lines."""
     lines = [line.strip() for line in embedded_lines() if len(line.split()) > 6][:240]
 
     def sst2(rows: range, labelled: bool = True) -> bytes:
@@ -69,11 +69,19 @@ def add_labelled_datasets(hub) -> None:
         first, second = [lines[i] for i in rows], [lines[i + 1] for i in rows]
         return parquet_table({"sentence1": first, "sentence2": second, "label": labels, "idx": list(rows)})
 
+    def mnli(rows: range) -> bytes:
+        first, second = [lines[i] for i in rows], [lines[i + 2] for i in rows]
+        return parquet_table({"premise": first, "hypothesis": second, "label": [i % 3 for i in rows]})
+
     glue_splits = ("train", "validation", "test")
+    mnli_splits = ("train", "validation_matched", "validation_mismatched")
     hub.add_dataset(
         "nyu-mll/glue",
         {
-            "README.md": configs_readme({"sst2": glue_splits, "mrpc": glue_splits}),
+            "README.md": configs_readme({"sst2": glue_splits, "mrpc": glue_splits, "mnli": mnli_splits}),
+            "mnli/train-00000-of-00001.parquet": mnli(range(0, 60)),
+            "mnli/validation_matched-00000-of-00001.parquet": mnli(range(60, 90)),
+            "mnli/validation_mismatched-00000-of-00001.parquet": mnli(range(90, 111)),
             "sst2/train-00000-of-00001.parquet": sst2(range(0, 96)),
             "sst2/validation-00000-of-00001.parquet": sst2(range(96, 128)),
             "sst2/test-00000-of-00001.parquet": sst2(range(128, 160), labelled=False),
@@ -191,6 +199,7 @@ for source, columns, label in json.loads(sys.argv[1]):
             "metric": task.metric, "labels": list(task.label_names), "validation_split": task.validation_split,
             "train": [task.train.texts[0], len(task.train.labels)],
             "validation": [task.validation.labels[:3], len(task.validation.labels)],
+            "also_scored": {split: len(examples.labels) for split, examples in task.also_scored.items()},
         })
     except InvalidParameter as error:
         loaded.append({"refused": str(error)})
@@ -201,11 +210,13 @@ print(json.dumps(loaded))
 @pytest.mark.slow  # a datasets load against the stand-in each
 def test_downstream_tasks_load_from_the_hub_by_glue_s_conventions_or_named_columns_and_splits(hub_dataset):
     """The probe's Hub tasks through the real ``datasets`` client: GLUE's single-sentence and pair tasks with their
-    columns, metric and validation split (never the unlabelled test split), another dataset's columns and its own
-    held-out split, and what cannot be loaded refused in one line naming the task."""
+    columns, metric and validation split (never the unlabelled test split; MNLI's matched and mismatched), another
+    dataset's columns and its own held-out split, and what cannot be loaded refused in one line naming the task."""
     specs = [
         ("hf:nyu-mll/glue:sst2", "", "label"),
         ("hf:nyu-mll/glue:mrpc", "", "label"),
+        ("hf:nyu-mll/glue:mnli", "", "label"),
+        ("hf:nyu-mll/glue:mnli:validation_mismatched", "", "label"),
         ("hf:user/reviews:default:dev", "review", "stars"),
         ("hf:user/reviews", "review", "stars"),  # no validation split
         ("hf:user/reviews:default:dev", "review", "rating"),
@@ -216,10 +227,14 @@ def test_downstream_tasks_load_from_the_hub_by_glue_s_conventions_or_named_colum
         [sys.executable, "-c", LOAD_TASKS, json.dumps(specs)], capture_output=True, text=True, env=hub_dataset.env
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    sst2, mrpc, reviews, *refused = json.loads(done.stdout.strip().splitlines()[-1])
+    sst2, mrpc, mnli, mismatched, reviews, *refused = json.loads(done.stdout.strip().splitlines()[-1])
     assert sst2["metric"] == "accuracy" and sst2["validation_split"] == "validation" and sst2["labels"] == ["0", "1"]
     assert len(sst2["train"][0]) == 1 and sst2["train"][1] == 96 and sst2["validation"][1] == 32
     assert mrpc["metric"] == "f1" and len(mrpc["train"][0]) == 2 and mrpc["validation"] == [[0, 1, 0], 32]
+    # MNLI: fine-tuned once, scored on matched (its reported split) and mismatched; or on the one split named
+    assert mnli["validation_split"] == "validation_matched" and mnli["validation"] == [[0, 1, 2], 30]
+    assert mnli["also_scored"] == {"validation_mismatched": 21} and mnli["labels"] == ["0", "1", "2"]
+    assert mismatched["validation_split"] == "validation_mismatched" and mismatched["also_scored"] == {}
     assert reviews["validation_split"] == "dev" and reviews["labels"] == ["bad", "good"]
     assert reviews["train"][1] == 60 and reviews["validation"][1] == 20
     messages = [result["refused"] for result in refused]
@@ -254,8 +269,8 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
             per_replica_batch_size=4,
             max_steps=8,
             hub_repo_id="user/gs-run",
-            # the probe on GLUE's MRPC from the stand-in, loaded by preflight first; a short budget
-            downstream_tasks="hf:nyu-mll/glue:mrpc",
+            # the probe on GLUE's MRPC and MNLI from the stand-in, loaded by preflight first; a short budget
+            downstream_tasks="hf:nyu-mll/glue:mrpc,hf:nyu-mll/glue:mnli",
             downstream_max_steps=3,
             downstream_seeds="1",
         )
@@ -284,8 +299,21 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
     assert hub.file("user/gs-run", "tf_model.h5") == model["tf_model.h5"]
     assert len(hub.repos["user/gs-run"].commits) == 1
     assert artifacts["downstream probe"].startswith(f"{gcs}/runs/{run}/")
-    (mrpc,) = json.loads(bucket_objects(artifacts["downstream probe"])["downstream.json"])["tasks"]
-    assert mrpc["task"] == "hf:nyu-mll/glue:mrpc" and mrpc["metric"] == "f1" and mrpc["train_samples"] == 96
+    probe = json.loads(bucket_objects(artifacts["downstream probe"])["downstream.json"])
+    mrpc, matched, mismatched = probe["tasks"]
+    assert mrpc["task"] == "hf:nyu-mll/glue:mrpc" and mrpc["metric"] == "f1"
+    assert mrpc["train_samples"] + mrpc["dev_samples"] == 96 and mrpc["dev_samples"] == round(0.2 * 96)
+    # MNLI's fine-tunings scored on both its validation splits: the same runs, two rows; one task in the average
+    assert [matched["validation_split"], mismatched["validation_split"]] == [
+        "validation_matched",
+        "validation_mismatched",
+    ]
+    assert (matched["validation_samples"], mismatched["validation_samples"]) == (30, 21)
+    for model in ("pre-trained", "random init"):
+        assert [run["steps"] for run in matched[model]["runs"]] == [run["steps"] for run in mismatched[model]["runs"]]
+        assert matched[model]["learning_rate"] == mismatched[model]["learning_rate"]
+        mnli = (matched[model]["score"] + mismatched[model]["score"]) / 2
+        assert probe["average"][model] == pytest.approx((mrpc[model]["score"] + mnli) / 2)
     assert mrpc["pre-trained"]["runs"][0]["steps"] == 3 and mrpc["validation_split"] == "validation"
     card = hub.file("user/gs-run", "README.md").decode()
     front = yaml.safe_load(card.split("---\n")[1])

@@ -92,8 +92,8 @@ def test_the_drift_check_catches_a_default_changed_in_one_place():
 
 def test_the_recipe_s_knobs_are_declared_once():
     assert {cls.__name__ for cls, _, _ in declarations()["mlm_probability"]} == {"ShapeKnobs"}
-    # the downstream probe's fine-tuning has a learning rate of its own
-    assert {cls.__name__ for cls, _, _ in declarations()["learning_rate"]} == {"Recipe", "DownstreamArguments"}
+    # the downstream probe's fine-tuning has rates of its own (learning_rates, chosen among)
+    assert {cls.__name__ for cls, _, _ in declarations()["learning_rate"]} == {"Recipe"}
 
 
 @pytest.mark.parametrize("name", sorted(STEPS))
@@ -153,8 +153,8 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("allow_tight_memory", "eval_batch_size", "eval_max_batches"),
         *("downstream_tasks", "downstream_text_columns", "downstream_label_column", "downstream_epochs"),
         *("downstream_max_steps", "downstream_max_train_samples", "downstream_max_eval_samples"),
-        *("downstream_batch_size", "downstream_learning_rate", "downstream_random_init_learning_rate"),
-        *("downstream_seeds",),
+        *("downstream_batch_size", "downstream_learning_rates", "downstream_random_init_learning_rates"),
+        *("downstream_dev_fraction", "downstream_seeds"),
         *("hub_repo_id",),
         *("hub_private", "hub_license"),
         *("hf_token_secret", "output_root"),

@@ -118,7 +118,8 @@ def test_a_push_publishes_no_bucket_project_path_or_secret(tmp_path, hub, model_
     ]
     summary_file.write_text(json.dumps(summary, indent=2))
     task = "/home/acme/customer-x/labels.jsonl"
-    scores = {"pre-trained": {"score": 0.7}, "random init": {"score": 0.5}}
+    rates = {"learning_rate": 1e-3, "learning_rate_search": []}
+    scores = {"pre-trained": {"score": 0.7, **rates}, "random init": {"score": 0.5, **rates}}
     probe = {
         "tasks": [
             {"task": task, "metric": "accuracy", "labels": ["a", "b"], "train_samples": 10, "validation_samples": 4}

@@ -49,6 +49,8 @@ GLUE_TASKS = {
     "qnli": (("question", "sentence"), "accuracy", "validation"),
     "rte": (("sentence1", "sentence2"), "accuracy", "validation"),
 }
+# the held-out splits a GLUE task is scored on besides its validation split, by the same fine-tunings
+GLUE_ALSO_SCORED = {"mnli": ("validation_mismatched",)}
 # roberta-base's published GLUE dev scores where their metric is this probe's (fairseq's RoBERTa README: single-task
 # fine-tuning by the RoBERTa paper's recipe, 10 epochs and a sweep of rates and batches, from a model pre-trained on
 # 160 GB of text); MRPC's and QQP's published figures are accuracies, where the probe reports F1
@@ -91,6 +93,7 @@ class Task:
     train: Examples
     validation: Examples
     validation_split: str = "validation"
+    also_scored: dict[str, Examples] = field(default_factory=dict)  # more held-out splits the same runs score
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class TaskSpec:
             _head(task.train, max_train),
             _head(task.validation, max_validation),
             task.validation_split,
+            {split: _head(examples, max_validation) for split, examples in task.also_scored.items()},
         )
 
     def _hub_task(self) -> Task:
@@ -127,23 +131,22 @@ class TaskSpec:
         name, config, split_given = _hub_name(self.source)
         glue = GLUE_TASKS.get(config or "") if name in GLUE_DATASETS else None
         columns, metric, validation_split = glue or (self.text_columns, "accuracy", "validation")
-        validation_split = split_given or validation_split
+        # MNLI's mismatched validation split too, unless one split is named
+        also = GLUE_ALSO_SCORED.get(config or "", ()) if glue and not split_given else ()
+        scored = (split_given or validation_split, *also)
         if not columns:
             raise InvalidParameter("text_columns", "", f"name the text column(s) of {self.source}")
         try:
             splits = datasets.get_dataset_split_names(name, config)
-            for split in ("train", validation_split):
+            for split in ("train", *scored):
                 if split not in splits:
                     raise InvalidParameter("tasks", self.source, f"has no {split!r} split (its splits: {splits})")
-            loaded = {split: datasets.load_dataset(name, config, split=split) for split in ("train", validation_split)}
+            loaded = {split: datasets.load_dataset(name, config, split=split) for split in ("train", *scored)}
         except InvalidParameter:
             raise
         except (ValueError, FileNotFoundError, ConnectionError) as error:  # no such dataset or config, no Hub
             raise InvalidParameter("tasks", self.source, f"cannot be loaded: {first_line(error)}") from None
-        label = "label" if glue else self.label_column
-        return _labelled(
-            self.source, metric, loaded["train"], loaded[validation_split], columns, label, validation_split
-        )
+        return _labelled(self.source, metric, loaded, columns, "label" if glue else self.label_column, scored)
 
     def _file_task(self) -> Task:
         import datasets
@@ -161,9 +164,7 @@ class TaskSpec:
                 path = str(Path(local, f"{split}{storage.suffix(uri)}"))
                 storage.copy(uri, path)
                 loaded[split] = datasets.load_dataset(file_format, data_files=path, split="train", cache_dir=local)
-            return _labelled(
-                self.source, "accuracy", loaded["train"], loaded["validation"], self.text_columns, self.label_column
-            )
+            return _labelled(self.source, "accuracy", loaded, self.text_columns, self.label_column)
 
 
 @dataclass(kw_only=True)
@@ -210,6 +211,51 @@ def parse_tasks(tasks: str, text_columns: str = "", label_column: str = "label")
     if len(columns) > 2:
         raise InvalidParameter("text_columns", text_columns, "names one text column, or two for sentence pairs")
     return specs
+
+
+# The built-in task's text: the docstrings of these standard-library modules and packages, which the embedded
+# corpus (pydoc_data's topics: the language reference) does not hold. Pure Python, in every CPython install.
+DOCSTRING_SOURCES = (
+    *("argparse.py", "asyncio", "collections", "concurrent", "email", "http", "inspect.py", "json", "logging"),
+    *("multiprocessing", "pathlib.py", "pydoc.py", "shutil.py", "subprocess.py", "tarfile.py", "typing.py"),
+    *("unittest", "urllib", "xml", "zipfile"),
+)
+SENTENCE_WORDS = (8, 40)  # shorter: headings and fragments; longer: run-on lists
+
+
+def normalised(text: str) -> str:
+    """Lowercase words without punctuation: no capital or full stop left to tell a sentence's ends by."""
+    return " ".join(re.sub(r"[^\w\s]|_", " ", text.lower()).split())
+
+
+def docstring_sentences() -> list[str]:
+    """The distinct sentences of ``DOCSTRING_SOURCES``' docstrings (modules, classes, functions) that read as prose,
+    normalised, less any that the embedded corpus holds: text a model pre-trained on the embedded corpus never read.
+    They depend on the Python version's standard library (the images': 3.11)."""
+    import ast
+    import sysconfig
+
+    from components.lib.corpus.embedded import embedded_lines
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [
+        path
+        for source in DOCSTRING_SOURCES
+        for path in ([root / source] if source.endswith(".py") else sorted((root / source).rglob("*.py")))
+    ]
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    sentences = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            docstring = ast.get_docstring(node) if isinstance(node, nodes) else None
+            for paragraph in re.split(r"\n\s*\n", docstring or ""):
+                for sentence in re.split(r"(?<=[.!?])\s+", " ".join(paragraph.split())):
+                    # prose: starts as a sentence does, no doctest, reST directive or code
+                    if re.match(r"[A-Z][a-z]", sentence) and not re.search(r">>>|::|[{}=]", sentence):
+                        sentences.add(normalised(sentence))
+    pre_training = {normalised(line) for line in embedded_lines()}
+    low, high = SENTENCE_WORDS
+    return sorted(sentence for sentence in sentences - pre_training if low <= len(sentence.split()) <= high)
 
 
 def reversed_words(words: list[str], draw: random.Random) -> list[str] | None:
@@ -262,15 +308,16 @@ def _split_file(folder: str, split: str) -> str:
 def _labelled(
     source: str,
     metric: str,
-    train: Any,
-    validation: Any,
+    loaded: dict[str, Any],
     columns: tuple[str, ...],
     label: str,
-    validation_split: str = "validation",
+    scored: tuple[str, ...] = ("validation",),
 ) -> Task:
-    """The examples of two ``datasets.Dataset`` splits, their columns checked and their labels made 0, 1, ..."""
+    """The examples of ``datasets.Dataset`` splits (``train`` and the ``scored`` ones, the first reported as the
+    task's validation split), their columns checked and their labels made 0, 1, ..."""
     cells = {}  # split -> column -> its values, each column read once
-    for split, dataset in (("train", train), (validation_split, validation)):
+    for split in ("train", *scored):
+        dataset = loaded[split]
         missing = [column for column in (*columns, label) if column not in dataset.column_names]
         if missing:
             raise InvalidParameter(
@@ -287,15 +334,21 @@ def _labelled(
                 )
     names = _label_names(source, cells["train"][label])
     ids = {name: index for index, name in enumerate(names)}
-    unknown = sorted({_label(value) for value in cells[validation_split][label]} - set(ids))
-    if unknown:
-        raise InvalidParameter("tasks", source, f"its validation labels {unknown[:3]} are not among training's {names}")
+    for split in scored:
+        unknown = sorted({_label(value) for value in cells[split][label]} - set(ids))
+        if unknown:
+            raise InvalidParameter(
+                "tasks", source, f"its {split} labels {unknown[:3]} are not among training's {names}"
+            )
 
     def examples(split: str) -> Examples:
         texts = [tuple(map(str, row)) for row in zip(*(cells[split][column] for column in columns), strict=True)]
         return Examples(texts, [ids[_label(value)] for value in cells[split][label]])
 
-    return Task(source, metric, names, examples("train"), examples(validation_split), validation_split)
+    first, *others = scored
+    return Task(
+        source, metric, names, examples("train"), examples(first), first, {split: examples(split) for split in others}
+    )
 
 
 def _label(value: Any) -> str:
@@ -336,3 +389,14 @@ def _head(examples: Examples, most: int) -> Examples:
         return examples
     chosen = sorted(random.Random(0).sample(range(len(examples.labels)), most))
     return Examples([examples.texts[i] for i in chosen], [examples.labels[i] for i in chosen])
+
+
+def split_off(examples: Examples, count: int) -> tuple[Examples, Examples]:
+    """The examples less ``count`` of them spread over the split (the same every time), and those."""
+    chosen = set(random.Random(1).sample(range(len(examples.labels)), count))
+    kept, taken = Examples([], []), Examples([], [])
+    for index, (text, label) in enumerate(zip(examples.texts, examples.labels, strict=True)):
+        part = taken if index in chosen else kept
+        part.texts.append(text)
+        part.labels.append(label)
+    return kept, taken

@@ -322,6 +322,11 @@ DEFAULT_EVALUATION = {"max_batches": EVALUATION_MAX_BATCHES, "batch_size": EVALU
 # The downstream probe's fine-tuning defaults: the downstream step's (components/downstream.py takes them from
 # here), and with its task selection's the probe an estimate counts when not given the run's
 PROBE_FINE_TUNING = {
+    # roberta-base's rates (the RoBERTa paper's GLUE sweep: 1e-5 to 3e-5) and a small model's (make run's mini, and
+    # a random twin, learn at 1e-3): each model's is chosen on a development split (docs/steps.md)
+    "learning_rates": "2e-5,1e-4,1e-3",
+    "random_init_learning_rates": "",
+    "dev_fraction": 0.2,
     "epochs": 3,
     "max_steps": 0,
     "max_train_samples": 0,
@@ -398,6 +403,40 @@ def evaluation_estimate(shape: RunShape, data: dict[str, Any], evaluation: Mappi
     return {**cpu_task("evaluate", 1, flops / CPU_MODEL_FLOPS_PER_SECOND / 3600), "samples": samples}
 
 
+def learning_rate_grid(parameter: str, rates: str) -> list[float]:
+    """The peak learning rates a probe's model is fine-tuned at to choose one: comma-separated, each positive."""
+    try:
+        grid = [float(rate) for rate in rates.split(",")]
+    except ValueError:
+        grid = []
+    if not grid or not all(0 < rate < 1 and math.isfinite(rate) for rate in grid) or len(set(grid)) < len(grid):
+        raise InvalidParameter(parameter, rates, "must be distinct rates between 0 and 1, comma-separated (1e-5,3e-5)")
+    return grid
+
+
+def probe_grids(learning_rates: str, random_init_learning_rates: str) -> tuple[list[float], list[float]]:
+    """The pre-trained model's rates and its random twin's (the same when none are given for it)."""
+    grid = learning_rate_grid("learning_rates", learning_rates)
+    if not random_init_learning_rates.strip():
+        return grid, grid
+    return grid, learning_rate_grid("random_init_learning_rates", random_init_learning_rates)
+
+
+def dev_samples(train_samples: int, dev_fraction: float, most_rates: int) -> int:
+    """How many of a task's training samples are set aside to choose the learning rates on: none for one rate, else
+    ``dev_fraction`` of them, at least one, leaving at least one to fine-tune on. Both models fine-tune on the same
+    samples, so the split is carved when either model's grid (``most_rates``: the longer) has several."""
+    if most_rates == 1 or train_samples < 2:
+        return 0
+    return min(max(round(train_samples * dev_fraction), 1), train_samples - 1)
+
+
+def fine_tunings(rates: int, seeds: int) -> int:
+    """One model's fine-tunings on a task: one a rate to choose among several (with the first seed), then one for
+    each other seed at the chosen rate; the chosen rate's run is the first seed's."""
+    return seeds if rates == 1 else rates + seeds - 1
+
+
 def fine_tuning_steps(samples: int, batch_size: int, epochs: int, max_steps: int) -> int:
     """Optimizer steps of one fine-tuning: ``max_steps``, else ``epochs`` passes over the samples."""
     return max_steps or epochs * math.ceil(samples / min(batch_size, samples))
@@ -405,11 +444,15 @@ def fine_tuning_steps(samples: int, batch_size: int, epochs: int, max_steps: int
 
 def probe_estimate(shape: RunShape, probe: Mapping[str, Any]) -> dict[str, Any]:
     """Hours and cost of the downstream probe (the downstream step's settings ``probe``): each task fine-tuned from
-    the model and its random twin once a seed, at the training's length (the most a probe's sample pads to), and
-    scored. A task's size is known here for the built-in one, else only where max_train_samples bounds it."""
+    the model and from its random twin at each rate of their grids and then once for every other seed, at the
+    training's length (the most a probe's sample pads to), and scored. A task's size is known here for the built-in
+    one, else only where max_train_samples bounds it."""
     from components.lib.downstream_tasks import WORD_ORDER, parse_tasks, word_order_task
 
     seeds = len(str(probe["seeds"]).split(","))
+    grids = probe_grids(str(probe["learning_rates"]), str(probe["random_init_learning_rates"]))
+    runs = sum(fine_tunings(len(grid), seeds) for grid in grids)
+    most_rates = max(len(grid) for grid in grids)
     batch_size, epochs, max_steps = (int(probe[name]) for name in ("batch_size", "epochs", "max_steps"))
     most_train, most_eval = int(probe["max_train_samples"]), int(probe["max_eval_samples"])
     flops, unknown = 0.0, []
@@ -423,11 +466,14 @@ def probe_estimate(shape: RunShape, probe: Mapping[str, Any]) -> dict[str, Any]:
             unknown.append(spec.name)
             continue
         train, validation = min(train, most_train or train), min(validation, most_eval or validation)
-        samples = fine_tuning_steps(train, batch_size, epochs, max_steps) * min(batch_size, train) + validation / 3
-        flops += 2 * seeds * samples * shape.max_length * shape.flops_per_token  # a third: scoring is forward only
+        dev = dev_samples(train, float(probe["dev_fraction"]), most_rates)
+        fitted = train - dev
+        steps = fine_tuning_steps(fitted, batch_size, epochs, max_steps)
+        samples = steps * min(batch_size, fitted) + (validation + dev) / 3  # a third: scoring is forward only
+        flops += runs * samples * shape.max_length * shape.flops_per_token
     return {
         **cpu_task("downstream probe", 1, flops / CPU_MODEL_FLOPS_PER_SECOND / 3600),
-        "fine_tunings": 2 * seeds,
+        "fine_tunings": runs,
         "unknown": unknown,
     }
 

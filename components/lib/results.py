@@ -101,6 +101,28 @@ def baselines_line(task: dict[str, Any]) -> str:
     return ", ".join(f"{name} {score:.4f}" for name, score in task.get("baselines", {}).items())
 
 
+def rates_line(task: dict[str, Any]) -> str:
+    """The peak learning rate each model fine-tuned at on a task, and where the rates were chosen."""
+    chosen = ", ".join(f"{task[model]['learning_rate']:g} {model}" for model in PROBE_MODELS)
+    searched = {model: task[model]["learning_rate_search"] for model in PROBE_MODELS}
+    if not any(searched.values()):
+        return f"`{task['task']}`: fine-tuned at {chosen} (given, not chosen)."
+    grids = "; ".join(
+        f"{model}: "
+        + ", ".join(
+            f"{point['learning_rate']:g} → "
+            + ("diverged" if point["dev_score"] is None else f"{point['dev_score']:.4f}")
+            for point in search
+        )
+        for model, search in searched.items()
+        if search
+    )
+    return (
+        f"`{task['task']}`: fine-tuned at {chosen}, each the best on {task['dev_samples']:,} development samples "
+        f"carved from training ({grids})."
+    )
+
+
 def downstream_table(results: dict[str, Any]) -> list[str]:
     """The probe's results as Markdown lines (its report, the model card): a row a task, each model's score on the
     task's scored split with its sampling error (or "no signal"), the gain, the trivial baselines beside them; the
@@ -133,6 +155,8 @@ def downstream_table(results: dict[str, Any]) -> list[str]:
             f"| average | | {average['pre-trained']:.4f} | {average['random init']:.4f} | "
             f"{average['pre-trained'] - average['random init']:+.4f} | | | | | |" + (" |" if published else "")
         )
+    by_task = {result["task"]: result for result in results["tasks"]}  # a task scored on two splits: its rates once
+    lines += ["", *(rates_line(result) for result in by_task.values())]
     lines += [
         "",
         "Scores are means over the seeds ± the sampling error of the scored split (binomial for accuracy, bootstrap "
