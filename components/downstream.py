@@ -51,6 +51,10 @@ class DownstreamArguments(TaskSelection):
     epochs: int = field(
         default=PROBE_FINE_TUNING["epochs"], metadata={"help": "Passes over each task's training split."}
     )
+    min_steps: int = field(
+        default=PROBE_FINE_TUNING["min_steps"],
+        metadata={"help": "Optimizer steps per task and seed at least, however few epochs that is."},
+    )
     max_steps: int = field(
         default=PROBE_FINE_TUNING["max_steps"],
         metadata={"help": "Optimizer steps per task and seed; overrides epochs if > 0."},
@@ -101,7 +105,7 @@ class DownstreamArguments(TaskSelection):
         for parameter in ("epochs", "batch_size"):
             if getattr(self, parameter) < 1:
                 raise InvalidParameter(parameter, getattr(self, parameter), "must be a positive whole number")
-        for parameter in ("max_steps", "max_train_samples", "max_eval_samples", "max_length"):
+        for parameter in ("min_steps", "max_steps", "max_train_samples", "max_eval_samples", "max_length"):
             if getattr(self, parameter) < 0:
                 raise InvalidParameter(parameter, getattr(self, parameter), "must be 0 or a positive whole number")
         probe_grids(self.learning_rates, self.random_init_learning_rates)  # each rate checked
@@ -233,7 +237,7 @@ def fine_tune(
         model = TFAutoModelForSequenceClassification.from_config(config)
     samples = len(task.train.labels)
     batch_size = min(arguments.batch_size, samples)
-    steps = fine_tuning_steps(samples, arguments.batch_size, arguments.epochs, arguments.max_steps)
+    steps = fine_tuning_steps(samples, arguments.batch_size, arguments.epochs, arguments.max_steps, arguments.min_steps)
     optimizer, _ = create_optimizer(
         init_lr=learning_rate,
         num_train_steps=steps,
@@ -339,12 +343,12 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
         for task_inputs in encoded:
             for result in probe_task(Path(local), task_inputs, arguments):
                 log.info(
-                    "%s: %s %s pre-trained, %s random init, majority class %.4f (%s, %d samples, %d seed(s))",
+                    "%s: %s %s pre-trained, %s random init, one class always %.4f (%s, %d samples, %d seed(s))",
                     result["task"],
                     result["metric"],
                     shown_score(result["pre-trained"]),
                     shown_score(result["random init"]),
-                    result["baselines"]["majority class"],
+                    result["one_class"],
                     result["validation_split"],
                     result["validation_samples"],
                     len(arguments.seed_list),
@@ -375,8 +379,8 @@ def task_result(
 ) -> dict[str, Any]:
     """A task's figures on one scored split: each model's rate and the search that chose it, its mean over the seeds
     of each score, its task metric's as ``score``, each seed's, their spread and the score's sampling error; the
-    trivial baselines' scores on the same split; and whether each model beat always answering the majority class by
-    more than its error (else: "no signal")."""
+    trivial baselines' scores on the same split; and whether each model beat always answering one class (the best of
+    them on this split) by more than its error (else: "no signal")."""
     task, scored = encoded.task, encoded.scored[split]
     classes, labels = len(task.label_names), scored.examples.labels
     baselines = {
@@ -397,6 +401,9 @@ def task_result(
         "published": published_score(task.name) if split == task.validation_split else None,
         # the share of the scored split's most frequent label, and the trivial baselines' scores in the task's metric
         "majority_class": max(labels.count(label) for label in set(labels)) / len(labels),
+        # the best score of answering one class every time, whichever, in the task's metric (the majority's share
+        # for accuracy, 0 for Matthews correlation): the score a model must beat to have learnt anything
+        "one_class": max(scores([label] * len(labels), labels, classes)[task.metric] for label in range(classes)),
         "baselines": baselines,
     }
     for model, (tuned_model_runs, search) in tuned.items():
@@ -415,7 +422,7 @@ def task_result(
             "seed_scores": seed_scores,
             "seed_std": statistics.stdev(seed_scores) if len(seed_scores) > 1 else 0.0,
             "standard_error": error,
-            "signal": means[task.metric] - baselines["majority class"] > error,
+            "signal": means[task.metric] - result["one_class"] > error,
             "runs": model_runs,
         }
     result["gain"] = result[PROBE_MODELS[0]]["score"] - result[PROBE_MODELS[1]]["score"]

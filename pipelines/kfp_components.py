@@ -365,6 +365,7 @@ def downstream_step(
     text_columns: str = 'text',
     label_column: str = 'label',
     epochs: int = 3,
+    min_steps: int = 100,
     max_steps: int = 0,
     max_train_samples: int = 0,
     max_eval_samples: int = 0,
@@ -385,6 +386,7 @@ def downstream_step(
         text_columns: Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's (text, as the corpus's).
         label_column: Label column of tasks that are not GLUE's.
         epochs: Passes over each task's training split.
+        min_steps: Optimizer steps per task and seed at least, however few epochs that is.
         max_steps: Optimizer steps per task and seed; overrides epochs if > 0.
         max_train_samples: Fine-tune on at most this many samples; 0: all.
         max_eval_samples: Score at most this many samples; 0: all.

@@ -217,6 +217,7 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
         (f"downstream_{name}", DownstreamArguments, name)
         for name in (
             "epochs",
+            "min_steps",
             "max_steps",
             "max_train_samples",
             "max_eval_samples",

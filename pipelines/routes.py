@@ -60,6 +60,7 @@ ROUTES = {
     'downstream_text_columns': {'preflight': 'text_columns', 'downstream': 'text_columns'},
     'downstream_label_column': {'preflight': 'label_column', 'downstream': 'label_column'},
     'downstream_epochs': {'downstream': 'epochs'},
+    'downstream_min_steps': {'downstream': 'min_steps'},
     'downstream_max_steps': {'downstream': 'max_steps'},
     'downstream_max_train_samples': {'downstream': 'max_train_samples'},
     'downstream_max_eval_samples': {'downstream': 'max_eval_samples'},

@@ -185,7 +185,9 @@ def test_the_probe_fine_tunes_the_model_and_its_random_twin_and_reports_both(tmp
         accuracy = figures["score"]
         assert figures["standard_error"] == pytest.approx(math.sqrt(accuracy * (1 - accuracy) / 128))  # binomial
         assert figures["seed_scores"] == [accuracy] and figures["seed_std"] == 0.0
-        assert figures["signal"] == (accuracy - task["baselines"]["majority class"] > figures["standard_error"])
+        assert figures["signal"] == (accuracy - task["one_class"] > figures["standard_error"])
+    # always answering one class: at best the scored split's majority share, whatever the training split's majority
+    assert task["one_class"] == task["majority_class"]
     report = (output / "report.md").read_text()
     assert f"| `word-order` | accuracy | {shown_score(task['pre-trained'])} | " in report
     assert f"| {task['baselines']['majority class']:.4f} | {task['baselines']['bag of words']:.4f} |" in report
@@ -287,3 +289,27 @@ def test_a_model_no_better_than_the_majority_class_is_no_signal_in_the_report_an
     assert result.metric_name == "accuracy (short fine-tune, 1 seed(s))"  # no twin's score in a metric's name
     assert result.source_url == "https://huggingface.co/user/model"
     assert shown_score({"score": 0.8, "standard_error": 0.02, "signal": True}) == "0.8000 ± 0.0200"
+
+
+@pytest.mark.parametrize("metric, one_class", [("accuracy", 0.7), ("f1", 2 * 0.7 / 1.7), ("mcc", 0.0)])
+def test_no_signal_is_judged_against_the_best_one_class_answer_on_the_scored_split(metric, one_class):
+    """A balanced training split's majority class baseline answers class 0, which is 0.3 of the scored split: a model
+    must beat answering class 1 every time (0.7 of it; in F1, always the positive class; in MCC, 0), not that."""
+    from components.downstream import EncodedTask, ScoredSplit, task_result
+    from components.lib.downstream_tasks import Examples, Task
+
+    train, validation = Examples([("a",)] * 6, [0, 0, 0, 1, 1, 1]), Examples([("a",)] * 10, [1] * 7 + [0] * 3)
+    task = Task("t", metric, ("x", "y"), train, validation)
+    encoded = EncodedTask(
+        task, Examples([], []), {}, [[5]] * 6, {"validation": ScoredSplit(validation, {}, [[5]] * 10)}
+    )
+
+    def run(score: float) -> dict:
+        figures = {"accuracy": score, "f1": score, "mcc": score, "standard_error": 0.05}
+        return {"learning_rate": 1e-3, "steps": 1, "scored": {"validation": figures}}
+
+    tuned = {"pre-trained": ([run(one_class + 0.04)], []), "random init": ([run(one_class + 0.06)], [])}
+    result = task_result(encoded, tuned, "validation")
+    assert result["one_class"] == pytest.approx(one_class) and result["majority_class"] == 0.7
+    assert result["baselines"]["majority class"] == scores([0] * 10, validation.labels, 2)[metric]
+    assert not result["pre-trained"]["signal"] and result["random init"]["signal"]

@@ -262,7 +262,7 @@ def test_the_probe_counts_a_fine_tuning_a_rate_of_each_grid_then_one_for_every_o
     train = len(word_order_task().train.labels)
     fitted = train - round(0.2 * train)  # the development split is carved once, for both models
     ratio = (grids["hours"] - CPU_TASK_START_HOURS) / (one_rate["hours"] - CPU_TASK_START_HOURS)
-    steps = fine_tuning_steps(fitted, 32, 3, 0) / fine_tuning_steps(train, 32, 3, 0)
+    steps = fine_tuning_steps(fitted, 32, 3, 0, 100) / fine_tuning_steps(train, 32, 3, 0, 100)
     assert ratio == pytest.approx(6 / 4 * steps, rel=0.05)  # six fine-tunings on 80% of the lines, against four
     with pytest.raises(InvalidParameter, match=r"--learning-rates='1e-3,1e-3': must be distinct rates"):
         probe_estimate(shape, {**probe, "learning_rates": "1e-3,1e-3"})

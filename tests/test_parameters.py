@@ -152,6 +152,7 @@ def test_the_pipeline_interface_is_the_documented_one():
         *("tpu_max_queued_hours", "tpu_provisioning", "vertex_tensorboard"),
         *("allow_tight_memory", "eval_batch_size", "eval_max_batches"),
         *("downstream_tasks", "downstream_text_columns", "downstream_label_column", "downstream_epochs"),
+        *("downstream_min_steps",),
         *("downstream_max_steps", "downstream_max_train_samples", "downstream_max_eval_samples"),
         *("downstream_batch_size", "downstream_learning_rates", "downstream_random_init_learning_rates"),
         *("downstream_dev_fraction", "downstream_seeds"),

@@ -213,8 +213,9 @@ def parse_tasks(tasks: str, text_columns: str = "", label_column: str = "label")
     return specs
 
 
-# The built-in task's text: the docstrings of these standard-library modules and packages, which the embedded
-# corpus (pydoc_data's topics: the language reference) does not hold. Pure Python, in every CPython install.
+# Text held out from the embedded corpus, for probe tasks on text a model pre-trained on it never read
+# (benchmarks/downstream.py, benchmarks/probe_rates.py): the docstrings of these standard-library modules and
+# packages, which pydoc_data's topics (the language reference) do not hold. Pure Python, in every CPython install.
 DOCSTRING_SOURCES = (
     *("argparse.py", "asyncio", "collections", "concurrent", "email", "http", "inspect.py", "json", "logging"),
     *("multiprocessing", "pathlib.py", "pydoc.py", "shutil.py", "subprocess.py", "tarfile.py", "typing.py"),
@@ -228,8 +229,8 @@ def normalised(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]|_", " ", text.lower()).split())
 
 
-def docstring_sentences() -> list[str]:
-    """The distinct sentences of ``DOCSTRING_SOURCES``' docstrings (modules, classes, functions) that read as prose,
+def docstring_sentences(sources: tuple[str, ...] = DOCSTRING_SOURCES) -> list[str]:
+    """The distinct sentences that read as prose in the docstrings (of modules, classes, functions) of ``sources``,
     normalised, less any that the embedded corpus holds: text a model pre-trained on the embedded corpus never read.
     They depend on the Python version's standard library (the images': 3.11)."""
     import ast
@@ -240,7 +241,7 @@ def docstring_sentences() -> list[str]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = [
         path
-        for source in DOCSTRING_SOURCES
+        for source in sources
         for path in ([root / source] if source.endswith(".py") else sorted((root / source).rglob("*.py")))
     ]
     nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)

@@ -328,6 +328,8 @@ PROBE_FINE_TUNING = {
     "random_init_learning_rates": "",
     "dev_fraction": 0.2,
     "epochs": 3,
+    # 3 epochs of a user's 240 labelled rows are 24 steps, in which no model learns (docs/benchmarks.md)
+    "min_steps": 100,
     "max_steps": 0,
     "max_train_samples": 0,
     "max_eval_samples": 0,
@@ -437,9 +439,10 @@ def fine_tunings(rates: int, seeds: int) -> int:
     return seeds if rates == 1 else rates + seeds - 1
 
 
-def fine_tuning_steps(samples: int, batch_size: int, epochs: int, max_steps: int) -> int:
-    """Optimizer steps of one fine-tuning: ``max_steps``, else ``epochs`` passes over the samples."""
-    return max_steps or epochs * math.ceil(samples / min(batch_size, samples))
+def fine_tuning_steps(samples: int, batch_size: int, epochs: int, max_steps: int, min_steps: int) -> int:
+    """Optimizer steps of one fine-tuning: ``max_steps``, else ``epochs`` passes over the samples but at least
+    ``min_steps`` (a small task's few epochs are too few steps to learn anything)."""
+    return max_steps or max(epochs * math.ceil(samples / min(batch_size, samples)), min_steps)
 
 
 def probe_estimate(shape: RunShape, probe: Mapping[str, Any]) -> dict[str, Any]:
@@ -453,7 +456,9 @@ def probe_estimate(shape: RunShape, probe: Mapping[str, Any]) -> dict[str, Any]:
     grids = probe_grids(str(probe["learning_rates"]), str(probe["random_init_learning_rates"]))
     runs = sum(fine_tunings(len(grid), seeds) for grid in grids)
     most_rates = max(len(grid) for grid in grids)
-    batch_size, epochs, max_steps = (int(probe[name]) for name in ("batch_size", "epochs", "max_steps"))
+    batch_size, epochs, max_steps, min_steps = (
+        int(probe[name]) for name in ("batch_size", "epochs", "max_steps", "min_steps")
+    )
     most_train, most_eval = int(probe["max_train_samples"]), int(probe["max_eval_samples"])
     flops, unknown = 0.0, []
     for spec in parse_tasks(probe["tasks"], probe["text_columns"], probe["label_column"]):
@@ -468,7 +473,7 @@ def probe_estimate(shape: RunShape, probe: Mapping[str, Any]) -> dict[str, Any]:
         train, validation = min(train, most_train or train), min(validation, most_eval or validation)
         dev = dev_samples(train, float(probe["dev_fraction"]), most_rates)
         fitted = train - dev
-        steps = fine_tuning_steps(fitted, batch_size, epochs, max_steps)
+        steps = fine_tuning_steps(fitted, batch_size, epochs, max_steps, min_steps)
         samples = steps * min(batch_size, fitted) + (validation + dev) / 3  # a third: scoring is forward only
         flops += runs * samples * shape.max_length * shape.flops_per_token
     return {

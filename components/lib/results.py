@@ -89,7 +89,8 @@ CUES = ("first token", "last token", "length")
 
 def shown_score(model: dict[str, Any]) -> str:
     """A probe model's score as people read it: with its sampling error, or "no signal" (its score in brackets) when
-    it does not beat always answering the majority class by more than that error: no accuracy of the model's."""
+    it does not beat always answering one class (the best such answer on the scored split) by more than that error:
+    no accuracy of the model's."""
     if not model.get("signal", True):
         return f"{NO_SIGNAL} ({model['score']:.4f})"
     error = model.get("standard_error")
@@ -160,7 +161,8 @@ def downstream_table(results: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "Scores are means over the seeds ± the sampling error of the scored split (binomial for accuracy, bootstrap "
-        "else); no signal: not above always answering the majority class by more than that error. ¹ The best of "
+        "else); no signal: not above the best score of always answering one class on the scored split by more than "
+        "that error (the majority class baseline answers the training split's). ¹ The best of "
         "the first token, the last token and the length alone, each a count classifier like the bag of words "
         "(naive Bayes on the training split).",
     ]
