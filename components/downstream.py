@@ -249,10 +249,11 @@ def fine_tune(
     train = train.shuffle(samples, seed=seed).repeat().batch(batch_size, drop_remainder=True)
     started = time.perf_counter()
     history = model.fit(train, steps_per_epoch=steps, epochs=1, verbose=0)
+    train_loss = float(history.history["loss"][-1])  # over all the steps (one Keras epoch)
 
     def predicted(inputs: dict[str, Any]) -> Any:
         logits = model.predict(inputs, batch_size=arguments.batch_size, verbose=0).logits
-        if not (math.isfinite(history.history["loss"][-1]) and np.isfinite(logits).all()):
+        if not (math.isfinite(train_loss) and np.isfinite(logits).all()):
             raise FloatingPointError(
                 f"{task.name}: the {'pre-trained' if pretrained else 'random init'} model's fine-tuning (seed {seed}) "
                 f"diverged: its loss or logits are not finite; try a lower learning rate than {learning_rate:g}"
@@ -268,7 +269,7 @@ def fine_tune(
         }
     if score_dev and encoded.dev.labels:
         run["dev_score"] = scores(predicted(encoded.inputs["dev"]), encoded.dev.labels, classes)[task.metric]
-    run["mean_train_loss"] = float(history.history["loss"][-1])  # over all the steps (one Keras epoch)
+    run["mean_train_loss"] = train_loss
     run["seconds"] = round(time.perf_counter() - started, 3)
     return run
 

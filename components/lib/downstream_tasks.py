@@ -214,7 +214,7 @@ def parse_tasks(tasks: str, text_columns: str = "", label_column: str = "label")
 
 
 # Text held out from the embedded corpus, for probe tasks on text a model pre-trained on it never read
-# (benchmarks/downstream.py, benchmarks/probe_rates.py): the docstrings of these standard-library modules and
+# (benchmarks/probe_rates.py): the docstrings of these standard-library modules and
 # packages, which pydoc_data's topics (the language reference) do not hold. Pure Python, in every CPython install.
 DOCSTRING_SOURCES = (
     *("argparse.py", "asyncio", "collections", "concurrent", "email", "http", "inspect.py", "json", "logging"),
