@@ -35,6 +35,7 @@ import yaml
 from components.lib.corpus import EMBEDDED, HUB_PREFIX
 from components.lib.downstream_tasks import BUILT_IN_TASKS
 from components.lib.errors import InvalidParameter, ServiceFailed
+from components.lib.estimates import PROBE_FINE_TUNING, probe_grids
 from components.lib.hub import check_repo_id, check_secret_name
 from components.lib.job_runner import log, one_line_failure, run_job
 from components.lib.tpu_catalogue import TPU_TYPES
@@ -155,6 +156,16 @@ def first_run_values(values: dict[str, Any], push: bool) -> dict[str, Any]:
     """The parameter values of a first run: ``FIRST_RUN`` over the long run's, in the run's own checkpoint folder
     (the long run's must not resume a 100-step schedule), and without the push unless ``push``."""
     changed = {**values, **FIRST_RUN}
+    # each model's probe at one rate, its grid's first: two steps choose nothing, and a grid's fine-tunings would
+    # put the estimate's run time over its 20 minutes (the search's code is the CPU's, run by make run and the tests)
+    rates, random_init_rates = (
+        values.get(f"downstream_{name}", PROBE_FINE_TUNING[name])
+        for name in ("learning_rates", "random_init_learning_rates")
+    )
+    grids = probe_grids(str(rates), str(random_init_rates))
+    changed["downstream_learning_rates"] = f"{grids[0][0]:g}"
+    if str(random_init_rates).strip():
+        changed["downstream_random_init_learning_rates"] = f"{grids[1][0]:g}"
     dropped = ["checkpoint_dir"] + ([] if push else ["hub_repo_id"])
     for name in dropped:
         if changed.pop(name, None):
@@ -695,7 +706,8 @@ def first_run_leaves(long_run: dict[str, Any], arguments: SubmitArguments) -> st
         left.append(f"the data steps' {long_run['num_parts']} parts side by side (it reads a sample in one)")
     if long_run.get("hub_repo_id") and not arguments.first_run_push:
         left.append("the Hub push (--first_run_push tries it)")
-    return ", ".join([*left, "the evaluation and the probe at their full size, or a preemption in a new job"])
+    full_size = "the evaluation and the probe at their full size (the probe's choice of rates among it)"
+    return ", ".join([*left, f"{full_size}, or a preemption in a new job"])
 
 
 def first_run_time(estimate: dict[str, Any] | str) -> str:

@@ -170,6 +170,7 @@ def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_th
         "eval_max_batches": 2,  # the evaluation's and the probe's paths, on a few batches
         "downstream_max_steps": 2,
         "downstream_max_eval_samples": 32,
+        "downstream_learning_rates": "2e-05",  # the default grid's first: one fine-tuning a model, none to choose
         "rehearse_restart": True,  # the restore path, at its first checkpoint
     }  # no checkpoint_dir (the long run's would resume a 100-step schedule), no push
     assert all(type(values[name]) is float for name in ("holdout_fraction", "tpu_job_timeout_hours"))  # KFP's type
@@ -186,8 +187,17 @@ def test_a_first_run_is_the_same_pipeline_on_a_sample_for_a_few_steps_without_th
     assert "a restart that restores one into the TPU's variables" in result["first_run"]
     assert result["first_run"].endswith(  # what it leaves to the long run: its parts and push among them
         "it does not run the data steps' 8 parts side by side (it reads a sample in one), the Hub push "
-        "(--first_run_push tries it), the evaluation and the probe at their full size, or a preemption in a new job"
+        "(--first_run_push tries it), the evaluation and the probe at their full size (the probe's choice of rates "
+        "among it), or a preemption in a new job"
     )
+    grids = {**long_run, "downstream_learning_rates": "1e-3,3e-4", "downstream_random_init_learning_rates": "3e-3,1e-3"}
+    first = submit(arguments(template, first_run=True, **{**given, "parameters": json.dumps(grids)}))
+    values = first["would_submit"]["runtimeConfig"]["parameterValues"]
+    assert (values["downstream_learning_rates"], values["downstream_random_init_learning_rates"]) == ("0.001", "0.003")
+    assert first["estimate"]["probe"]["fine_tunings"] == 2
+    misspelt = {**long_run, "downstream_learning_rates": "1e-3;3e-4"}
+    with pytest.raises(InvalidParameter, match="1e-3;3e-4"):
+        submit(arguments(template, first_run=True, **{**given, "parameters": json.dumps(misspelt)}))
     pushed = submit(arguments(template, first_run=True, first_run_push=True, **given))
     assert pushed["would_submit"]["runtimeConfig"]["parameterValues"]["hub_repo_id"] == "me/roberta"
     with pytest.raises(InvalidParameter, match="--first-run-push=True: is for --first_run"):
@@ -274,22 +284,29 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
     assert estimate["steps"] == estimate["data"]["samples"] // 1024
     assert estimate["cost"] == 4.8 * estimate["hours"]
     printed = capsys.readouterr().err
-    assert "Estimate of the run on a v5e-4" in printed and re.search(r"\n  downstream probe +0\.", printed)
-    # the downstream probe by default: word-order, fine-tuned from the model and from its twin (one seed), 3 epochs
-    # of 32-sample steps at the training's 128 tokens, and scored, at the CPU rate measured for roberta-base
+    probe_row = f"\n  downstream probe     {estimate['probe']['hours']:.2f} h ("
+    assert "Estimate of the run on a v5e-4" in printed and probe_row in printed and "(6 fine-tunings a task)" in printed
+    # the downstream probe by default: word-order, fine-tuned from the model and from its twin at three rates each
+    # with one seed, on the 80% of its training lines not set aside to choose the rates, 3 epochs of 32-sample steps
+    # but at least 100, at the training's 128 tokens, and scored (test and development lines), at the CPU rate
+    # measured for roberta-base
     from components.lib.downstream_tasks import word_order_task
 
     task = word_order_task()
     train, validation = len(task.train.labels), len(task.validation.labels)
-    samples = 3 * -(-train // 32) * 32 + validation / 3
-    flops = 2 * samples * 128 * estimate["model_flops_per_token"]
+    dev = round(train * 0.2)
+    steps = max(3 * -(-(train - dev) // 32), 100)
+    samples = steps * 32 + (validation + dev) / 3
+    flops = 6 * samples * 128 * estimate["model_flops_per_token"]  # six fine-tunings
     assert estimate["probe"]["hours"] == pytest.approx(flops / 343e9 / 3600 + 3 / 60)
     assert estimate["probe"]["cost"] == pytest.approx(estimate["probe"]["hours"] * 2 * 0.2185)
     # a Hub task's size is read by preflight: not counted unless bounded
     glue = {**parameters, "downstream_tasks": "word-order,hf:nyu-mll/glue:sst2", "downstream_seeds": "1,2"}
     unbounded = submit(arguments(template, dry_run=True, corpus_bytes=546_500_949, parameters=json.dumps(glue)))
     assert unbounded["estimate"]["probe"]["unknown"] == ["hf:nyu-mll/glue:sst2"]
-    assert unbounded["estimate"]["probe"]["hours"] - 3 / 60 == pytest.approx(2 * (estimate["probe"]["hours"] - 3 / 60))
+    # two seeds: the second at each model's chosen rate, 8 fine-tunings for 6
+    fine_tuned = [run["estimate"]["probe"]["hours"] - 3 / 60 for run in (unbounded, result)]
+    assert fine_tuned[0] == pytest.approx(8 / 6 * fine_tuned[1])
     assert "not counted: hf:nyu-mll/glue:sst2" in capsys.readouterr().err
     # the bill: the TPU job as compiled, its limit derived as preflight derives it, and the most the run can cost
     bill = estimate["bill"]
