@@ -228,14 +228,22 @@ def samples_at(run: dict[str, Any], step: float) -> float:
 
 
 def train_and_score(
-    name: str, seed: int, steps: int, data: dict[str, str], arguments: RecipeBenchmarkArguments, work: Path
+    name: str,
+    candidate: dict[str, Any],
+    seed: int,
+    steps: int,
+    data: dict[str, str],
+    arguments: RecipeBenchmarkArguments,
+    work: Path,
 ) -> dict[str, Any]:
-    """One run of the train step and its score by the evaluate step (a run already in ``work`` is read back)."""
+    """One run of the train step with ``candidate``'s settings (``CANDIDATES``' form) and its score by the evaluate
+    step (a run already in ``work`` is read back). ``arguments``: the run's sizes (model, vocabulary, batch,
+    validations)."""
     shape = f"{arguments.model_config}-vocab{arguments.vocab_size}-batch{arguments.batch_size}-{steps}steps"
     folder = work / shape / f"{re.sub('[^a-z0-9]+', '-', name.lower())}-{seed}"
     summary_file = folder / "model" / "training_summary.json"
     every = steps // arguments.validations
-    candidate = dict(CANDIDATES[name])
+    candidate = dict(candidate)
     micro_batches = candidate.pop("micro_batches", 1)
     settings = {
         "tokenizer": data["tokenizer"],
@@ -403,7 +411,7 @@ def main() -> None:
 
     def scored(name: str, seed: int, steps: int) -> dict[str, Any]:
         print(f"[{time.perf_counter() - started:6.0f} s] {name}, seed {seed}, {steps} steps", flush=True)
-        result = train_and_score(name, seed, steps, data, arguments, work)
+        result = train_and_score(name, CANDIDATES[name], seed, steps, data, arguments, work)
         print(f"         held-out loss {result['held_out_loss']:.4f}", flush=True)
         return result
 

@@ -2,7 +2,9 @@
 clipping of each optimizer step's gradient, and the masking rate's decay."""
 
 import json
+import math
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -269,3 +271,39 @@ def test_a_dropout_the_model_config_has_no_setting_for_is_refused_in_one_line():
         pretraining_config(DistilBertConfig(), 0.0)
     assert "hidden_dropout_prob" in str(refused.value) and "\n" not in str(refused.value)
     assert pretraining_config(DistilBertConfig(), MODEL_DROPOUT).dropout == DistilBertConfig().dropout
+
+
+def test_the_tuned_recipe_benchmark_widens_its_grid_past_the_best_edge_and_counts_a_diverged_rate_the_worst(
+    monkeypatch,
+):
+    """benchmarks/recipes_tuned.py's search: three rates around the recipe's own, one more past an edge holding the
+    best until the best is inside (or the widenings run out); a run the train step stops on a non-finite loss
+    (exit 4) is the worst, any other failure ends the benchmark."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from recipes_tuned import TunedRecipesArguments, tuned_rate
+
+    arguments = TunedRecipesArguments()
+    best, diverges = 8e-4, 3e-3
+
+    def train(name: str, candidate: dict, steps: int) -> dict:
+        rate = candidate["learning_rate"]
+        if rate > diverges:
+            raise SystemExit(f"components.train failed (4): see {name}.log")
+        return {"curve": [(steps, 5 + math.log(rate / best) ** 2)]}
+
+    rate, search = tuned_rate("hf-2023", 100, train, arguments)  # its own rate 1e-4: 5e-5, 1e-4, 2e-4, then up
+    assert rate == pytest.approx(8e-4) and [point["learning_rate"] for point in search] == pytest.approx(
+        [5e-5, 1e-4, 2e-4, 4e-4, 8e-4, 1.6e-3]
+    )
+    rate, search = tuned_rate("hf-2023", 100, train, replace(arguments, most_widenings=1))
+    assert rate == pytest.approx(4e-4) and len(search) == 4  # still at the edge: the search's rates show it
+    best = 5e-3  # past the divergence: the highest rate that trained is chosen, the diverged one recorded
+    rate, search = tuned_rate("roberta-2019", 100, train, replace(arguments, grid_factor=4))
+    assert rate == pytest.approx(2e-3)
+    assert search[-1] == {"learning_rate": pytest.approx(8e-3), "validation_loss": math.inf}
+
+    def broken(name: str, candidate: dict, steps: int) -> dict:
+        raise SystemExit(f"components.train failed (1): see {name}.log")
+
+    with pytest.raises(SystemExit, match=r"failed \(1\)"):
+        tuned_rate("hf-2023", 100, broken, arguments)
