@@ -44,6 +44,7 @@ from pipelines.quota import CPU_QUOTA, QuotaArguments, require_cpu_quota, requir
 from pipelines.run_folders import (
     PIPELINE_NAME,
     RESUMED_FROM_LABEL,
+    RUN_NAME,
     run_checkpoint_folder,
     run_label,
     run_name,
@@ -571,8 +572,10 @@ def check_not_leased(arguments: SubmitArguments, folder: str) -> None:
     lease = live_lease(folder)
     if lease is None:
         return
-    holder = lease.get("run") or arguments.resume
-    where = f"--project {arguments.project} --region {arguments.region}"
+    # the lease's run as a name submit writes, else the run resumed: a lease file's text never reaches the hint raw
+    written = str(lease.get("run") or "")
+    holder = shlex.quote(written if RUN_NAME.fullmatch(written) else arguments.resume)
+    where = shlex.join(["--project", arguments.project, "--region", arguments.region])
     raise LeaseHeld(
         f"--resume={arguments.resume!r}: a training holds the lease on its checkpoint folder {folder} "
         f"({describe(lease)}) and a second would write over its checkpoints: see it with tpu-mlm status {holder} "

@@ -343,4 +343,6 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_e
     cleaned = clean(CleanArguments(run=run, pipeline_root=str(tmp_path / "runs"), yes=True))
     assert cleaned["delete_objects"] > 0 and not bucket_objects(checkpoint_dir)
     assert not bucket_objects(artifacts["train shards"]) and not bucket_objects(artifacts["tokenizer"])
+    left = bucket_objects(f"{gcs}/runs/{run}")  # no shard of any part left, the loop's among them
+    assert left and not [name for name in left if name.endswith(".tfrecord")]
     assert bucket_objects(artifacts["model"]).keys() == model.keys()

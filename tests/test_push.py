@@ -134,13 +134,25 @@ def test_a_push_publishes_no_bucket_project_path_or_secret(tmp_path, hub, model_
     result = push(hub, str(private / "model"), str(private / "eval"), *extra)
     assert result.returncode == 0, result.stderr[-2000:]
 
-    repo = hub.repos["user/public-model"]
-    assert {"README.md", "training_summary.json", "tf_model.h5", "model.safetensors"} <= set(repo.files)
-    for name in repo.files:
-        data = hub.file("user/public-model", name)
-        for word in (*PRIVATE_NAMES, "gs://", "/home/", "10.1.2.3", "secrets/"):
-            assert word.encode() not in data, f"{name} names {word}"
-    assert not any(name in commit for commit in map(str, repo.commits) for name in PRIVATE_NAMES)
+    # the same run's model folder exported to the Hub (tpu-mlm export: a train step's folder gets the push's card)
+    exported = run_module(
+        "components.export",
+        "--model",
+        str(private / "model"),
+        "--output",
+        "hf:user/exported",
+        "--no_private",
+        env=hub.env,
+    )
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    for repo_id in ("user/public-model", "user/exported"):
+        repo = hub.repos[repo_id]
+        assert {"README.md", "training_summary.json", "tf_model.h5", "model.safetensors"} <= set(repo.files)
+        for name in repo.files:
+            data = hub.file(repo_id, name)
+            for word in (*PRIVATE_NAMES, "gs://", "/home/", "10.1.2.3", "secrets/"):
+                assert word.encode() not in data, f"{repo_id}: {name} names {word}"
+        assert not any(name in commit for commit in map(str, repo.commits) for name in PRIVATE_NAMES)
 
     published = json.loads(hub.file("user/public-model", "training_summary.json"))
     assert published["total_steps"] == summary["total_steps"] and published["history"] == summary["history"]

@@ -255,7 +255,7 @@ def test_status_follow_prints_each_change_until_the_run_ends(template, vertex, t
     ],
     ids=["not a name", "no such run"],
 )
-@pytest.mark.parametrize("job_name", ["status", "logs", "cancel"])
+@pytest.mark.parametrize("job_name", ["status", "logs", "cancel", "clean"])
 def test_a_name_that_is_no_run_is_refused_in_one_line(vertex, job_name, run, expected):
     refused = command(vertex, job_name, run)
     assert refused.returncode == 2 and not refused.stdout

@@ -128,6 +128,7 @@ SMOKE = ["--scratch", "gs://b/smoke", "--tpu_image", "us-docker.pkg.dev/p/r/tpu:
         ["status", RUN, "--project", "my-proj", "--follow"],
         ["logs", RUN, "--project", "my-proj"],
         ["cancel", RUN, "--project", "my-proj", "--yes"],
+        ["clean", RUN, "--project", "my-proj", "--yes"],
         ["submit", "--template", "pipeline.yaml", "--project", "my-proj", "--pipeline_root", "gs://b/r"],
         ["smoke", "--project", "my-proj", *SMOKE],
     ],
@@ -144,6 +145,8 @@ def test_a_region_that_could_name_another_host_is_refused_before_any_connection(
     [
         ("--api_endpoint", ["status", RUN, "--project", "my-proj"]),
         ("--api_endpoint", ["cancel", RUN, "--project", "my-proj", "--yes"]),
+        ("--api_endpoint", ["clean", RUN, "--project", "my-proj", "--yes"]),
+        ("--logging_endpoint", ["logs", RUN, "--project", "my-proj"]),
         ("--api_endpoint", ["smoke", "--project", "my-proj", *SMOKE]),
         ("--quota_endpoint", ["smoke", "--project", "my-proj", *SMOKE]),
     ],

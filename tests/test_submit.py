@@ -510,6 +510,12 @@ def test_a_resume_is_refused_while_a_training_holds_the_run_s_checkpoint_folder(
         assert submit_main(dry_run) == 3  # a refusal that would come again until the training ends
         error = capsys.readouterr().err.strip().splitlines()[-1]
         assert error.startswith("error: --resume='wikitext-base-1': a training holds the lease") and where in error
+    # a lease whose run is no run's name (written by hand): the hint names the run resumed, never the file's text
+    with Lease(folder, expiry=600, run="x; rm -rf ~").held():
+        with pytest.raises(LeaseHeld) as refused:
+            submit(arguments(template, **given), credentials=AnonymousCredentials())
+        hint = str(refused.value).split("see it with ", 1)[1]
+        assert hint.startswith(f"tpu-mlm status wikitext-base-1 {where}") and "rm -rf" not in hint
     assert not sent
     submit(arguments(template, **given, api_endpoint=vertex.url), credentials=AnonymousCredentials())
     assert len(sent) == 1
