@@ -147,7 +147,7 @@ def preflight_step(
         tokenizer: Tokenizer folder (local or gs://).
         train_shards: Training shard folder with manifest.json.
         eval_shards: Validation shards: loss logged at each checkpoint.
-        tasks: The downstream probe's tasks, comma-separated: word-order (from the embedded corpus, no network), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation .jsonl/.csv/.parquet files.
+        tasks: The downstream probe's tasks, comma-separated: word-order (built in, no network: windows of words from Python's docstrings, which the embedded corpus does not hold, as written or reversed), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation .jsonl/.csv/.parquet files.
         text_columns: Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's (text, as the corpus's).
         label_column: Label column of tasks that are not GLUE's.
         hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
@@ -382,7 +382,7 @@ def downstream_step(
 
     Args:
         model: Model folder from components.train (local or gs://).
-        tasks: The downstream probe's tasks, comma-separated: word-order (from the embedded corpus, no network), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation .jsonl/.csv/.parquet files.
+        tasks: The downstream probe's tasks, comma-separated: word-order (built in, no network: windows of words from Python's docstrings, which the embedded corpus does not hold, as written or reversed), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation .jsonl/.csv/.parquet files.
         text_columns: Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's (text, as the corpus's).
         label_column: Label column of tasks that are not GLUE's.
         epochs: Passes over each task's training split.

@@ -5,6 +5,7 @@ import json
 import math
 import random
 import re
+import zlib
 
 import pytest
 from conftest import run_module
@@ -32,29 +33,46 @@ def test_scores_are_accuracy_f1_of_the_positive_class_and_matthews_correlation()
     assert scores([0, 1, 1, 0], [0, 1, 0, 0], 3)["f1"] == pytest.approx((0.8 + 2 / 3) / 2)
 
 
-def test_the_word_order_task_is_balanced_reproducible_and_no_line_is_in_both_splits():
+def test_the_word_order_task_is_windows_of_held_out_text_that_no_trivial_baseline_tells_apart():
     from components.lib.corpus.embedded import embedded_lines
+    from components.lib.downstream_tasks import (
+        WORD_ORDER_TRAIN_WINDOWS,
+        WORD_ORDER_VALIDATION_SHARE,
+        WORD_ORDER_WINDOW,
+        docstring_sentences,
+        normalised,
+    )
 
     task = word_order_task()
-    assert task == word_order_task() and task.label_names == ("reversed", "original")
-    for split in (task.train, task.validation):
+    assert task == word_order_task() and task.label_names == ("reordered", "original")
+    assert len(task.train.labels) == WORD_ORDER_TRAIN_WINDOWS and len(task.validation.labels) > 500
+    # text the embedded corpus (make run's pre-training text) does not hold, each sentence in one split
+    sentences = set(docstring_sentences())
+    assert sentences and not sentences & {normalised(line) for line in embedded_lines()}
+    running = {
+        validation: " ".join(
+            sentence
+            for sentence in docstring_sentences()
+            if (zlib.crc32(sentence.encode()) % WORD_ORDER_VALIDATION_SHARE == 0) == validation
+        )
+        for validation in (False, True)
+    }
+    for split, validation in ((task.train, False), (task.validation, True)):
         assert 0.4 < sum(split.labels) / len(split.labels) < 0.6
-    corpus = {" ".join(line.split()) for line in embedded_lines()}
-
-    def originals(split):  # the corpus line each example is made from
-        lines = set()
         for (text,), label in zip(split.texts, split.labels, strict=True):
             words = text.split()
-            if label == 1:
-                assert text in corpus
-                lines.add(text)
-                continue
-            line = " ".join(reversed(words))  # a reversed line: the same words, last first
-            assert text not in corpus and line in corpus
-            lines.add(line)
-        return lines
+            original = " ".join(words if label == 1 else words[::-1])  # a reordered window: its words last first
+            assert len(words) == WORD_ORDER_WINDOW and original in running[validation]
+    # its words, its first and last word and its length: near chance, trained on the training windows
+    vocabulary: dict[str, int] = {}
 
-    assert not originals(task.train) & originals(task.validation)  # the corpus repeats lines across its topics
+    def ids(split):
+        return [[vocabulary.setdefault(word, len(vocabulary)) for word in text.split()] for (text,) in split.texts]
+
+    predicted = baseline_predictions(ids(task.train), task.train.labels, ids(task.validation), 2)
+    for name, guesses in predicted.items():
+        accuracy = scores(guesses, task.validation.labels, 2)["accuracy"]
+        assert abs(accuracy - 0.5) < 0.06, (name, accuracy)
 
 
 def test_a_folder_of_labelled_files_gives_its_splits_with_text_labels_numbered_in_order(tmp_path):

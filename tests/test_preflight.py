@@ -268,7 +268,7 @@ def test_preflight_loads_the_downstream_tasks_and_refuses_a_bad_one_in_one_line(
     good = labelled_folder(tmp_path / "good", "")
     report = preflight(arguments(wikitext_shards, tmp_path / "out", **{**probe, "tasks": f"word-order,{good}"}))
     word_order, labelled = report["downstream_tasks"]
-    assert word_order["task"] == "word-order" and word_order["labels"] == ["reversed", "original"]
+    assert word_order["task"] == "word-order" and word_order["labels"] == ["reordered", "original"]
     assert labelled == {
         "task": good,
         "labels": ["neg", "pos"],

@@ -3,12 +3,14 @@ examples, and its metric.
 
 A task is one of:
 
-* ``word-order``: made from the embedded corpus, no network: its distinct prose lines as they are (label 1) or with
-  their words in reverse order (label 0), half each; a line is in one split only (every fifth, by a hash of the
-  line: the corpus repeats lines across its topics). Reversing leaves the line's words as they were, so only word
-  order tells the two apart. (Two neighbouring words swapped is too hard for ``make run``'s model and its twin
-  alike, a whole shuffle shows less: docs/benchmarks.md.) The embedded corpus is also ``make run``'s pre-training
-  corpus: its model has read the original lines, which a random twin has not;
+* ``word-order``: made from text no model of the project pre-trains on (the docstrings of standard-library modules
+  that the embedded corpus does not hold: ``docstring_sentences``), no network: windows of a few consecutive words
+  of that running text, lowercase and without punctuation, as they are (label 1) or with their words in reverse
+  order (label 0), half each; a sentence's words are in one split only. A window starts anywhere in a sentence, so
+  its words, its first and last word and its length tell the two apart no better than chance (the probe's
+  baselines are scored beside it): only word order does, which a random twin must learn from the few hundred
+  windows it is given and a pre-trained model may know. ``make run``'s model does not: no signal
+  (docs/benchmarks.md, which compares other negatives);
 * ``hf:NAME[:CONFIG[:SPLIT]]``, a Hub dataset, fine-tuned on its ``train`` split and scored on ``SPLIT``: GLUE's
   tasks (``hf:nyu-mll/glue:sst2``, ``hf:glue:mrpc``, ...) with their text columns, validation split and metric
   (Matthews correlation for CoLA, F1 for MRPC and QQP, accuracy else); any other with ``--text_columns`` and
@@ -20,6 +22,7 @@ Labels are whole numbers from 0, or text (the training split's values, sorted, b
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -75,8 +78,11 @@ def published_score(source: str) -> float | None:
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 SPLITS = ("train", "validation")
 MOST_CLASSES = 100  # more label values than this: a column of text or of ids given as the label, not classes
-WORD_ORDER_MIN_WORDS = 8  # shorter lines are code, headings and list items more than prose
-WORD_ORDER_VALIDATION_SHARE = 5  # one line in five (by a hash of the line) is validation
+WORD_ORDER_WINDOW = 10  # words a sample: fewer than most sentences hold, so a window starts anywhere in one
+WORD_ORDER_VALIDATION_SHARE = 5  # one sentence in five (by a hash of the sentence) is validation
+# the training windows kept: as many as a probe's floor of steps reads (3 epochs of a fifth less, for the
+# development split, at 32 a step), the rest is text a longer fine-tuning would spend on learning word order itself
+WORD_ORDER_TRAIN_WINDOWS = 800
 
 
 @dataclass(frozen=True)
@@ -174,9 +180,10 @@ class TaskSelection:
     tasks: str = field(
         default=WORD_ORDER,
         metadata={
-            "help": "The downstream probe's tasks, comma-separated: word-order (from the embedded corpus, no "
-            "network), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their "
-            "conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation "
+            "help": "The downstream probe's tasks, comma-separated: word-order (built in, no network: windows of "
+            "words from Python's docstrings, which the embedded corpus does not hold, as written or reversed), "
+            "hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their conventions: "
+            "hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation "
             ".jsonl/.csv/.parquet files."
         },
     )
@@ -213,8 +220,8 @@ def parse_tasks(tasks: str, text_columns: str = "", label_column: str = "label")
     return specs
 
 
-# Text held out from the embedded corpus, for probe tasks on text a model pre-trained on it never read
-# (benchmarks/probe_rates.py): the docstrings of these standard-library modules and
+# Text held out from the embedded corpus, for probe tasks on text a model pre-trained on it never read (the
+# built-in task, benchmarks/probe_rates.py): the docstrings of these standard-library modules and
 # packages, which pydoc_data's topics (the language reference) do not hold. Pure Python, in every CPython install.
 DOCSTRING_SOURCES = (
     *("argparse.py", "asyncio", "collections", "concurrent", "email", "http", "inspect.py", "json", "logging"),
@@ -229,7 +236,8 @@ def normalised(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]|_", " ", text.lower()).split())
 
 
-def docstring_sentences(sources: tuple[str, ...] = DOCSTRING_SOURCES) -> list[str]:
+@functools.cache  # parsing the modules takes seconds: the estimate, preflight and the probe each read the task
+def docstring_sentences(sources: tuple[str, ...] = DOCSTRING_SOURCES) -> tuple[str, ...]:
     """The distinct sentences that read as prose in the docstrings (of modules, classes, functions) of ``sources``,
     normalised, less any that the embedded corpus holds: text a model pre-trained on the embedded corpus never read.
     They depend on the Python version's standard library (the images': 3.11)."""
@@ -256,33 +264,41 @@ def docstring_sentences(sources: tuple[str, ...] = DOCSTRING_SOURCES) -> list[st
                         sentences.add(normalised(sentence))
     pre_training = {normalised(line) for line in embedded_lines()}
     low, high = SENTENCE_WORDS
-    return sorted(sentence for sentence in sentences - pre_training if low <= len(sentence.split()) <= high)
+    return tuple(sorted(sentence for sentence in sentences - pre_training if low <= len(sentence.split()) <= high))
 
 
-def reversed_words(words: list[str], draw: random.Random) -> list[str] | None:
-    """A line's words last first; None for a line that reads the same both ways."""
+# a window's words made a negative example, from the split's words and a seeded draw; None: keep it as it is
+Corruption = Callable[[list[str], list[str], random.Random], list[str] | None]
+
+
+def reversed_words(words: list[str], split_words: list[str], draw: random.Random) -> list[str] | None:
+    """A window's words last first; None for one that reads the same both ways."""
     return None if words == words[::-1] else words[::-1]
 
 
-def word_order_task(negative: Callable[[list[str], random.Random], list[str] | None] = reversed_words) -> Task:
-    """The embedded corpus's distinct prose lines, half of them (label 0) with their words reordered by ``negative``
-    (reversed; ``benchmarks/downstream.py`` compares others), each line in one split (the same every time)."""
-    from components.lib.corpus.embedded import embedded_lines
-
-    train, validation = Examples([], []), Examples([], [])
-    prose = {" ".join(line.split()) for line in embedded_lines() if re.match(r"^\s*[A-Z][a-z]", line)}
-    for line in sorted(prose):
-        words = line.split()
-        if len(words) < WORD_ORDER_MIN_WORDS:
-            continue
-        split = validation if zlib.crc32(line.encode()) % WORD_ORDER_VALIDATION_SHARE == 0 else train
-        draw = random.Random(line)  # the same lines reordered the same way in every run
-        reordered = negative(words, draw) if draw.random() < 0.5 else words
-        if reordered is None:
-            continue
-        split.texts.append((" ".join(reordered),))
-        split.labels.append(0 if reordered is not words else 1)
-    return Task(WORD_ORDER, "accuracy", ("reversed", "original"), train, validation)
+def word_order_task(window: int = WORD_ORDER_WINDOW, negative: Corruption = reversed_words) -> Task:
+    """Windows of ``window`` consecutive words of the held-out docstrings' running text, half of them (label 0)
+    made negatives by ``negative`` (reversed; ``benchmarks/downstream.py`` compares others), each sentence's words in
+    one split; at most ``WORD_ORDER_TRAIN_WINDOWS`` training windows, spread over the text. The same every run."""
+    words: dict[str, list[str]] = {"train": [], "validation": []}
+    for sentence in docstring_sentences():
+        validation = zlib.crc32(sentence.encode()) % WORD_ORDER_VALIDATION_SHARE == 0
+        words["validation" if validation else "train"].extend(sentence.split())
+    splits = {}
+    for split, split_words in words.items():
+        draw = random.Random(split)
+        examples = Examples([], [])
+        # back to back from a random first word: sentences' lengths vary, so a window starts anywhere in one
+        for start in range(draw.randrange(window), len(split_words) - window + 1, window):
+            kept = split_words[start : start + window]
+            reordered = negative(kept, split_words, draw) if draw.random() < 0.5 else kept
+            if reordered is None:
+                continue
+            examples.texts.append((" ".join(reordered),))
+            examples.labels.append(0 if reordered is not kept else 1)
+        splits[split] = examples
+    train = _head(splits["train"], WORD_ORDER_TRAIN_WINDOWS)
+    return Task(WORD_ORDER, "accuracy", ("reordered", "original"), train, splits["validation"])
 
 
 def _hub_name(source: str) -> tuple[str, str | None, str | None]:
