@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from calibration import calibration_seconds
 from conftest import LONG_TEST_SECONDS, compiled_step_command, run_compiled_step, run_module
 from pytorch_env import run_pytorch
 from transformers import pipeline
@@ -386,6 +387,12 @@ def test_parts_in_separate_folders_gather_into_one_set(tmp_path, embedded_tokeni
     assert [f["name"].split("-")[1] for f in merged["files"]] == ["00000", "00001", "00002"]
 
 
+# make run's pipeline (with this test's second part and push) in calibration runs' time (tests/calibration.py):
+# 9.3 here on 2026-12-06 (215.9 s, the calibration 23.1 s), alone on the machine; the budget leaves 1.6x that for
+# a test process beside it that loads the run more than the calibrations, and for a machine whose starts weigh more
+FIRST_RUN_BUDGET = 15.0
+
+
 @pytest.mark.timeout(LONG_TEST_SECONDS)
 @pytest.mark.slow
 def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_path, capsys, monkeypatch, hub):
@@ -393,9 +400,16 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     makes, which must show the recipe learning, not only the plumbing working."""
     for name in ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN"):  # the steps' subprocesses inherit them
         monkeypatch.setenv(name, hub.env[name])
+    calibration = calibration_seconds()
+    started = time.perf_counter()
     summary = run_local(
         RunLocalArguments(pipeline_root=str(tmp_path / "runs"), num_parts=2, hub_repo_id="user/local-run")
     )
+    run_seconds = time.perf_counter() - started
+    # the first run's time, in units of the same machine's speed now (before and after, the test process beside
+    # it loading both alike): a run that grows fails here, whatever the machine (docs/testing.md has the figures)
+    calibration = (calibration + calibration_seconds()) / 2
+    assert run_seconds / calibration <= FIRST_RUN_BUDGET, (run_seconds, calibration)
     artifacts = summary["artifacts"]
     for name in ("tokenizer", "validation shards", "train shards", "model", "evaluation"):
         assert Path(artifacts[name]).is_dir(), name
@@ -450,7 +464,7 @@ def test_the_whole_pipeline_runs_locally_pushes_and_its_model_fills_masks(tmp_pa
     probe = json.loads(Path(artifacts["downstream probe"], "downstream.json").read_text())
     (task,) = probe["tasks"]
     assert task["task"] == "word-order" and task["validation_split"] == "validation"
-    assert task["train_samples"] + task["dev_samples"] == 256 and task["dev_samples"] == round(0.2 * 256)
+    assert task["train_samples"] == 256 and task["dev_samples"] == 0  # one rate: no development split to carve
     assert [len(task[model]["runs"]) for model in ("pre-trained", "random init")] == [3, 3]
     assert f"{task['pre-trained']['score']:.4f}" in run_report and "Downstream probe" in run_report
     card = hub.file("user/local-run", "README.md").decode()
