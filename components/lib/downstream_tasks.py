@@ -22,10 +22,14 @@ Labels are whole numbers from 0, or text (the training split's values, sorted, b
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import json
 import os
 import random
 import re
+import sys
 import tempfile
 import zlib
 from collections.abc import Callable
@@ -236,11 +240,29 @@ def normalised(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]|_", " ", text.lower()).split())
 
 
-@functools.cache  # parsing the modules takes seconds: the estimate, preflight and the probe each read the task
+@functools.cache
 def docstring_sentences(sources: tuple[str, ...] = DOCSTRING_SOURCES) -> tuple[str, ...]:
     """The distinct sentences that read as prose in the docstrings (of modules, classes, functions) of ``sources``,
     normalised, less any that the embedded corpus holds: text a model pre-trained on the embedded corpus never read.
-    They depend on the Python version's standard library (the images': 3.11)."""
+    They depend on the Python version's standard library (the images': 3.11). Parsing the modules takes seconds,
+    and every command that estimates a run reads the built-in task: the sentences are kept in the user's cache
+    folder, under a key of this Python and this module's code (a read-only home: parsed every time)."""
+    key = hashlib.sha256(repr((sys.version, sources, Path(__file__).read_bytes())).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "tpu-mlm", f"docstrings-{key}.json")
+    try:
+        return tuple(json.loads(cache.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        sentences = parsed_docstring_sentences(sources)
+    with contextlib.suppress(OSError):  # a read-only home
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        written = cache.with_name(f"{cache.name}.{os.getpid()}")  # whole or not at all, whoever reads it
+        written.write_text(json.dumps(sentences), encoding="utf-8")
+        os.replace(written, cache)
+    return sentences
+
+
+def parsed_docstring_sentences(sources: tuple[str, ...]) -> tuple[str, ...]:
+    """``docstring_sentences`` from the modules themselves."""
     import ast
     import sysconfig
 
