@@ -76,7 +76,7 @@ LOCAL_DEFAULTS = {
     "warmup_fraction": 0.1,
     "log_every_steps": 50,
     # the built-in word-order task, on a few hundred labelled windows at a small model's rate: the first run shows
-    # the probe's verdict and its baselines in under a minute. make run's model has no signal on it at any rate of
+    # the probe's verdict and its baselines in about a minute. make run's model has no signal on it at any rate of
     # a grid (docs/benchmarks.md), so the first run does not pay for the grid's search (the pipeline's default)
     "downstream_max_train_samples": 256,
     "downstream_max_steps": 100,
