@@ -55,8 +55,12 @@ class BenchmarkArguments:
         default="256",
         metadata={"help": "Training windows to fine-tune on (before the development split), comma-separated."},
     )
-    max_steps: int = field(default=0, metadata={"help": "Fine-tuning steps (0: run-local's)."})
-    learning_rates: str = field(default="", metadata={"help": "The probe's rate grid (empty: run-local's)."})
+    # a grid and its development split to choose a candidate by (make run's own probe has one rate); the settings
+    # of benchmarks/results/downstream.json
+    max_steps: int = field(default=150, metadata={"help": "Fine-tuning steps (0: run-local's)."})
+    learning_rates: str = field(
+        default="3e-4,1e-3,3e-3", metadata={"help": "The probe's rate grid, at least two (empty: run-local's)."}
+    )
     order_windows: int = field(
         default=300, metadata={"help": "Validation windows whose pseudo-log-likelihood is compared; 0: skip."}
     )
@@ -224,6 +228,8 @@ def main() -> None:
             for window in arguments.windows.split(",")
             for negative in arguments.negatives.split(",")
         ]
+        if arguments.order_windows:
+            results["order_preference"] = order_preference(Path(local), arguments.order_windows)
     for run in results["candidates"]:
         baselines = ", ".join(f"{name} {score:.3f}" for name, score in run["baselines"].items())
         print(
@@ -234,7 +240,6 @@ def main() -> None:
             flush=True,
         )
     if arguments.order_windows:
-        results["order_preference"] = order_preference(Path(arguments.model), arguments.order_windows)
         for name, found in results["order_preference"].items():
             print(
                 f"{name}: written order preferred on {found['written_order_preferred']:.3f} of {found['windows']} "

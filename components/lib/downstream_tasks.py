@@ -84,8 +84,8 @@ SPLITS = ("train", "validation")
 MOST_CLASSES = 100  # more label values than this: a column of text or of ids given as the label, not classes
 WORD_ORDER_WINDOW = 10  # words a sample: fewer than most sentences hold, so a window starts anywhere in one
 WORD_ORDER_VALIDATION_SHARE = 5  # one sentence in five (by a hash of the sentence) is validation
-# the training windows kept: as many as a probe's floor of steps reads (3 epochs of a fifth less, for the
-# development split, at 32 a step), the rest is text a longer fine-tuning would spend on learning word order itself
+# the training windows kept, spread over the text: a few hundred labelled windows are where pre-training's gain
+# would show (a probe's max_train_samples takes fewer); more is text a longer fine-tuning spends on learning order
 WORD_ORDER_TRAIN_WINDOWS = 800
 
 
@@ -247,12 +247,18 @@ def docstring_sentences(sources: tuple[str, ...] = DOCSTRING_SOURCES) -> tuple[s
     They depend on the Python version's standard library (the images': 3.11). Parsing the modules takes seconds,
     and every command that estimates a run reads the built-in task: the sentences are kept in the user's cache
     folder, under a key of this Python and this module's code (a read-only home: parsed every time)."""
-    key = hashlib.sha256(repr((sys.version, sources, Path(__file__).read_bytes())).encode()).hexdigest()[:16]
+    from components.lib.corpus import embedded
+
+    code = Path(__file__).read_bytes() + Path(embedded.__file__).read_bytes()  # what it keeps, what it leaves out
+    key = hashlib.sha256(repr((sys.version, sources, code)).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "tpu-mlm", f"docstrings-{key}.json")
     try:
-        return tuple(json.loads(cache.read_text(encoding="utf-8")))
+        kept = json.loads(cache.read_text(encoding="utf-8"))
+        if isinstance(kept, list) and all(isinstance(sentence, str) for sentence in kept):
+            return tuple(kept)
     except (OSError, ValueError):
-        sentences = parsed_docstring_sentences(sources)
+        pass
+    sentences = parsed_docstring_sentences(sources)
     with contextlib.suppress(OSError):  # a read-only home
         cache.parent.mkdir(parents=True, exist_ok=True)
         written = cache.with_name(f"{cache.name}.{os.getpid()}")  # whole or not at all, whoever reads it
