@@ -261,8 +261,8 @@ def docstring_sentences(sources: tuple[str, ...] = DOCSTRING_SOURCES) -> tuple[s
     sentences = parsed_docstring_sentences(sources)
     with contextlib.suppress(OSError):  # a read-only home
         cache.parent.mkdir(parents=True, exist_ok=True)
-        written = cache.with_name(f"{cache.name}.{os.getpid()}")  # whole or not at all, whoever reads it
-        written.write_text(json.dumps(sentences), encoding="utf-8")
+        written = storage.temp_name(str(cache))  # published whole, without TensorFlow's file system
+        Path(written).write_text(json.dumps(sentences), encoding="utf-8")
         os.replace(written, cache)
     return sentences
 
