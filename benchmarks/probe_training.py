@@ -31,7 +31,7 @@ from components.lib.results import PROBE_MODELS  # noqa: E402
 from pipelines.run_local import LOCAL_DEFAULTS, RunLocalArguments, run_local  # noqa: E402
 
 # a finished step's line on run-local's stderr: its label, status and seconds
-STEP_LINE = re.compile(r"^(\S+)\s+(SUCCESS|FAILURE)\s+([0-9.]+) s")
+STEP_LINE = re.compile(r"^(.+?)\s+(SUCCESS|FAILURE)\s+([0-9.]+) s")
 
 
 @dataclass
