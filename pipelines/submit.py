@@ -638,6 +638,8 @@ def check_same_training(resume: str, folder: str, values: dict[str, Any]) -> Non
     vocab_size = int(step_values(values, "tokenizer")["vocab_size"])
     max_length = int(step_values(values, "shards")["max_length"])
     identity = identity_before_data(train["model_config"], vocab_size, max_length, resolve_recipe(train))
+    if train["init_from"]:  # the architecture is the base model's, which preflight reads: its source is settled
+        identity["model_config"], identity["init_from"] = {}, train["init_from"]
     try:
         check_checkpoints_match(folder, identity)
     except InvalidParameter as error:

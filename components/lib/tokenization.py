@@ -28,7 +28,8 @@ def load_tokenizer(uri: str, parameter: str = "tokenizer") -> tuple[Any, str]:
     """Loads a tokenizer folder (local or gs://) and returns it with its fingerprint.
 
     Refuses, naming ``parameter``, a folder that is missing, has no fast-tokenizer file, or lacks the
-    special tokens masked-language-model training needs."""
+    special tokens masked-language-model training needs (a mask and a pad token: a trained tokenizer's, or a base
+    model's, ``components.lib.base_model``)."""
     from transformers import PreTrainedTokenizerFast
 
     storage.check_uri(parameter, uri)
@@ -38,12 +39,12 @@ def load_tokenizer(uri: str, parameter: str = "tokenizer") -> tuple[Any, str]:
         storage.download_folder(uri, Path(local))
         tokenizer = PreTrainedTokenizerFast.from_pretrained(local)
         tokenizer_fingerprint = fingerprint(Path(local, TOKENIZER_FILE).read_bytes())
-    for role in ("mask_token", "pad_token", "bos_token", "eos_token"):
+    for role in ("mask_token", "pad_token"):
         if getattr(tokenizer, role) is None or getattr(tokenizer, f"{role}_id") is None:
             raise InvalidParameter(
                 parameter,
                 uri,
-                f"the tokenizer has no {role}; masked-language-model training needs "
-                "<s>, </s>, <pad> and <mask> (train one with components.tokenizer)",
+                f"the tokenizer has no {role}; masked-language-model training needs a mask and a pad token "
+                "(train one with components.tokenizer)",
             )
     return tokenizer, tokenizer_fingerprint
