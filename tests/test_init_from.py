@@ -229,12 +229,18 @@ def test_a_private_hub_model_at_a_revision_and_a_bucket_folder_give_their_tokeni
         ("roberta", 65, "--max-length=65: is more than {folder} takes (64 tokens: its position embeddings)"),
         ("bert", 65, "--max-length=65: is more than"),
         ("missing", None, "is not a model folder (no config.json in it)"),
+        ("distilbert", None, "is a 'distilbert' model; the masked-LM loss here takes the head of roberta, bert"),
+        ("gpt2", None, "is a 'gpt2' model, which has no TensorFlow masked-LM model here"),
     ],
 )
 def test_a_base_model_that_cannot_be_continued_is_refused_in_one_line(
     base_models, tmp_path, model, max_length, message
 ):
     folder = base_models.get(model, tmp_path / model)
+    if model in ("distilbert", "gpt2"):  # a config is all it takes to be refused
+        folder.mkdir()
+        architecture = {"distilbert": "DistilBertForMaskedLM", "gpt2": "GPT2LMHeadModel"}[model]
+        (folder / "config.json").write_text(json.dumps({"model_type": model, "architectures": [architecture]}))
     with pytest.raises(InvalidParameter) as refused:
         check_base_model(str(folder), max_length)
     assert message.format(folder=folder) in str(refused.value) and "\n" not in str(refused.value)

@@ -24,6 +24,7 @@ from typing import Any
 from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.hub import REPO_ID, download_repo
+from components.lib.modeling import BERT_LAYOUT
 
 HUB_MODEL_PREFIX = "hf:"
 CONFIG_FILE = "config.json"
@@ -125,6 +126,12 @@ def check_base_model(init_from: str, max_length: int | None = None) -> BaseModel
         if model_type not in TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES:
             raise InvalidParameter(
                 "init_from", init_from, f"is a {model_type!r} model, which has no TensorFlow masked-LM model here"
+            )
+        if model_type not in BERT_LAYOUT:  # masked_lm runs the head it gets from get_lm_head, whole only for these
+            raise InvalidParameter(
+                "init_from",
+                init_from,
+                f"is a {model_type!r} model; the masked-LM loss here takes the head of {', '.join(BERT_LAYOUT)} models",
             )
         architectures = values.get("architectures") or []
         if not any(name.endswith(MASKED_LM_HEADS) for name in architectures):
