@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -23,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.base_model import BaseModelChoice, check_base_model, check_init_from
+from components.lib.base_model import (
+    HUB_MODEL_PREFIX,
+    TOKENIZER_PATTERNS,
+    BaseModelChoice,
+    base_model_files,
+    check_base_model,
+    check_init_from,
+    read_token,
+)
 from components.lib.corpus import Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
@@ -165,12 +174,16 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
 
 
 def publish_base_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
-    """Saves the tokenizer of the model ``init_from`` under ``arguments.output``, as it is; returns the summary."""
+    """Saves the tokenizer files of the model ``init_from`` under ``arguments.output`` as they are, byte for byte
+    (a ``tokenizer_config.json`` naming its class added where the model has none); returns the summary."""
     started = time.perf_counter()
-    base = check_base_model(arguments.init_from)
-    tokenizer = base.tokenizer
-    with tempfile.TemporaryDirectory() as staging:
-        tokenizer.save_pretrained(staging)
+    token = read_token(arguments.hf_token_secret) if arguments.init_from.startswith(HUB_MODEL_PREFIX) else ""
+    tokenizer = check_base_model(arguments.init_from, token=token).tokenizer
+    with base_model_files(arguments.init_from, TOKENIZER_PATTERNS, token) as staging:
+        if not (staging / "tokenizer_config.json").exists():  # roberta-base's: its class is in its config.json
+            with tempfile.TemporaryDirectory() as saved:
+                tokenizer.save_pretrained(saved)
+                shutil.copy(Path(saved, "tokenizer_config.json"), staging)
         roles = ("bos", "eos", "pad", "mask", "unk", "cls", "sep")
         summary = {
             "vocab_size": len(tokenizer),
@@ -188,7 +201,7 @@ def publish_base_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
             "arguments": asdict(arguments),
         }
         Path(staging, SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        storage.upload_folder(Path(staging), arguments.output, last=[SUMMARY_FILE])
+        storage.upload_folder(staging, arguments.output, last=[SUMMARY_FILE])
     log.info(
         "saved %s's tokenizer (%s, %d tokens) to %s, as it is: nothing trained",
         arguments.init_from,

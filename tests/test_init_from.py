@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +97,10 @@ def base_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         save_roberta(root / "few-embeddings", vocab_size=VOCAB_SIZE // 2)
         save_roberta(root / "no-tf-weights")
         (root / "no-tf-weights" / "tf_model.h5").unlink()
+        save_roberta(root / "headless-weights", head=False)  # a config that says it has the head its file lacks
+        config = json.loads((root / "headless-weights" / "config.json").read_text())
+        config["architectures"] = ["RobertaForMaskedLM"]
+        (root / "headless-weights" / "config.json").write_text(json.dumps(config))
 
     root = made_once(tmp_path_factory, "base-models", make)
     return {path.name: path for path in root.iterdir()}
@@ -156,8 +162,11 @@ def test_a_model_continues_from_its_own_weights_and_tokenizer_and_a_real_rate_im
     base_tokenizer = AutoTokenizer.from_pretrained(base)
     assert kept["tokenizer_summary"]["init_from"] == str(base)
     manifest = json.loads(Path(kept["train"], "manifest.json").read_text())
-    for name in ("tokenizer", "model"):  # the shards' and the trained model's: the base's own vocabulary
-        assert AutoTokenizer.from_pretrained(kept[name]).get_vocab() == base_tokenizer.get_vocab(), name
+    # the tokenizer as it is, byte for byte; the shards' and the trained model's vocabulary and class, the base's own
+    assert Path(kept["tokenizer"], "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+    for name in ("tokenizer", "model"):
+        loaded = AutoTokenizer.from_pretrained(kept[name])
+        assert loaded.get_vocab() == base_tokenizer.get_vocab() and type(loaded) is type(base_tokenizer), name
     # masking takes the tokenizer's own special tokens: BERT's [MASK] and [CLS]/[SEP], RoBERTa's <mask> and <s>/</s>
     assert manifest["special_tokens"]["mask"] == base_tokenizer.mask_token_id
     assert manifest["special_tokens"]["pad"] == base_tokenizer.pad_token_id
@@ -215,6 +224,15 @@ def test_a_private_hub_model_at_a_revision_and_a_bucket_folder_give_their_tokeni
     assert status == 2 and summary is None
     assert "no such Hub model repository, or it needs a token in HF_TOKEN that may read it" in stderr
 
+    # what preflight asks before a TPU run, whose job has no Hub token: a private model cannot be read without one
+    api.create_repo("user/public-roberta", private=False)
+    api.upload_folder(repo_id="user/public-roberta", folder_path=base_models["roberta"])
+    readable = "from components.lib.base_model import readable_without_token as r; print(r('hf:user/{}'))"
+    for repo, expected in (("tiny-roberta", "False"), ("public-roberta", "True")):
+        asked = subprocess.run(
+            [sys.executable, "-c", readable.format(repo)], env=hub.env, capture_output=True, text=True, check=True
+        )
+        assert asked.stdout.strip() == expected, (repo, asked.stderr[-2000:])
     storage.upload_folder(base_models["bert"], gcs + "/bert")
     status, _, summary = tokenizer_step(gcs + "/bert", {**hub.env, **gcs_server})
     assert status == 0 and summary["tokenizer_class"] == "BertTokenizerFast" and summary["vocab_size"] == VOCAB_SIZE
@@ -311,3 +329,31 @@ def test_the_card_of_a_continued_model_names_its_base_and_no_bucket(init_from, b
     assert f"continued from the weights of {base}" in card and "from scratch" not in card
     assert "30,522 tokens (the base model's tokenizer)" in card and "Unigram" not in card
     assert f"| init_from | {shown} |" in card and "model_config" not in card and "gs://" not in card
+
+
+def test_weights_that_lack_the_head_their_config_names_are_refused_not_started_from_random(base_models):
+    from components.lib.base_model import load_base_weights
+
+    folder = str(base_models["headless-weights"])
+    base = check_base_model(folder)  # the config and tokenizer pass: only the weights tell
+    with pytest.raises(InvalidParameter, match=r"tf_model\.h5 lacks \d+ of the masked-LM model's weights .*lm_head"):
+        load_base_weights(folder, base.config)
+
+
+def test_a_resume_onto_checkpoints_of_another_base_model_is_refused(tmp_path):
+    from components.lib.training_plan import CHECKPOINT_IDENTITY_FILE, check_checkpoints_match
+
+    identity = {"model_config": {"hidden_size": 32}, "tokenizer_fingerprint": "sha256:0", "recipe": {}}
+    (tmp_path / CHECKPOINT_IDENTITY_FILE).write_text(json.dumps({**identity, "init_from": "hf:user/legal@abc"}))
+    check_checkpoints_match(str(tmp_path), {**identity, "init_from": "hf:user/legal@abc"})
+    for other in ({**identity, "init_from": "hf:user/medical"}, identity):  # another base, or from scratch
+        with pytest.raises(InvalidParameter, match=r"holds checkpoints of another model \(init_from differ"):
+            check_checkpoints_match(str(tmp_path), other)
+
+
+def test_a_from_scratch_roberta_refuses_a_tokenizer_without_roberta_s_special_ids():
+    from components.lib.modeling import model_config
+
+    wordpiece = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103, "bos": None, "eos": None}
+    with pytest.raises(InvalidParameter, match=r"--model-config='mini': is a roberta model, which needs .*init_from"):
+        model_config("mini", {"vocab_size": 800, "max_length": 32, "special_tokens": wordpiece})

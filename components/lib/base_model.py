@@ -40,7 +40,7 @@ TOKENIZER_PATTERNS = (
     "merges.txt",
     "*.model",
 )
-# the architectures a masked-LM head is saved with (BERT's pre-training head holds its masked-LM head)
+# the architectures a masked-LM head is saved with (BERT's pre-training head holds its masked-LM head too)
 MASKED_LM_HEADS = ("ForMaskedLM", "ForPreTraining")
 # model types whose positions are numbered from the pad id + 1 (RoBERTa's convention), not from 0
 POSITIONS_AFTER_PAD = ("roberta", "xlm-roberta", "camembert")
@@ -89,13 +89,13 @@ def hub_name(value: str) -> tuple[str, str | None]:
 
 
 @contextlib.contextmanager
-def base_model_files(init_from: str, patterns: tuple[str, ...]) -> Iterator[Path]:
+def base_model_files(init_from: str, patterns: tuple[str, ...], token: str = "") -> Iterator[Path]:
     """A local folder holding the files of ``init_from`` that match ``patterns`` (those it has), removed after."""
     with tempfile.TemporaryDirectory() as local:
         folder = Path(local)
         if init_from.startswith(HUB_MODEL_PREFIX):
             repo_id, revision = hub_name(init_from)
-            download_repo("init_from", repo_id, folder, read_token(), revision=revision, patterns=list(patterns))
+            download_repo("init_from", repo_id, folder, token, revision=revision, patterns=list(patterns))
         else:
             if not storage.exists(storage.join(init_from, CONFIG_FILE)):
                 raise InvalidParameter("init_from", init_from, f"is not a model folder (no {CONFIG_FILE} in it)")
@@ -106,19 +106,39 @@ def base_model_files(init_from: str, patterns: tuple[str, ...]) -> Iterator[Path
         yield folder
 
 
-def read_token() -> str:
-    """The Hub token a private base model is read with: ``HF_TOKEN``, where set."""
+def read_token(secret: str = "") -> str:
+    """The Hub token a private base model is read with: the Secret Manager ``secret``'s where one is named (a step
+    on Vertex AI), else ``HF_TOKEN``'s; "" without one."""
+    if secret:
+        from components.lib.hub import secret_token
+
+        return secret_token(secret)
     return os.environ.get("HF_TOKEN", "").strip()
 
 
-def check_base_model(init_from: str, max_length: int | None = None) -> BaseModel:
+def readable_without_token(init_from: str) -> bool:
+    """Whether anyone may read the Hub model ``init_from`` (a TPU job has no Hub token); a folder: True."""
+    if not init_from.startswith(HUB_MODEL_PREFIX):
+        return True
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    repo_id, revision = hub_name(init_from)
+    try:
+        HfApi(token=False).model_info(repo_id, revision=revision)
+    except (RepositoryNotFoundError, GatedRepoError):
+        return False
+    return True
+
+
+def check_base_model(init_from: str, max_length: int | None = None, token: str = "") -> BaseModel:
     """The base model's config and tokenizer, every check that needs no weights done: refused in one line naming
     ``init_from`` (or ``max_length``) when the model cannot be continued here."""
     from transformers import AutoConfig, AutoTokenizer
     from transformers.models.auto.modeling_tf_auto import TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     check_init_from(init_from)
-    with base_model_files(init_from, (CONFIG_FILE, *TOKENIZER_PATTERNS)) as folder:
+    with base_model_files(init_from, (CONFIG_FILE, *TOKENIZER_PATTERNS), token) as folder:
         if not (folder / CONFIG_FILE).exists():
             raise InvalidParameter("init_from", init_from, f"holds no {CONFIG_FILE}: not a model")
         values = json.loads((folder / CONFIG_FILE).read_text())
@@ -134,7 +154,8 @@ def check_base_model(init_from: str, max_length: int | None = None) -> BaseModel
                 f"is a {model_type!r} model; the masked-LM loss here takes the head of {', '.join(BERT_LAYOUT)} models",
             )
         architectures = values.get("architectures") or []
-        if not any(name.endswith(MASKED_LM_HEADS) for name in architectures):
+        heads = MASKED_LM_HEADS if model_type == "bert" else MASKED_LM_HEADS[:1]  # BERT's pre-training head holds one
+        if not any(name.endswith(heads) for name in architectures):
             raise InvalidParameter(
                 "init_from",
                 init_from,
@@ -147,6 +168,19 @@ def check_base_model(init_from: str, max_length: int | None = None) -> BaseModel
     for role in ("mask_token", "pad_token"):
         if getattr(tokenizer, f"{role}_id") is None:
             raise InvalidParameter("init_from", init_from, f"its tokenizer has no {role}: no masked-LM training")
+    if tokenizer.pad_token_id != config.pad_token_id:
+        raise InvalidParameter(
+            "init_from",
+            init_from,
+            f"its tokenizer pads with id {tokenizer.pad_token_id}, its config with {config.pad_token_id}",
+        )
+    if config.model_type in POSITIONS_AFTER_PAD and config.pad_token_id != 1:
+        raise InvalidParameter(
+            "init_from",
+            init_from,
+            f"pads with id {config.pad_token_id}; TensorFlow's {config.model_type} numbers positions from a padding "
+            "id of 1",
+        )
     if len(tokenizer) > config.vocab_size:
         raise InvalidParameter(
             "init_from",
@@ -155,7 +189,7 @@ def check_base_model(init_from: str, max_length: int | None = None) -> BaseModel
         )
     if max_length is not None:
         check_positions(init_from, config, max_length)
-    _check_weights(init_from)
+    _check_weights(init_from, token)
     return BaseModel(init_from, config, tokenizer)
 
 
@@ -174,13 +208,13 @@ def check_positions(init_from: str, config: Any, max_length: int) -> None:
         )
 
 
-def _check_weights(init_from: str) -> None:
+def _check_weights(init_from: str, token: str) -> None:
     """Refuses a model without TensorFlow weights, which the pinned transformers cannot load PyTorch's into."""
     if init_from.startswith(HUB_MODEL_PREFIX):
         from huggingface_hub import HfApi
 
         repo_id, revision = hub_name(init_from)  # its revision and access were checked with its config
-        found = HfApi(token=read_token() or None).file_exists(repo_id, TF_WEIGHTS_FILE, revision=revision)
+        found = HfApi(token=token or None).file_exists(repo_id, TF_WEIGHTS_FILE, revision=revision)
     else:
         found = storage.exists(storage.join(init_from, TF_WEIGHTS_FILE))
     if not found:
@@ -193,12 +227,26 @@ def _check_weights(init_from: str) -> None:
         )
 
 
-def load_base_weights(init_from: str, config: Any) -> Any:
+def load_base_weights(init_from: str, config: Any, token: str = "") -> Any:
     """The base model's TensorFlow masked-LM model with its weights, built with ``config`` (the base's, with the
-    pre-training's dropout); called inside the strategy's scope."""
+    pre-training's dropout); called inside the strategy's scope, and by preflight on its CPU first. Refused when the
+    weights file lacks any of the model's weights."""
     from transformers import TFAutoModelForMaskedLM
 
     from components.lib.pytorch_weights import TF_LOADING
 
-    with base_model_files(init_from, (CONFIG_FILE, TF_WEIGHTS_FILE)) as folder:
-        return TFAutoModelForMaskedLM.from_pretrained(folder, config=config, **TF_LOADING)
+    with base_model_files(init_from, (CONFIG_FILE, TF_WEIGHTS_FILE), token) as folder:
+        model, loading = TFAutoModelForMaskedLM.from_pretrained(
+            folder, config=config, output_loading_info=True, **TF_LOADING
+        )
+    # transformers only logs weights it did not find, and starts them from random numbers: a head saved apart, or
+    # another architecture's file, would train from scratch under the base's name
+    missing = loading["missing_keys"]
+    if missing:
+        raise InvalidParameter(
+            "init_from",
+            init_from,
+            f"its {TF_WEIGHTS_FILE} lacks {len(missing)} of the masked-LM model's weights (the first: {missing[0]}): "
+            "they would start from random numbers",
+        )
+    return model

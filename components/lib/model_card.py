@@ -261,7 +261,9 @@ def public_summary(summary: dict[str, Any]) -> dict[str, Any]:
         if value is None or isinstance(value, bool | int | float):
             kept[key] = value
         elif key in PUBLIC_TEXT_ARGUMENTS and isinstance(value, str):
-            kept[key] = public_name(value) if key in ("model_config", "init_from") else public_text(value)
+            kept[key] = public_name(value) if key == "model_config" else public_text(value)
+    if arguments.get("init_from"):  # a Hub model's name; a folder's (local or a bucket's, however named) left out
+        kept["init_from"] = arguments["init_from"] if arguments["init_from"].startswith(HUB_PREFIX) else LEFT_OUT
     left_out = set(summary.get("left_out", [])) | (set(arguments) - set(kept))  # a public copy's, again
     published = {**summary, "arguments": kept, "left_out": sorted(left_out)}
     if isinstance(summary.get("corpus"), dict):

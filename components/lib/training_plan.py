@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
-from components.lib.base_model import BaseModelChoice, check_base_model, check_init_from, check_positions
+from components.lib.base_model import (
+    HUB_MODEL_PREFIX,
+    BaseModelChoice,
+    check_base_model,
+    check_init_from,
+    check_positions,
+    read_token,
+)
 from components.lib.devices import ACCELERATORS, check_accelerator
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id
@@ -234,7 +241,10 @@ def plan_training(
                 f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
             )
     if arguments.init_from:
-        config = base_model_config(arguments.init_from, arguments.tokenizer, tokenizer, manifest["max_length"])
+        # preflight names the Hub token's secret (a step on Vertex AI); the train step reads HF_TOKEN where set
+        secret = getattr(arguments, "hf_token_secret", "")
+        token = read_token(secret) if arguments.init_from.startswith(HUB_MODEL_PREFIX) else ""
+        config = base_model_config(arguments.init_from, arguments.tokenizer, tokenizer, manifest["max_length"], token)
     else:
         config = model_config(arguments.model_config, manifest)
     pretraining_config(config, arguments.dropout)  # a dropout the config cannot take is refused here
@@ -270,10 +280,10 @@ def plan_training(
     return TrainingPlan(manifest, eval_manifest, config, tokenizer, shape, identity)
 
 
-def base_model_config(init_from: str, tokenizer_uri: str, tokenizer: Any, max_length: int) -> Any:
+def base_model_config(init_from: str, tokenizer_uri: str, tokenizer: Any, max_length: int, token: str = "") -> Any:
     """The config of the base model ``init_from``, checked against the run's tokenizer (the base's own, which the
     shards were made with) and sample length."""
-    base = check_base_model(init_from)
+    base = check_base_model(init_from, token=token)
     if base.tokenizer.get_vocab() != tokenizer.get_vocab():
         raise InvalidParameter(
             "tokenizer",
