@@ -4,7 +4,8 @@ The recipe follows Hugging Face's TF/TPU language-modeling example: a Unigram mo
 turns LaTeX-style quotes (``, '') into ", a Metaspace pre-tokenizer and decoder. The special tokens are
 RoBERTa's (<s>=0, <pad>=1, </s>=2, <unk>=3, <mask>=4) and a post-processor wraps each text as <s> ... </s>.
 The folder loads with ``AutoTokenizer.from_pretrained``; ``tokenizer_summary.json`` beside it says what
-was read and what came out, and is written last.
+was read and what came out, and is written last. With ``--init_from`` (continuing a model's pre-training) nothing is
+trained: the folder is the base model's own tokenizer, as it is, checked (``components.lib.base_model``).
 
     python -m components.tokenizer --corpus embedded --vocab_size 8000 --output /tmp/tokenizer
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -22,6 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
+from components.lib.base_model import (
+    HUB_MODEL_PREFIX,
+    TOKENIZER_PATTERNS,
+    BaseModelChoice,
+    base_model_files,
+    check_base_model,
+    check_init_from,
+    read_token,
+)
 from components.lib.corpus import Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
@@ -41,7 +52,7 @@ MAX_VOCAB_SIZE = 1_000_000
 
 
 @dataclass(kw_only=True)
-class TokenizerArguments(CorpusSpec):
+class TokenizerArguments(CorpusSpec, BaseModelChoice):
     output: str = field(metadata={"help": "Folder (local path or gs:// URI) to save the tokenizer in."})
     vocab_size: int = field(default=25_000, metadata={"help": "Target vocabulary size, special tokens included."})
     lowercase: bool = field(default=False, metadata={"help": "Lowercase all text before training."})
@@ -57,6 +68,7 @@ class TokenizerArguments(CorpusSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         storage.check_uri("output", self.output)
+        check_init_from(self.init_from)
         if self.sample_bytes < 0:
             raise InvalidParameter("sample_bytes", self.sample_bytes, "must be 0 (the whole corpus) or positive")
         if not len(SPECIAL_TOKENS) < self.vocab_size <= MAX_VOCAB_SIZE:
@@ -83,7 +95,10 @@ def build_tokenizer(lowercase: bool = False) -> Any:
 
 
 def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
-    """Trains the tokenizer, saves it under ``arguments.output`` and returns the summary."""
+    """Trains the tokenizer, saves it under ``arguments.output`` and returns the summary; with ``init_from``, saves
+    the base model's tokenizer instead."""
+    if arguments.init_from:
+        return publish_base_tokenizer(arguments)
     from tokenizers import AddedToken, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -158,7 +173,48 @@ def train_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
     return summary
 
 
+def publish_base_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
+    """Saves the tokenizer files of the model ``init_from`` under ``arguments.output`` as they are, byte for byte
+    (a ``tokenizer_config.json`` naming its class added where the model has none); returns the summary."""
+    started = time.perf_counter()
+    token = read_token(arguments.hf_token_secret) if arguments.init_from.startswith(HUB_MODEL_PREFIX) else ""
+    tokenizer = check_base_model(arguments.init_from, token=token).tokenizer
+    with base_model_files(arguments.init_from, TOKENIZER_PATTERNS, token) as staging:
+        if not (staging / "tokenizer_config.json").exists():  # roberta-base's: its class is in its config.json
+            with tempfile.TemporaryDirectory() as saved:
+                tokenizer.save_pretrained(saved)
+                shutil.copy(Path(saved, "tokenizer_config.json"), staging)
+        roles = ("bos", "eos", "pad", "mask", "unk", "cls", "sep")
+        summary = {
+            "vocab_size": len(tokenizer),
+            "init_from": arguments.init_from,
+            "tokenizer_class": type(tokenizer).__name__,
+            "special_tokens": {
+                getattr(tokenizer, f"{role}_token"): getattr(tokenizer, f"{role}_token_id")
+                for role in roles
+                if getattr(tokenizer, f"{role}_token") is not None
+            },
+            "texts_read": 0,  # nothing trained: the base model's tokenizer
+            "bytes_read": 0,
+            "seconds": round(time.perf_counter() - started, 3),
+            "fingerprint": fingerprint(Path(staging, TOKENIZER_FILE).read_bytes()),
+            "arguments": asdict(arguments),
+        }
+        Path(staging, SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        storage.upload_folder(staging, arguments.output, last=[SUMMARY_FILE])
+    log.info(
+        "saved %s's tokenizer (%s, %d tokens) to %s, as it is: nothing trained",
+        arguments.init_from,
+        summary["tokenizer_class"],
+        summary["vocab_size"],
+        arguments.output,
+    )
+    return summary
+
+
 def summary_for_people(summary: dict[str, Any]) -> str:
+    if summary.get("init_from"):
+        return f"{summary['init_from']}'s tokenizer of {summary['vocab_size']:,} tokens, as it is"
     read = "a sample spread over the corpus" if summary["sampled"] else "the whole corpus"
     return (
         f"a tokenizer of {summary['vocab_size']:,} pieces, trained on {summary['texts_read']:,} texts ({read}, "

@@ -1,6 +1,8 @@
-"""Pre-train a masked language model from scratch on TFRecord shards, on TPU, GPU or CPU.
+"""Pre-train a masked language model from scratch on TFRecord shards, on TPU, GPU or CPU, or continue a model's
+pre-training (``--init_from``: its weights and config, ``lib/base_model.py``).
 
-The model is built from a config (``TFAutoModelForMaskedLM.from_config``) inside the strategy's scope
+The model is built from a config (``TFAutoModelForMaskedLM.from_config``, or loaded with the base's weights) inside
+the strategy's scope
 (``TPUStrategy`` on a TPU VM, ``MirroredStrategy`` on GPUs, the CPU otherwise). Shards stream through
 ``tf.data`` straight from their folder (local or ``gs://``) and are masked inside the graph. The optimizer
 is the recipe's (``lib/recipe.py``), the step's function ``lib/train_function.py``; the model, optimizer and

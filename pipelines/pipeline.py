@@ -21,6 +21,7 @@ from kfp import compiler, dsl
 
 from components.downstream import DownstreamArguments
 from components.evaluate import EvaluateArguments
+from components.lib.base_model import BaseModelChoice
 from components.lib.corpus import CorpusSpec
 from components.lib.downstream_tasks import TaskSelection
 from components.lib.errors import InvalidParameter
@@ -200,10 +201,11 @@ PARAMETER_SOURCES: tuple[tuple[str, type, str], ...] = (
     ("max_length", ShardArguments, "max_length"),
     ("records_per_shard", ShardArguments, "records_per_shard"),
     ("num_parts", ShardArguments, "num_parts"),
+    ("init_from", BaseModelChoice, "init_from"),  # the tokenizer step's too
     *(
         ("tpu_price_per_hour" if setting.name == "price_per_hour" else setting.name, TrainingSettings, setting.name)
         for setting in fields(TrainingSettings)
-        if setting.name not in NOT_PIPELINE_PARAMETERS
+        if setting.name not in NOT_PIPELINE_PARAMETERS and setting.name not in BaseModelChoice.__dataclass_fields__
     ),
     ("tpu_job_timeout_hours", PreflightArguments, "tpu_job_timeout_hours"),
     ("tpu_max_queued_hours", PreflightArguments, "tpu_max_queued_hours"),

@@ -15,6 +15,7 @@ ROUTES = {
     'max_length': {'shards': 'max_length'},
     'records_per_shard': {'shards': 'records_per_shard'},
     'num_parts': {'shards': 'num_parts'},
+    'init_from': {'tokenizer': 'init_from', 'preflight': 'init_from', 'train': 'init_from'},
     'model_config': {'preflight': 'model_config', 'train': 'model_config'},
     'per_replica_batch_size': {'preflight': 'per_replica_batch_size', 'train': 'per_replica_batch_size'},
     'gradient_accumulation_steps': {'preflight': 'gradient_accumulation_steps', 'train': 'gradient_accumulation_steps'},

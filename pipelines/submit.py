@@ -261,19 +261,22 @@ def template_tpu_type(template: dict[str, Any]) -> str:
 
 
 def check_reachable_on_vertex(values: dict[str, Any]) -> None:
-    """The steps on Vertex AI read and write buckets, Hub datasets and the embedded corpus; this machine's
+    """The steps on Vertex AI read and write buckets, Hub datasets and models and the embedded corpus; this machine's
     folders are not there."""
-    for name in ("corpus", "validation_corpus", "output_root", "checkpoint_dir"):
+    for name in ("corpus", "validation_corpus", "output_root", "checkpoint_dir", "init_from"):
         for item in str(values.get(name, "")).split(","):
             item = item.strip()
-            corpus = name.endswith("corpus") and (item == EMBEDDED or item.startswith(HUB_PREFIX))
-            if item and not corpus and not item.startswith("gs://"):
+            off_machine = (name.endswith("corpus") and item == EMBEDDED) or (
+                name in ("corpus", "validation_corpus", "init_from") and item.startswith(HUB_PREFIX)
+            )
+            if item and not off_machine and not item.startswith("gs://"):
                 raise InvalidParameter(
                     name,
                     values[name],
                     "is a path on this machine, which the steps on Vertex AI cannot reach: copy it to a bucket "
                     "(gcloud storage cp) and name its gs:// URI"
-                    + (", or use an hf: dataset or 'embedded'" if name.endswith("corpus") else ""),
+                    + (", or use an hf: dataset or 'embedded'" if name.endswith("corpus") else "")
+                    + (", or name an hf: model" if name == "init_from" else ""),
                 )
     for task in str(values.get("downstream_tasks", "")).split(","):
         task = task.strip()
@@ -638,6 +641,8 @@ def check_same_training(resume: str, folder: str, values: dict[str, Any]) -> Non
     vocab_size = int(step_values(values, "tokenizer")["vocab_size"])
     max_length = int(step_values(values, "shards")["max_length"])
     identity = identity_before_data(train["model_config"], vocab_size, max_length, resolve_recipe(train))
+    if train["init_from"]:  # the architecture is the base model's, which preflight reads: its source is settled
+        identity["model_config"], identity["init_from"] = {}, train["init_from"]
     try:
         check_checkpoints_match(folder, identity)
     except InvalidParameter as error:

@@ -158,33 +158,49 @@ class HubStandIn:
                     return self._send(200, self._tree(repo, (match[3] or "").strip("/"), recursive))
                 if match := re.fullmatch(r"/datasets/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
                     return self._download(match[1], match[3], "datasets")
-                if match := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path):
+                if match := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path):
                     repo = self._repo(match[1])
                     if repo is None:
                         return None
-                    sha = repo.commits[-1]["oid"] if repo.commits else "0" * 40
+                    commit = self._commit(repo, match[2])
+                    if commit is None:
+                        return None
                     return self._send(
                         200,
                         {
                             "id": match[1],
-                            "sha": sha,
+                            "sha": commit["oid"] if commit else "0" * 40,
                             "private": repo.private,
-                            "siblings": [{"rfilename": name} for name in sorted(repo.files)],
+                            "siblings": [{"rfilename": name} for name in sorted(commit.get("files", {}))],
                         },
                     )
                 if match := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
-                    return self._download(match[1], match[3], "models")
+                    return self._download(match[1], match[3], "models", match[2])
                 return self._send(404, {"error": f"no route {path}"})
 
-            def _download(self, repo_id: str, file: str, kind: str) -> None:
+            def _commit(self, repo: Repo, revision: str | None) -> dict | None:
+                """The commit a model revision names, as the Hub resolves one: the main branch, or a commit's
+                full id; {} for an empty repository's main; None (answered 404) for any other."""
+                if revision in (None, "main"):
+                    return repo.commits[-1] if repo.commits else {}
+                found = [commit for commit in repo.commits if commit["oid"] == revision]
+                if not found:
+                    self._send(404, {"error": f"Invalid rev id: {revision}"}, {"X-Error-Code": "RevisionNotFound"})
+                    return None
+                return found[0]
+
+            def _download(self, repo_id: str, file: str, kind: str, revision: str | None = None) -> None:
                 repo = self._repo(repo_id, kind=kind)
                 if repo is None:
                     return None
-                oid = repo.files.get(file)
+                commit = self._commit(repo, revision) if kind == "models" else repo.commits[-1]
+                if commit is None:
+                    return None
+                oid = commit.get("files", {}).get(file)
                 if oid is None:
                     return self._send(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
                 data = hub.blobs[oid]
-                headers = {"X-Repo-Commit": repo.commits[-1]["oid"], "ETag": f'"{oid}"', "Accept-Ranges": "bytes"}
+                headers = {"X-Repo-Commit": commit["oid"], "ETag": f'"{oid}"', "Accept-Ranges": "bytes"}
                 if len(oid) == 64:  # LFS
                     headers |= {"X-Linked-Etag": f'"{oid}"', "X-Linked-Size": str(len(data))}
                 status = 200

@@ -139,7 +139,7 @@ def test_the_pipeline_interface_is_the_documented_one():
     assert [name for name, _, _ in PARAMETER_SOURCES] == [
         *("corpus", "validation_corpus", "holdout_fraction", "text_column", "limit", "max_non_utf8_fraction"),
         *("vocab_size", "lowercase"),
-        *("tokenizer_sample_bytes", "max_length", "records_per_shard", "num_parts", "model_config"),
+        *("tokenizer_sample_bytes", "max_length", "records_per_shard", "num_parts", "init_from", "model_config"),
         *("per_replica_batch_size", "gradient_accumulation_steps", "num_epochs", "max_steps", "recipe"),
         *("mlm_probability", "final_mlm_probability", "batch_warmup_fraction", "learning_rate", "adam_beta2"),
         *("adam_epsilon", "clip_norm"),

@@ -354,6 +354,10 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
         # what the run could only find out on Vertex AI, after paying for the steps before
         ({"parameters": '{"corpus": "/home/me/corpus.txt"}'}, r"--corpus='/home/me/corpus.txt': is a path on this"),
         ({"parameters": '{"output_root": "runs"}'}, r"--output-root='runs': is a path on this machine"),
+        (
+            {"parameters": '{"init_from": "runs/r/train-step/model"}'},
+            r"--init-from='runs/r/train-step/model': is a path on this machine.*or name an hf: model",
+        ),
         # the probe's tasks too: a misspelt built-in task, a labelled folder of this machine
         (
             {"parameters": '{"downstream_tasks": "word-ordr"}'},

@@ -145,24 +145,41 @@ def push_folder(
     return commit
 
 
-def download_repo(parameter: str, repo_id: str, folder: Path, token: str, retries: int = DEFAULT_RETRIES) -> Path:
-    """The files of the model repository ``repo_id`` in ``folder``; a repository that does not exist, or that
-    the token may not read, is refused naming ``parameter``."""
+def download_repo(
+    parameter: str,
+    repo_id: str,
+    folder: Path,
+    token: str,
+    retries: int = DEFAULT_RETRIES,
+    revision: str | None = None,
+    patterns: list[str] | None = None,
+) -> Path:
+    """The files of the model repository ``repo_id`` at ``revision`` (its default branch: None) in ``folder``, those
+    matching ``patterns`` (all: None); a repository or revision that does not exist, or that the token may not read,
+    is refused naming ``parameter``."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     check_repo_id(parameter, repo_id)
+    named = f"hf:{repo_id}" + (f"@{revision}" if revision else "")
     try:
         with_retries(
-            lambda: snapshot_download(repo_id, token=token or None, local_dir=folder),
+            lambda: snapshot_download(
+                repo_id, revision=revision, token=token or None, local_dir=folder, allow_patterns=patterns
+            ),
             f"downloading the Hub repository {repo_id}",
             retries,
         )
+    except RevisionNotFoundError as error:
+        raise InvalidParameter(parameter, named, f"{repo_id} has no revision {revision!r}") from error
     except (RepositoryNotFoundError, GatedRepoError) as error:
         reason = "a token in HF_TOKEN that may read it" if not token else "a token that may read it"
-        raise InvalidParameter(
-            parameter, f"hf:{repo_id}", f"no such Hub model repository, or it needs {reason}"
-        ) from error
+        raise InvalidParameter(parameter, named, f"no such Hub model repository, or it needs {reason}") from error
     except LocalEntryNotFoundError as error:  # the Hub could not be reached (offline, a dropped connection)
         raise ServiceFailed(f"downloading the Hub repository {repo_id}: the Hub could not be reached") from error
     return folder

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from components.lib.base_model import hub_name
 from components.lib.corpus import HUB_PREFIX, parse_hub_name
 from components.lib.errors import redact
 from components.lib.recipe import KNOBS, MODEL_DROPOUT
@@ -35,7 +36,12 @@ def model_card(
     hyperparameters = {
         key: train_arguments[key] for key in CARD_HYPERPARAMETERS if key in train_arguments
     }  # older runs had fewer
-    hyperparameters["model_config"] = public_name(hyperparameters["model_config"])
+    init_from = train_arguments.get("init_from", "")  # published: a Hub name, or a folder's last name
+    if init_from:  # the base model's config is the model's: model_config was not used
+        del hyperparameters["model_config"]
+        hyperparameters = {"init_from": init_from, **hyperparameters}
+    else:
+        hyperparameters["model_config"] = public_name(hyperparameters["model_config"])
     if "dropout" in hyperparameters:  # config.json holds the config's, for fine-tuning, whatever pre-training had
         own = config.get("hidden_dropout_prob")
         pretraining = hyperparameters["dropout"]
@@ -51,9 +57,23 @@ def model_card(
         pipeline_tag="fill-mask",
         license=license_id or None,
         datasets=[hub_dataset_name(source)] if source.startswith(HUB_PREFIX) else None,
-        tags=["roberta", "masked-language-modeling", "safetensors", "pytorch", "tensorflow", "tpu-mlm-pipeline"],
+        tags=[
+            config.get("model_type", "roberta"),
+            "masked-language-modeling",
+            "safetensors",
+            "pytorch",
+            "tensorflow",
+            "tpu-mlm-pipeline",
+        ],
         model_name=repo_id.split("/")[-1],
         eval_results=probe_results(probe, repo_id),
+        base_model=hub_name(init_from)[0] if init_from.startswith(HUB_PREFIX) else None,  # the Hub's family tree
+    )
+    base = f"`{init_from}`" if init_from != LEFT_OUT else "a model folder (its place left out)"
+    origin = (
+        f"continued from the weights of {base} (domain-adaptive pre-training, with its tokenizer)"
+        if init_from
+        else "pre-trained from scratch"
     )
     lines = [
         "---",
@@ -62,8 +82,8 @@ def model_card(
         "",
         f"# {repo_id.split('/')[-1]}",
         "",
-        f"A {config.get('model_type', 'roberta')} masked language model pre-trained from scratch with "
-        "tpu-mlm-pipeline (Kubeflow Pipelines on Vertex AI, TensorFlow on TPUs). The repository holds the weights "
+        f"A {config.get('model_type', 'roberta')} masked language model {origin} with tpu-mlm-pipeline "
+        "(Kubeflow Pipelines on Vertex AI, TensorFlow on TPUs). The repository holds the weights "
         "twice: `model.safetensors` for PyTorch (transformers 5, sentence-transformers, ONNX exporters) and "
         "`tf_model.h5` for TensorFlow; they are the same float32 numbers.",
         "",
@@ -71,7 +91,8 @@ def model_card(
         "",
         f"- hidden size {config['hidden_size']}, {config['num_hidden_layers']} layers, "
         f"{config['num_attention_heads']} attention heads, intermediate size {config['intermediate_size']}",
-        f"- {summary['num_parameters']:,} parameters, vocabulary of {config['vocab_size']:,} Unigram pieces",
+        f"- {summary['num_parameters']:,} parameters, vocabulary of {config['vocab_size']:,} "
+        + ("tokens (the base model's tokenizer)" if init_from else "Unigram pieces"),
         f"- tokenizer fingerprint `{summary['tokenizer_fingerprint']}`",
         f"- license: {license_id or 'not stated by the publisher'}",
         "",
@@ -219,7 +240,16 @@ def public_text(text: str) -> str:
 # The training arguments published with the model (training_summary.json in its repository): the settings, as numbers,
 # switches and named choices; every other string (the tokenizer's, shards', checkpoint and TensorBoard folders, the
 # model folder, the TPU's address, the Hub repository checkpoints went to, any secret) is left out, and listed.
-PUBLIC_TEXT_ARGUMENTS = ("model_config", "recipe", "lr_schedule", "xla", "on_divergence", "accelerator", "price_source")
+PUBLIC_TEXT_ARGUMENTS = (
+    "model_config",
+    "init_from",
+    "recipe",
+    "lr_schedule",
+    "xla",
+    "on_divergence",
+    "accelerator",
+    "price_source",
+)
 
 
 def public_summary(summary: dict[str, Any]) -> dict[str, Any]:
@@ -232,6 +262,8 @@ def public_summary(summary: dict[str, Any]) -> dict[str, Any]:
             kept[key] = value
         elif key in PUBLIC_TEXT_ARGUMENTS and isinstance(value, str):
             kept[key] = public_name(value) if key == "model_config" else public_text(value)
+    if arguments.get("init_from"):  # a Hub model's name; a folder's (local or a bucket's, however named) left out
+        kept["init_from"] = arguments["init_from"] if arguments["init_from"].startswith(HUB_PREFIX) else LEFT_OUT
     left_out = set(summary.get("left_out", [])) | (set(arguments) - set(kept))  # a public copy's, again
     published = {**summary, "arguments": kept, "left_out": sorted(left_out)}
     if isinstance(summary.get("corpus"), dict):

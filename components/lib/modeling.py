@@ -84,6 +84,15 @@ def model_config(name_or_uri: str, manifest: dict[str, Any]) -> Any:
     if "model_type" not in values:
         raise InvalidParameter("model_config", name_or_uri, "the config has no model_type")
     special = manifest["special_tokens"]
+    if values["model_type"] in ("roberta", "xlm-roberta", "camembert") and (
+        special.get("pad") != 1 or special.get("bos") is None or special.get("eos") is None
+    ):  # TensorFlow's RoBERTa numbers positions from a padding id of 1, whatever the config says
+        raise InvalidParameter(
+            "model_config",
+            name_or_uri,
+            f"is a {values['model_type']} model, which needs a tokenizer with <s>, </s> and <pad> at id 1 (the "
+            f"tokenizer step's); the shards' has {special}: continue that tokenizer's own model with init_from instead",
+        )
     values.update(
         vocab_size=manifest["vocab_size"],
         pad_token_id=special["pad"],

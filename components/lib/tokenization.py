@@ -28,22 +28,25 @@ def load_tokenizer(uri: str, parameter: str = "tokenizer") -> tuple[Any, str]:
     """Loads a tokenizer folder (local or gs://) and returns it with its fingerprint.
 
     Refuses, naming ``parameter``, a folder that is missing, has no fast-tokenizer file, or lacks the
-    special tokens masked-language-model training needs."""
-    from transformers import PreTrainedTokenizerFast
+    special tokens masked-language-model training needs (a mask and a pad token: a trained tokenizer's, or a base
+    model's, ``components.lib.base_model``)."""
+    from transformers import AutoTokenizer
 
     storage.check_uri(parameter, uri)
     if not storage.exists(storage.join(uri, TOKENIZER_FILE)):
         raise InvalidParameter(parameter, uri, f"is not a tokenizer folder (no {TOKENIZER_FILE} in it)")
     with tempfile.TemporaryDirectory() as local:
         storage.download_folder(uri, Path(local))
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(local)
+        # its own class (a base model's BertTokenizerFast, XLMRobertaTokenizerFast ...; the tokenizer step's
+        # PreTrainedTokenizerFast), which the trained model's folder keeps
+        tokenizer = AutoTokenizer.from_pretrained(local, use_fast=True)
         tokenizer_fingerprint = fingerprint(Path(local, TOKENIZER_FILE).read_bytes())
-    for role in ("mask_token", "pad_token", "bos_token", "eos_token"):
+    for role in ("mask_token", "pad_token"):
         if getattr(tokenizer, role) is None or getattr(tokenizer, f"{role}_id") is None:
             raise InvalidParameter(
                 parameter,
                 uri,
-                f"the tokenizer has no {role}; masked-language-model training needs "
-                "<s>, </s>, <pad> and <mask> (train one with components.tokenizer)",
+                f"the tokenizer has no {role}; masked-language-model training needs a mask and a pad token "
+                "(train one with components.tokenizer)",
             )
     return tokenizer, tokenizer_fingerprint

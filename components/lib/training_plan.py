@@ -8,6 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
+from components.lib.base_model import (
+    HUB_MODEL_PREFIX,
+    BaseModelChoice,
+    check_base_model,
+    check_init_from,
+    check_positions,
+    read_token,
+)
 from components.lib.devices import ACCELERATORS, check_accelerator
 from components.lib.errors import InvalidParameter
 from components.lib.hub import check_repo_id
@@ -27,7 +35,7 @@ DIVERGENCE_CHOICES = ("stop", "rewind")
 
 
 @dataclass(kw_only=True)
-class TrainingData:
+class TrainingData(BaseModelChoice):
     """The training's data, model and batch: the first of its settings (they come first in ``--help`` and in the
     pipeline's parameters, before the recipe's knobs)."""
 
@@ -36,7 +44,10 @@ class TrainingData:
     eval_shards: str = field(default="", metadata={"help": "Validation shards: loss logged at each checkpoint."})
     model_config: str = field(
         default="roberta-base",
-        metadata={"help": f"Preset {sorted(PRESETS)}, a config.json path/URI, or a Hub model name."},
+        metadata={
+            "help": f"Preset {sorted(PRESETS)}, a config.json path/URI, or a Hub model name (a config only: its "
+            "weights are init_from's); ignored with init_from, whose config the model keeps."
+        },
     )
     per_replica_batch_size: int = field(
         default=256,
@@ -137,6 +148,7 @@ class TrainingSettings(Recipe, TrainingData):
     def __post_init__(self) -> None:
         for parameter in ("tokenizer", "train_shards"):
             storage.check_uri(parameter, getattr(self, parameter))
+        check_init_from(self.init_from)
         if self.checkpoint_dir:
             storage.check_uri("checkpoint_dir", self.checkpoint_dir)
         if self.eval_shards:
@@ -228,7 +240,13 @@ def plan_training(
                 getattr(arguments, parameter),
                 f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
             )
-    config = model_config(arguments.model_config, manifest)
+    if arguments.init_from:
+        # preflight names the Hub token's secret (a step on Vertex AI); the train step reads HF_TOKEN where set
+        secret = getattr(arguments, "hf_token_secret", "")
+        token = read_token(secret) if arguments.init_from.startswith(HUB_MODEL_PREFIX) else ""
+        config = base_model_config(arguments.init_from, arguments.tokenizer, tokenizer, manifest["max_length"], token)
+    else:
+        config = model_config(arguments.model_config, manifest)
     pretraining_config(config, arguments.dropout)  # a dropout the config cannot take is refused here
     shape = settings_shape(
         vars(arguments),
@@ -253,11 +271,28 @@ def plan_training(
         )
     knobs = {knob: getattr(arguments, knob) for knob in KNOBS}
     identity = checkpoint_identity(config, tokenizer_fingerprint, {"recipe": arguments.recipe, **knobs})
+    if arguments.init_from:  # the same architecture from other weights is another model's training
+        identity["init_from"] = arguments.init_from
     if len(shape.batch_stages) > 1:  # where they are follows the steps and micro-batches, which a resume may change
         identity["batch_stages"] = [list(stage) for stage in shape.batch_stages]
     if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
         check_checkpoints_match(arguments.checkpoint_dir, identity)
     return TrainingPlan(manifest, eval_manifest, config, tokenizer, shape, identity)
+
+
+def base_model_config(init_from: str, tokenizer_uri: str, tokenizer: Any, max_length: int, token: str = "") -> Any:
+    """The config of the base model ``init_from``, checked against the run's tokenizer (the base's own, which the
+    shards were made with) and sample length."""
+    base = check_base_model(init_from, token=token)
+    if base.tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise InvalidParameter(
+            "tokenizer",
+            tokenizer_uri,
+            f"is not {init_from}'s tokenizer: make the shards with the base model's own (the tokenizer step saves it "
+            "when given init_from)",
+        )
+    check_positions(init_from, base.config, max_length)
+    return base.config
 
 
 def check_shares(uri: str, manifest: dict[str, Any], parameter: str, input_pipelines: int) -> None:
@@ -309,6 +344,8 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
     before_data = "tokenizer_fingerprint" not in identity
     settled = [key for key in identity["model_config"] if not (before_data and key in DATA_SETTLED)]
     differing = sorted(key for key in settled if existing["model_config"].get(key) != identity["model_config"][key])
+    if existing.get("init_from", "") != identity.get("init_from", ""):
+        differing.append("init_from")
     if not before_data and existing["tokenizer_fingerprint"] != identity["tokenizer_fingerprint"]:
         differing.append("tokenizer")
     if differing:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.lib import storage
+from components.lib.base_model import load_base_weights, read_token
 from components.lib.errors import Diverged
 from components.lib.modeling import pretraining_config
 from components.lib.recipe import create_optimizer
@@ -135,8 +136,14 @@ def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint
     # build this model in it
     tf.keras.mixed_precision.set_global_policy("mixed_bfloat16" if settings.bf16 else "float32")
     tf.keras.utils.set_random_seed(settings.seed)
+    init_from = getattr(settings, "init_from", "")
     with strategy.scope():
-        model = TFAutoModelForMaskedLM.from_config(pretraining_config(plan.config, settings.dropout))
+        config = pretraining_config(plan.config, settings.dropout)
+        if init_from and not tf.train.latest_checkpoint(checkpoint_dir):  # a resume restores its own weights
+            log.info("starting from %s's weights", init_from)
+            model = load_base_weights(init_from, config, read_token())
+        else:
+            model = TFAutoModelForMaskedLM.from_config(config)
         model.config = plan.config  # its layers keep the pre-training dropout; what it saves is the config's
         model(model.dummy_inputs, training=False)  # create the variables, so a checkpoint can restore them
         optimizer, schedule = create_optimizer(settings, plan.total_steps, plan.shape.learning_rate_scales)

@@ -1,0 +1,359 @@
+"""Continuing a model's pre-training (``--init_from``): a tiny RoBERTa with a byte-level BPE tokenizer and a tiny BERT
+with WordPiece, made here, from a folder, from ``gs://`` through the storage stand-in and from the Hub stand-in;
+their tokenizers used as they are, their weights kept by a run at a tiny rate and improved on by a real one; and
+each refusal before any training."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import HUB_TOKEN, TINY_TRAINING, made_once, run_module
+
+from components.compare import CompareArguments, compare
+from components.lib import storage
+from components.lib.base_model import check_base_model
+from components.lib.errors import InvalidParameter
+from components.lib.training_plan import plan_training
+from components.shards import ShardArguments, write_shards
+from components.tokenizer import TokenizerArguments, train_tokenizer
+from components.train import TrainArguments, train
+
+VOCAB_SIZE = 800
+MAX_LENGTH = 32
+
+
+def embedded_texts() -> list[str]:
+    from components.lib.corpus import Corpus, CorpusSpec
+
+    return list(Corpus(CorpusSpec(corpus="embedded")))
+
+
+def save_roberta(folder: Path, positions: int = 66, head: bool = True, vocab_size: int = 0) -> None:
+    """A tiny RoBERTa masked-LM model (bare encoder without ``head``) with a byte-level BPE tokenizer of the
+    embedded corpus, as ``save_pretrained`` writes them; ``vocab_size``: its embeddings (0: the tokenizer's)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaConfig, RobertaTokenizerFast, TFRobertaForMaskedLM, TFRobertaModel
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(embedded_texts(), VOCAB_SIZE, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    folder.mkdir(parents=True)
+    bpe.save_model(str(folder))
+    tokenizer = RobertaTokenizerFast(vocab_file=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt"))
+    tokenizer.save_pretrained(folder)
+    config = RobertaConfig(
+        vocab_size=vocab_size or len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=positions,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = (TFRobertaForMaskedLM if head else TFRobertaModel)(config)
+    model(model.dummy_inputs)
+    model.save_pretrained(folder, safe_serialization=False)
+
+
+def save_bert(folder: Path) -> None:
+    """A tiny BERT masked-LM model with a lowercasing WordPiece tokenizer of the embedded corpus."""
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertConfig, BertTokenizerFast, TFBertForMaskedLM
+
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(embedded_texts(), VOCAB_SIZE)
+    folder.mkdir(parents=True)
+    wordpiece.save_model(str(folder))
+    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    tokenizer.save_pretrained(folder)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    model = TFBertForMaskedLM(config)
+    model(model.dummy_inputs)
+    model.save_pretrained(folder, safe_serialization=False)
+
+
+@pytest.fixture(scope="session")
+def base_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Model folders made once per test run: ``roberta`` and ``bert`` to continue, and ones to refuse."""
+
+    def make(root: Path) -> None:
+        save_roberta(root / "roberta")
+        save_bert(root / "bert")
+        save_roberta(root / "bare-encoder", head=False)
+        save_roberta(root / "few-embeddings", vocab_size=VOCAB_SIZE // 2)
+        save_roberta(root / "no-tf-weights")
+        (root / "no-tf-weights" / "tf_model.h5").unlink()
+        save_roberta(root / "headless-weights", head=False)  # a config that says it has the head its file lacks
+        config = json.loads((root / "headless-weights" / "config.json").read_text())
+        config["architectures"] = ["RobertaForMaskedLM"]
+        (root / "headless-weights" / "config.json").write_text(json.dumps(config))
+
+    root = made_once(tmp_path_factory, "base-models", make)
+    return {path.name: path for path in root.iterdir()}
+
+
+def weights(folder: Path | str) -> dict[str, np.ndarray]:
+    """The arrays of a folder's ``tf_model.h5`` by name, less the model object's own (``tf_roberta_for_masked_lm_1``
+    when another was built in the process before)."""
+    import h5py
+
+    arrays: dict[str, np.ndarray] = {}
+
+    def keep(name: str, item: object) -> None:
+        if isinstance(item, h5py.Dataset):
+            arrays[re.sub(r"^([^/]+)/[^/]+/", r"\1/", name)] = item[()]
+
+    with h5py.File(Path(folder, "tf_model.h5"), "r") as file:
+        file.visititems(keep)
+    return arrays
+
+
+def adapted(tmp_path: Path, init_from: str, **settings) -> dict:
+    """The tokenizer, shards (training, and the held-out 5%) and train steps of a run continued from ``init_from``,
+    as the pipeline chains them; returns the folders and the training summary."""
+    tokenizer = str(tmp_path / "tokenizer")
+    summary = train_tokenizer(TokenizerArguments(output=tokenizer, init_from=init_from))
+    shards = {}
+    for split, holdout in (("train", "exclude"), ("validation", "only")):
+        shards[split] = str(tmp_path / split)
+        write_shards(
+            ShardArguments(
+                output=shards[split],
+                tokenizer=tokenizer,
+                corpus="embedded",
+                split=split,
+                max_length=MAX_LENGTH,
+                holdout_fraction=0.05,
+                holdout=holdout,
+            )
+        )
+    arguments = {**TINY_TRAINING, "max_steps": 2, "log_every_steps": 1, **settings}
+    del arguments["model_config"]  # the base model's config is the model's
+    model = str(tmp_path / "model")
+    trained = train(
+        TrainArguments(
+            output=model, tokenizer=tokenizer, train_shards=shards["train"], init_from=init_from, **arguments
+        )
+    )
+    return {"tokenizer": tokenizer, "tokenizer_summary": summary, **shards, "model": model, "summary": trained}
+
+
+@pytest.mark.slow  # two base models, each continued at a tiny and a real rate (about a minute)
+@pytest.mark.parametrize("kind", ["roberta", "bert"])
+def test_a_model_continues_from_its_own_weights_and_tokenizer_and_a_real_rate_improves_it(tmp_path, base_models, kind):
+    from transformers import AutoTokenizer
+
+    base = base_models[kind]
+    kept = adapted(tmp_path / "kept", str(base), learning_rate=1e-9, warmup_steps=1)
+    base_tokenizer = AutoTokenizer.from_pretrained(base)
+    assert kept["tokenizer_summary"]["init_from"] == str(base)
+    manifest = json.loads(Path(kept["train"], "manifest.json").read_text())
+    # the tokenizer as it is, byte for byte; the shards' and the trained model's vocabulary and class, the base's own
+    assert Path(kept["tokenizer"], "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+    for name in ("tokenizer", "model"):
+        loaded = AutoTokenizer.from_pretrained(kept[name])
+        assert loaded.get_vocab() == base_tokenizer.get_vocab() and type(loaded) is type(base_tokenizer), name
+    # masking takes the tokenizer's own special tokens: BERT's [MASK] and [CLS]/[SEP], RoBERTa's <mask> and <s>/</s>
+    assert manifest["special_tokens"]["mask"] == base_tokenizer.mask_token_id
+    assert manifest["special_tokens"]["pad"] == base_tokenizer.pad_token_id
+    assert {manifest["special_tokens"][role] for role in ("cls", "sep")} == {
+        base_tokenizer.cls_token_id,
+        base_tokenizer.sep_token_id,
+    }
+    saved_config = json.loads(Path(kept["model"], "config.json").read_text())
+    base_config = json.loads((base / "config.json").read_text())
+    for key in ("model_type", "hidden_size", "vocab_size", "max_position_embeddings", "pad_token_id"):
+        assert saved_config[key] == base_config[key], key
+    before, after = weights(base), weights(kept["model"])
+    assert before.keys() == after.keys()
+    for name, value in before.items():  # two steps at 1e-9: the base's weights within rounding
+        np.testing.assert_allclose(after[name], value, atol=1e-6, err_msg=name)
+
+    improved = adapted(tmp_path / "improved", str(base), learning_rate=2e-3, max_steps=40, log_every_steps=20)
+    assert improved["summary"]["total_steps"] == 40
+    result = compare(
+        CompareArguments(
+            model=improved["model"], baseline=kept["model"], shards=kept["validation"], output=str(tmp_path / "cmp")
+        )
+    )
+    assert result["difference"] < 0 and result["z"] < -2, result  # lower held-out loss than the base, beyond chance
+
+
+@pytest.mark.slow  # the steps' own processes against the Hub stand-in (about 20 s)
+def test_a_private_hub_model_at_a_revision_and_a_bucket_folder_give_their_tokenizer(
+    tmp_path, base_models, hub, gcs, gcs_server, monkeypatch
+):
+    import huggingface_hub.constants
+    from huggingface_hub import HfApi
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)  # the commit URLs this process parses
+    api = HfApi(endpoint=hub.url, token=HUB_TOKEN)
+    api.create_repo("user/tiny-roberta", private=True)
+    first = api.upload_folder(repo_id="user/tiny-roberta", folder_path=base_models["roberta"]).oid
+    api.upload_folder(repo_id="user/tiny-roberta", folder_path=base_models["bert"])  # main moves on: now a BERT
+
+    def tokenizer_step(init_from: str, env: dict) -> tuple[int, str, dict | None]:
+        output = tmp_path / f"tokenizer-{len(list(tmp_path.iterdir()))}"
+        done = run_module("components.tokenizer", "--init_from", init_from, "--output", str(output), env=env)
+        summary = output / "tokenizer_summary.json"
+        return done.returncode, done.stderr, json.loads(summary.read_text()) if summary.exists() else None
+
+    status, _, summary = tokenizer_step(f"hf:user/tiny-roberta@{first}", hub.env)
+    assert status == 0 and summary["tokenizer_class"] == "RobertaTokenizerFast"  # the revision's, not main's
+    status, _, summary = tokenizer_step("hf:user/tiny-roberta", hub.env)
+    assert status == 0 and summary["tokenizer_class"] == "BertTokenizerFast"
+    status, stderr, summary = tokenizer_step("hf:user/tiny-roberta@v9", hub.env)
+    assert status == 2 and summary is None
+    assert "--init-from='hf:user/tiny-roberta@v9': user/tiny-roberta has no revision 'v9'" in stderr
+    without_token = {name: value for name, value in hub.env.items() if name != "HF_TOKEN"}
+    status, stderr, summary = tokenizer_step("hf:user/tiny-roberta", without_token)
+    assert status == 2 and summary is None
+    assert "no such Hub model repository, or it needs a token in HF_TOKEN that may read it" in stderr
+
+    # what preflight asks before a TPU run, whose job has no Hub token: a private model cannot be read without one
+    api.create_repo("user/public-roberta", private=False)
+    api.upload_folder(repo_id="user/public-roberta", folder_path=base_models["roberta"])
+    readable = "from components.lib.base_model import readable_without_token as r; print(r('hf:user/{}'))"
+    for repo, expected in (("tiny-roberta", "False"), ("public-roberta", "True")):
+        asked = subprocess.run(
+            [sys.executable, "-c", readable.format(repo)], env=hub.env, capture_output=True, text=True, check=True
+        )
+        assert asked.stdout.strip() == expected, (repo, asked.stderr[-2000:])
+    storage.upload_folder(base_models["bert"], gcs + "/bert")
+    status, _, summary = tokenizer_step(gcs + "/bert", {**hub.env, **gcs_server})
+    assert status == 0 and summary["tokenizer_class"] == "BertTokenizerFast" and summary["vocab_size"] == VOCAB_SIZE
+
+
+@pytest.mark.parametrize(
+    ("model", "max_length", "message"),
+    [
+        ("bare-encoder", None, "was saved as RobertaModel, without a masked-LM head to continue"),
+        ("few-embeddings", None, "its tokenizer has 800 tokens, more than the model's 400 embeddings"),
+        ("no-tf-weights", None, "holds no TensorFlow weights (tf_model.h5)"),
+        ("roberta", 65, "--max-length=65: is more than {folder} takes (64 tokens: its position embeddings)"),
+        ("bert", 65, "--max-length=65: is more than"),
+        ("missing", None, "is not a model folder (no config.json in it)"),
+        ("distilbert", None, "is a 'distilbert' model; the masked-LM loss here takes the head of roberta, bert"),
+        ("gpt2", None, "is a 'gpt2' model, which has no TensorFlow masked-LM model here"),
+    ],
+)
+def test_a_base_model_that_cannot_be_continued_is_refused_in_one_line(
+    base_models, tmp_path, model, max_length, message
+):
+    folder = base_models.get(model, tmp_path / model)
+    if model in ("distilbert", "gpt2"):  # a config is all it takes to be refused
+        folder.mkdir()
+        architecture = {"distilbert": "DistilBertForMaskedLM", "gpt2": "GPT2LMHeadModel"}[model]
+        (folder / "config.json").write_text(json.dumps({"model_type": model, "architectures": [architecture]}))
+    with pytest.raises(InvalidParameter) as refused:
+        check_base_model(str(folder), max_length)
+    assert message.format(folder=folder) in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_bounds_of_a_base_model_s_positions_are_its_own(base_models):
+    # RoBERTa numbers positions from its pad id + 1: 66 positions take 64 tokens; BERT's 64 take 64
+    check_base_model(str(base_models["roberta"]), 64)
+    check_base_model(str(base_models["bert"]), 64)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("hf:roberta-base", "a Hub model is written hf:NAMESPACE/NAME[@REVISION]"),
+        ("hf:user/model@", "names no revision after '@'"),
+        ("s3://bucket/model", "unsupported URI scheme"),
+    ],
+)
+def test_an_init_from_of_no_known_form_is_refused_by_every_step_that_takes_it(value, message, tmp_path):
+    for arguments in (
+        lambda: TokenizerArguments(output=str(tmp_path / "t"), init_from=value),
+        lambda: TrainArguments(output=str(tmp_path / "m"), tokenizer="t", train_shards="s", init_from=value),
+    ):
+        with pytest.raises(InvalidParameter, match="--init-from") as refused:
+            arguments()
+        assert message in str(refused.value)
+
+
+def test_shards_of_another_tokenizer_than_the_base_model_s_are_refused_before_training(
+    tmp_path, base_models, embedded_shards
+):
+    settings = TrainArguments(
+        output=str(tmp_path / "model"),
+        tokenizer=embedded_shards["tokenizer"],
+        train_shards=embedded_shards["train"],
+        init_from=str(base_models["roberta"]),
+    )
+    with pytest.raises(InvalidParameter, match=r"--tokenizer=.*is not .*'s tokenizer: make the shards with"):
+        plan_training(settings, num_replicas=1)  # what preflight and the train step check before any TPU time
+
+
+@pytest.mark.parametrize(
+    ("init_from", "base_model", "shown"),
+    [
+        ("hf:FacebookAI/roberta-base@main", "FacebookAI/roberta-base", "hf:FacebookAI/roberta-base@main"),
+        ("gs://b/m/base", None, "(left out)"),
+    ],
+)
+def test_the_card_of_a_continued_model_names_its_base_and_no_bucket(init_from, base_model, shown):
+    import yaml
+
+    from components.lib.model_card import CARD_HYPERPARAMETERS, model_card
+
+    summary = {
+        "arguments": {key: 1 for key in CARD_HYPERPARAMETERS}
+        | {"model_config": "roberta-base", "init_from": init_from, "dropout": -1},
+        "corpus": {"source": "gs://b/corpus/*.txt"},
+        **{"global_batch_size": 2048, "total_steps": 650, "samples": 1, "tokens": 128, "replicas": 8},
+        **{"accelerator": "tpu", "num_parameters": 1, "tokenizer_fingerprint": "sha256:0"},
+        **{"first_loss": 9.0, "last_loss": 2.0, "history": [{"step": 1}, {"step": 650}], "steps_this_run": 650},
+    }
+    config = {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12}
+    card = model_card("me/legal-bert", summary, {**config, "intermediate_size": 3072, "vocab_size": 30522}, None)
+    metadata = yaml.safe_load(card.split("---\n")[1])
+    assert metadata.get("base_model") == base_model and "bert" in metadata["tags"]  # the Hub's family tree
+    base = f"`{shown}`" if base_model else "a model folder (its place left out)"
+    assert f"continued from the weights of {base}" in card and "from scratch" not in card
+    assert "30,522 tokens (the base model's tokenizer)" in card and "Unigram" not in card
+    assert f"| init_from | {shown} |" in card and "model_config" not in card and "gs://" not in card
+
+
+def test_weights_that_lack_the_head_their_config_names_are_refused_not_started_from_random(base_models):
+    from components.lib.base_model import load_base_weights
+
+    folder = str(base_models["headless-weights"])
+    base = check_base_model(folder)  # the config and tokenizer pass: only the weights tell
+    with pytest.raises(InvalidParameter, match=r"tf_model\.h5 lacks \d+ of the masked-LM model's weights .*lm_head"):
+        load_base_weights(folder, base.config)
+
+
+def test_a_resume_onto_checkpoints_of_another_base_model_is_refused(tmp_path):
+    from components.lib.training_plan import CHECKPOINT_IDENTITY_FILE, check_checkpoints_match
+
+    identity = {"model_config": {"hidden_size": 32}, "tokenizer_fingerprint": "sha256:0", "recipe": {}}
+    (tmp_path / CHECKPOINT_IDENTITY_FILE).write_text(json.dumps({**identity, "init_from": "hf:user/legal@abc"}))
+    check_checkpoints_match(str(tmp_path), {**identity, "init_from": "hf:user/legal@abc"})
+    for other in ({**identity, "init_from": "hf:user/medical"}, identity):  # another base, or from scratch
+        with pytest.raises(InvalidParameter, match=r"holds checkpoints of another model \(init_from differ"):
+            check_checkpoints_match(str(tmp_path), other)
+
+
+def test_a_from_scratch_roberta_refuses_a_tokenizer_without_roberta_s_special_ids():
+    from components.lib.modeling import model_config
+
+    wordpiece = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103, "bos": None, "eos": None}
+    with pytest.raises(InvalidParameter, match=r"--model-config='mini': is a roberta model, which needs .*init_from"):
+        model_config("mini", {"vocab_size": 800, "max_length": 32, "special_tokens": wordpiece})
