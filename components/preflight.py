@@ -197,16 +197,16 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
     started = time.perf_counter()
     replicas = arguments.training_replicas
     plan = plan_training(arguments, replicas, tpu_type(arguments.tpu_type) if arguments.tpu_type else None)
-    if arguments.init_from:  # its weights loaded here, on the CPU: a file without the head refused before the TPU
-        if arguments.tpu_type and not readable_without_token(arguments.init_from):
+    if plan.init_from:  # its weights loaded here, on the CPU: a file without the head refused before the TPU
+        if arguments.tpu_type and not readable_without_token(plan.init_from):
             raise InvalidParameter(
                 "init_from",
                 arguments.init_from,
                 "is a private or gated Hub model, which the TPU job cannot read (it has no Hub token): copy it to a "
                 "bucket (huggingface-cli download, then gcloud storage cp) and give its gs:// folder",
             )
-        hub = arguments.init_from.startswith(HUB_MODEL_PREFIX)
-        load_base_weights(arguments.init_from, plan.config, read_token(arguments.hf_token_secret) if hub else "")
+        hub = plan.init_from.startswith(HUB_MODEL_PREFIX)
+        load_base_weights(plan.init_from, plan.config, read_token(arguments.hf_token_secret) if hub else "")
     report: dict[str, Any] = {
         "tpu_type": arguments.tpu_type,
         "replicas": replicas,

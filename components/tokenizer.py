@@ -31,6 +31,7 @@ from components.lib.base_model import (
     base_model_files,
     check_base_model,
     check_init_from,
+    pinned,
     read_token,
 )
 from components.lib.corpus import Corpus, CorpusSpec
@@ -178,8 +179,9 @@ def publish_base_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
     (a ``tokenizer_config.json`` naming its class added where the model has none); returns the summary."""
     started = time.perf_counter()
     token = read_token(arguments.hf_token_secret) if arguments.init_from.startswith(HUB_MODEL_PREFIX) else ""
-    tokenizer = check_base_model(arguments.init_from, token=token).tokenizer
-    with base_model_files(arguments.init_from, TOKENIZER_PATTERNS, token) as staging:
+    base = pinned(arguments.init_from, token)  # the commit every later step reads
+    tokenizer = check_base_model(base, token=token).tokenizer
+    with base_model_files(base, TOKENIZER_PATTERNS, token) as staging:
         if not (staging / "tokenizer_config.json").exists():  # roberta-base's: its class is in its config.json
             with tempfile.TemporaryDirectory() as saved:
                 tokenizer.save_pretrained(saved)
@@ -188,6 +190,7 @@ def publish_base_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
         summary = {
             "vocab_size": len(tokenizer),
             "init_from": arguments.init_from,
+            "init_from_pinned": base,
             "tokenizer_class": type(tokenizer).__name__,
             "special_tokens": {
                 getattr(tokenizer, f"{role}_token"): getattr(tokenizer, f"{role}_token_id")
@@ -204,7 +207,7 @@ def publish_base_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
         storage.upload_folder(staging, arguments.output, last=[SUMMARY_FILE])
     log.info(
         "saved %s's tokenizer (%s, %d tokens) to %s, as it is: nothing trained",
-        arguments.init_from,
+        base,
         summary["tokenizer_class"],
         summary["vocab_size"],
         arguments.output,

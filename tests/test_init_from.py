@@ -17,7 +17,7 @@ from conftest import HUB_TOKEN, TINY_TRAINING, made_once, run_module
 
 from components.compare import CompareArguments, compare
 from components.lib import storage
-from components.lib.base_model import check_base_model
+from components.lib.base_model import check_base_model, pinned_by_tokenizer
 from components.lib.errors import InvalidParameter
 from components.lib.training_plan import plan_training
 from components.shards import ShardArguments, write_shards
@@ -204,18 +204,25 @@ def test_a_private_hub_model_at_a_revision_and_a_bucket_folder_give_their_tokeni
     api = HfApi(endpoint=hub.url, token=HUB_TOKEN)
     api.create_repo("user/tiny-roberta", private=True)
     first = api.upload_folder(repo_id="user/tiny-roberta", folder_path=base_models["roberta"]).oid
-    api.upload_folder(repo_id="user/tiny-roberta", folder_path=base_models["bert"])  # main moves on: now a BERT
+    second = api.upload_folder(repo_id="user/tiny-roberta", folder_path=base_models["bert"]).oid  # main: a BERT now
+
+    outputs: list[str] = []
 
     def tokenizer_step(init_from: str, env: dict) -> tuple[int, str, dict | None]:
-        output = tmp_path / f"tokenizer-{len(list(tmp_path.iterdir()))}"
-        done = run_module("components.tokenizer", "--init_from", init_from, "--output", str(output), env=env)
-        summary = output / "tokenizer_summary.json"
+        """The tokenizer step's own process, into a folder of its own (the last of ``outputs``)."""
+        outputs.append(str(tmp_path / f"tokenizer-{len(outputs)}"))
+        done = run_module("components.tokenizer", "--init_from", init_from, "--output", outputs[-1], env=env)
+        summary = Path(outputs[-1], "tokenizer_summary.json")
         return done.returncode, done.stderr, json.loads(summary.read_text()) if summary.exists() else None
 
     status, _, summary = tokenizer_step(f"hf:user/tiny-roberta@{first}", hub.env)
     assert status == 0 and summary["tokenizer_class"] == "RobertaTokenizerFast"  # the revision's, not main's
     status, _, summary = tokenizer_step("hf:user/tiny-roberta", hub.env)
     assert status == 0 and summary["tokenizer_class"] == "BertTokenizerFast"
+    # main pinned to the commit it names now: preflight and the train step read that one, whatever main does after
+    assert summary["init_from_pinned"] == f"hf:user/tiny-roberta@{second}"
+    assert pinned_by_tokenizer("hf:user/tiny-roberta", outputs[-1]) == f"hf:user/tiny-roberta@{second}"
+    assert pinned_by_tokenizer("hf:user/other", outputs[-1]) == "hf:user/other"  # another run's tokenizer: as given
     status, stderr, summary = tokenizer_step("hf:user/tiny-roberta@v9", hub.env)
     assert status == 2 and summary is None
     assert "--init-from='hf:user/tiny-roberta@v9': user/tiny-roberta has no revision 'v9'" in stderr

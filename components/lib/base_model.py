@@ -116,6 +116,40 @@ def read_token(secret: str = "") -> str:
     return os.environ.get("HF_TOKEN", "").strip()
 
 
+def pinned(init_from: str, token: str = "") -> str:
+    """``init_from`` at the commit its revision names now (``hf:NAME@<commit id>``), which every later step reads: the
+    weights a TPU job loads hours after the tokenizer step are the ones checked, whatever the branch does since. A
+    folder as it is."""
+    if not init_from.startswith(HUB_MODEL_PREFIX):
+        return init_from
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    from components.lib.hub import with_retries
+
+    repo_id, revision = hub_name(init_from)
+    try:
+        info = with_retries(
+            lambda: HfApi(token=token or None).model_info(repo_id, revision=revision), f"reading {repo_id}'s revision"
+        )
+    except RevisionNotFoundError as error:
+        raise InvalidParameter("init_from", init_from, f"{repo_id} has no revision {revision!r}") from error
+    except (RepositoryNotFoundError, GatedRepoError) as error:
+        needs = "a token in HF_TOKEN that may read it" if not token else "a token that may read it"
+        raise InvalidParameter("init_from", init_from, f"no such Hub model repository, or it needs {needs}") from error
+    return f"{HUB_MODEL_PREFIX}{repo_id}@{info.sha}"
+
+
+def pinned_by_tokenizer(init_from: str, tokenizer_uri: str) -> str:
+    """The commit the tokenizer step pinned ``init_from`` to (its summary in the tokenizer folder), for preflight and
+    the train step; ``init_from`` as it is where the folder holds no such summary (a tokenizer folder of one's own)."""
+    summary_uri = storage.join(tokenizer_uri, "tokenizer_summary.json")
+    if not init_from.startswith(HUB_MODEL_PREFIX) or not storage.exists(summary_uri):
+        return init_from
+    summary = json.loads(storage.read_text(summary_uri))
+    return summary.get("init_from_pinned", init_from) if summary.get("init_from") == init_from else init_from
+
+
 def readable_without_token(init_from: str) -> bool:
     """Whether anyone may read the Hub model ``init_from`` (a TPU job has no Hub token); a folder: True."""
     if not init_from.startswith(HUB_MODEL_PREFIX):

@@ -14,6 +14,7 @@ from components.lib.base_model import (
     check_base_model,
     check_init_from,
     check_positions,
+    pinned_by_tokenizer,
     read_token,
 )
 from components.lib.devices import ACCELERATORS, check_accelerator
@@ -191,6 +192,7 @@ class TrainingPlan:
     tokenizer: Any
     shape: RunShape
     checkpoint_identity: dict[str, Any]
+    init_from: str = ""  # the base model, at the commit the tokenizer step pinned: what the weights are loaded from
 
     @property
     def total_steps(self) -> int:
@@ -240,11 +242,12 @@ def plan_training(
                 getattr(arguments, parameter),
                 f"have max_length {shards['max_length']}, the training shards {manifest['max_length']}",
             )
-    if arguments.init_from:
+    base = pinned_by_tokenizer(arguments.init_from, arguments.tokenizer)  # the commit the tokenizer step checked
+    if base:
         # preflight names the Hub token's secret (a step on Vertex AI); the train step reads HF_TOKEN where set
         secret = getattr(arguments, "hf_token_secret", "")
-        token = read_token(secret) if arguments.init_from.startswith(HUB_MODEL_PREFIX) else ""
-        config = base_model_config(arguments.init_from, arguments.tokenizer, tokenizer, manifest["max_length"], token)
+        token = read_token(secret) if base.startswith(HUB_MODEL_PREFIX) else ""
+        config = base_model_config(base, arguments.tokenizer, tokenizer, manifest["max_length"], token)
     else:
         config = model_config(arguments.model_config, manifest)
     pretraining_config(config, arguments.dropout)  # a dropout the config cannot take is refused here
@@ -271,13 +274,13 @@ def plan_training(
         )
     knobs = {knob: getattr(arguments, knob) for knob in KNOBS}
     identity = checkpoint_identity(config, tokenizer_fingerprint, {"recipe": arguments.recipe, **knobs})
-    if arguments.init_from:  # the same architecture from other weights is another model's training
-        identity["init_from"] = arguments.init_from
+    if base:  # the same architecture from other weights is another model's training
+        identity["init_from"] = base
     if len(shape.batch_stages) > 1:  # where they are follows the steps and micro-batches, which a resume may change
         identity["batch_stages"] = [list(stage) for stage in shape.batch_stages]
     if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
         check_checkpoints_match(arguments.checkpoint_dir, identity)
-    return TrainingPlan(manifest, eval_manifest, config, tokenizer, shape, identity)
+    return TrainingPlan(manifest, eval_manifest, config, tokenizer, shape, identity, base)
 
 
 def base_model_config(init_from: str, tokenizer_uri: str, tokenizer: Any, max_length: int, token: str = "") -> Any:

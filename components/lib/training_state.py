@@ -136,7 +136,7 @@ def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint
     # build this model in it
     tf.keras.mixed_precision.set_global_policy("mixed_bfloat16" if settings.bf16 else "float32")
     tf.keras.utils.set_random_seed(settings.seed)
-    init_from = getattr(settings, "init_from", "")
+    init_from = plan.init_from
     with strategy.scope():
         config = pretraining_config(plan.config, settings.dropout)
         if init_from and not tf.train.latest_checkpoint(checkpoint_dir):  # a resume restores its own weights
