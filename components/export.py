@@ -16,7 +16,6 @@ new Hub commit. A Hub repository is read with ``HF_TOKEN`` when set; writing to 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from components.lib.hub import (
     download_repo,
     hub_token,
     push_folder,
+    read_token,
 )
 from components.lib.job_runner import run_job
 from components.lib.model_card import CARD_FILE, USAGE_HEADING, model_card, public_summary, usage_section
@@ -80,7 +80,11 @@ def export(arguments: ExportArguments) -> dict[str, Any]:
     """Reads the model, adds its PyTorch weights and writes it to the output; returns what was written."""
     to_hub = arguments.output.startswith(HUB_PREFIX)
     output_repo = arguments.output.removeprefix(HUB_PREFIX)
-    token = hub_token("output", arguments.output, arguments.hf_token_secret) if to_hub else _read_token(arguments)
+    token = (
+        hub_token("output", arguments.output, arguments.hf_token_secret)
+        if to_hub
+        else read_token(arguments.hf_token_secret)
+    )
     with tempfile.TemporaryDirectory() as staging:
         folder = _fetch(arguments.model, Path(staging, "model"), token, arguments.retries)
         written = add_pytorch_weights(folder, "model", arguments.model)
@@ -97,13 +101,6 @@ def export(arguments: ExportArguments) -> dict[str, Any]:
         else:
             storage.upload_folder(folder, arguments.output, last=[SUMMARY_FILE])
     return result
-
-
-def _read_token(arguments: ExportArguments) -> str:
-    """The token for reading a Hub repository, when one is at hand: private repositories need it."""
-    if arguments.hf_token_secret:
-        return hub_token("model", arguments.model, arguments.hf_token_secret)
-    return os.environ.get("HF_TOKEN", "").strip()
 
 
 def _fetch(model: str, folder: Path, token: str, retries: int) -> Path:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
-from components.lib.base_model import HUB_MODEL_PREFIX, load_base_weights, read_token, readable_without_token
+from components.lib.base_model import base_model_token, load_base_weights, readable_without_token
 from components.lib.downstream_tasks import TaskSelection
 from components.lib.errors import InvalidParameter
 from components.lib.estimates import (
@@ -205,8 +205,7 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
                 "is a private or gated Hub model, which the TPU job cannot read (it has no Hub token): copy it to a "
                 "bucket (huggingface-cli download, then gcloud storage cp) and give its gs:// folder",
             )
-        hub = plan.init_from.startswith(HUB_MODEL_PREFIX)
-        load_base_weights(plan.init_from, plan.config, read_token(arguments.hf_token_secret) if hub else "")
+        load_base_weights(plan.init_from, plan.config, base_model_token(plan.init_from, arguments.hf_token_secret))
     report: dict[str, Any] = {
         "tpu_type": arguments.tpu_type,
         "replicas": replicas,

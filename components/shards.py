@@ -39,7 +39,7 @@ from components.lib.job_runner import run_job
 from components.lib.progress import Progress
 from components.lib.records import serialize_examples
 from components.lib.shard_set import MANIFEST, dumps, manifest_for_people, merge_manifests, part_manifest_uri
-from components.lib.tokenization import load_tokenizer
+from components.lib.tokenization import SPECIAL_TOKEN_ATTRIBUTES, load_tokenizer
 
 log = logging.getLogger("tpu_mlm.shards")
 
@@ -202,9 +202,7 @@ def _settings(arguments: ShardArguments, tokenizer: Any, tokenizer_fingerprint: 
         "holdout": arguments.holdout if arguments.holdout_fraction else None,
         "corpus": arguments.describe(),
         "vocab_size": len(tokenizer),
-        "special_tokens": {
-            role: getattr(tokenizer, f"{role}_token_id") for role in ("bos", "eos", "pad", "mask", "unk", "cls", "sep")
-        },
+        "special_tokens": {role: getattr(tokenizer, f"{role}_token_id") for role in SPECIAL_TOKEN_ATTRIBUTES},
         "tokenizer_fingerprint": tokenizer_fingerprint,
     }
 

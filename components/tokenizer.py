@@ -25,14 +25,13 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.base_model import (
-    HUB_MODEL_PREFIX,
     TOKENIZER_PATTERNS,
     BaseModelChoice,
     base_model_files,
+    base_model_token,
     check_base_model,
     check_init_from,
     pinned,
-    read_token,
 )
 from components.lib.corpus import Corpus, CorpusSpec
 from components.lib.errors import InvalidParameter
@@ -40,6 +39,7 @@ from components.lib.job_runner import run_job
 from components.lib.progress import Progress
 from components.lib.tokenization import (
     DEFAULT_SAMPLE_BYTES,
+    SPECIAL_TOKEN_ATTRIBUTES,
     SPECIAL_TOKEN_ROLES,
     SPECIAL_TOKENS,
     TOKENIZER_FILE,
@@ -178,7 +178,7 @@ def publish_base_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
     """Saves the tokenizer files of the model ``init_from`` under ``arguments.output`` as they are, byte for byte
     (a ``tokenizer_config.json`` naming its class added where the model has none); returns the summary."""
     started = time.perf_counter()
-    token = read_token(arguments.hf_token_secret) if arguments.init_from.startswith(HUB_MODEL_PREFIX) else ""
+    token = base_model_token(arguments.init_from, arguments.hf_token_secret)
     base = pinned(arguments.init_from, token)  # the commit every later step reads
     tokenizer = check_base_model(base, token=token).tokenizer
     with base_model_files(base, TOKENIZER_PATTERNS, token) as staging:
@@ -186,7 +186,6 @@ def publish_base_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
             with tempfile.TemporaryDirectory() as saved:
                 tokenizer.save_pretrained(saved)
                 shutil.copy(Path(saved, "tokenizer_config.json"), staging)
-        roles = ("bos", "eos", "pad", "mask", "unk", "cls", "sep")
         summary = {
             "vocab_size": len(tokenizer),
             "init_from": arguments.init_from,
@@ -194,7 +193,7 @@ def publish_base_tokenizer(arguments: TokenizerArguments) -> dict[str, Any]:
             "tokenizer_class": type(tokenizer).__name__,
             "special_tokens": {
                 getattr(tokenizer, f"{role}_token"): getattr(tokenizer, f"{role}_token_id")
-                for role in roles
+                for role in SPECIAL_TOKEN_ATTRIBUTES
                 if getattr(tokenizer, f"{role}_token") is not None
             },
             "texts_read": 0,  # nothing trained: the base model's tokenizer

@@ -356,6 +356,11 @@ def test_a_resume_onto_checkpoints_of_another_base_model_is_refused(tmp_path):
     for other in ({**identity, "init_from": "hf:user/medical"}, identity):  # another base, or from scratch
         with pytest.raises(InvalidParameter, match=r"holds checkpoints of another model \(init_from differ"):
             check_checkpoints_match(str(tmp_path), other)
+    # submit's resume, before the tokenizer step pins a revision: the same model's name passes, another's does not
+    before_data = {"model_config": {}, "recipe": {}}
+    check_checkpoints_match(str(tmp_path), {**before_data, "init_from": "hf:user/legal"})
+    with pytest.raises(InvalidParameter, match=r"init_from differ"):
+        check_checkpoints_match(str(tmp_path), {**before_data, "init_from": "hf:user/medical"})
 
 
 def test_a_from_scratch_roberta_refuses_a_tokenizer_without_roberta_s_special_ids():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
-import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,8 +22,8 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
-from components.lib.hub import REPO_ID, download_repo
-from components.lib.modeling import BERT_LAYOUT
+from components.lib.hub import REPO_ID, download_repo, read_token, refused_reads
+from components.lib.modeling import BERT_LAYOUT, POSITIONS_AFTER_PAD
 
 HUB_MODEL_PREFIX = "hf:"
 CONFIG_FILE = "config.json"
@@ -42,8 +41,6 @@ TOKENIZER_PATTERNS = (
 )
 # the architectures a masked-LM head is saved with (BERT's pre-training head holds its masked-LM head too)
 MASKED_LM_HEADS = ("ForMaskedLM", "ForPreTraining")
-# model types whose positions are numbered from the pad id + 1 (RoBERTa's convention), not from 0
-POSITIONS_AFTER_PAD = ("roberta", "xlm-roberta", "camembert")
 INIT_FROM_HELP = (
     "Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a Hub model; a private "
     "one through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) and a fast "
@@ -106,14 +103,9 @@ def base_model_files(init_from: str, patterns: tuple[str, ...], token: str = "")
         yield folder
 
 
-def read_token(secret: str = "") -> str:
-    """The Hub token a private base model is read with: the Secret Manager ``secret``'s where one is named (a step
-    on Vertex AI), else ``HF_TOKEN``'s; "" without one."""
-    if secret:
-        from components.lib.hub import secret_token
-
-        return secret_token(secret)
-    return os.environ.get("HF_TOKEN", "").strip()
+def base_model_token(init_from: str, secret: str = "") -> str:
+    """The Hub token ``init_from`` is read with (``hub.read_token``: ``secret``'s, else HF_TOKEN's); a folder: ""."""
+    return read_token(secret) if init_from.startswith(HUB_MODEL_PREFIX) else ""
 
 
 def pinned(init_from: str, token: str = "") -> str:
@@ -123,21 +115,20 @@ def pinned(init_from: str, token: str = "") -> str:
     if not init_from.startswith(HUB_MODEL_PREFIX):
         return init_from
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     from components.lib.hub import with_retries
 
     repo_id, revision = hub_name(init_from)
-    try:
+    with refused_reads("init_from", init_from, repo_id, revision, token):
         info = with_retries(
             lambda: HfApi(token=token or None).model_info(repo_id, revision=revision), f"reading {repo_id}'s revision"
         )
-    except RevisionNotFoundError as error:
-        raise InvalidParameter("init_from", init_from, f"{repo_id} has no revision {revision!r}") from error
-    except (RepositoryNotFoundError, GatedRepoError) as error:
-        needs = "a token in HF_TOKEN that may read it" if not token else "a token that may read it"
-        raise InvalidParameter("init_from", init_from, f"no such Hub model repository, or it needs {needs}") from error
     return f"{HUB_MODEL_PREFIX}{repo_id}@{info.sha}"
+
+
+def model_name(init_from: str) -> str:
+    """``init_from`` without its revision: what a run's parameters settle before the tokenizer step pins it."""
+    return init_from.partition("@")[0] if init_from.startswith(HUB_MODEL_PREFIX) else init_from
 
 
 def pinned_by_tokenizer(init_from: str, tokenizer_uri: str) -> str:

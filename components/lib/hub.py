@@ -7,12 +7,13 @@ points the client at another Hub (the tests use a local stand-in of its HTTP API
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,6 +84,27 @@ def hub_token(parameter: str, repo_id: str, secret: str = "") -> str:
     if not token:
         raise InvalidParameter(parameter, repo_id, "a Hub push needs a write token in HF_TOKEN, which is not set")
     return token
+
+
+def read_token(secret: str = "") -> str:
+    """The token a Hub repository is read with, when one is at hand (private repositories need it): the Secret
+    Manager ``secret``'s where one is named (a step on Vertex AI), else ``HF_TOKEN``'s; "" without one."""
+    return secret_token(secret) if secret else os.environ.get("HF_TOKEN", "").strip()
+
+
+@contextlib.contextmanager
+def refused_reads(parameter: str, named: str, repo_id: str, revision: str | None, token: str) -> Iterator[None]:
+    """Turns the Hub's refusals of a read of ``repo_id`` (no such repository or revision, no access) into one line
+    naming ``parameter`` and its value ``named``."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        yield
+    except RevisionNotFoundError as error:
+        raise InvalidParameter(parameter, named, f"{repo_id} has no revision {revision!r}") from error
+    except (RepositoryNotFoundError, GatedRepoError) as error:
+        reason = "a token in HF_TOKEN that may read it" if not token else "a token that may read it"
+        raise InvalidParameter(parameter, named, f"no such Hub model repository, or it needs {reason}") from error
 
 
 def is_transient(error: BaseException) -> bool:
@@ -158,28 +180,19 @@ def download_repo(
     matching ``patterns`` (all: None); a repository or revision that does not exist, or that the token may not read,
     is refused naming ``parameter``."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     check_repo_id(parameter, repo_id)
     named = f"hf:{repo_id}" + (f"@{revision}" if revision else "")
     try:
-        with_retries(
-            lambda: snapshot_download(
-                repo_id, revision=revision, token=token or None, local_dir=folder, allow_patterns=patterns
-            ),
-            f"downloading the Hub repository {repo_id}",
-            retries,
-        )
-    except RevisionNotFoundError as error:
-        raise InvalidParameter(parameter, named, f"{repo_id} has no revision {revision!r}") from error
-    except (RepositoryNotFoundError, GatedRepoError) as error:
-        reason = "a token in HF_TOKEN that may read it" if not token else "a token that may read it"
-        raise InvalidParameter(parameter, named, f"no such Hub model repository, or it needs {reason}") from error
+        with refused_reads(parameter, named, repo_id, revision, token):
+            with_retries(
+                lambda: snapshot_download(
+                    repo_id, revision=revision, token=token or None, local_dir=folder, allow_patterns=patterns
+                ),
+                f"downloading the Hub repository {repo_id}",
+                retries,
+            )
     except LocalEntryNotFoundError as error:  # the Hub could not be reached (offline, a dropped connection)
         raise ServiceFailed(f"downloading the Hub repository {repo_id}: the Hub could not be reached") from error
     return folder

@@ -252,6 +252,14 @@ PUBLIC_TEXT_ARGUMENTS = (
 )
 
 
+# how an argument naming a model is published: a config's file name or Hub name; a base model's Hub name, a folder's
+# (local or a bucket's, however named) left out
+PUBLISHED_AS = {
+    "model_config": public_name,
+    "init_from": lambda value: value if value.startswith(HUB_PREFIX) or not value else LEFT_OUT,
+}
+
+
 def public_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """The copy of a training summary a Hub repository gets: the run's figures and settings; no bucket, project, path
     or secret (``left_out``: the arguments not published). What the model card is written from, too."""
@@ -261,9 +269,7 @@ def public_summary(summary: dict[str, Any]) -> dict[str, Any]:
         if value is None or isinstance(value, bool | int | float):
             kept[key] = value
         elif key in PUBLIC_TEXT_ARGUMENTS and isinstance(value, str):
-            kept[key] = public_name(value) if key == "model_config" else public_text(value)
-    if arguments.get("init_from"):  # a Hub model's name; a folder's (local or a bucket's, however named) left out
-        kept["init_from"] = arguments["init_from"] if arguments["init_from"].startswith(HUB_PREFIX) else LEFT_OUT
+            kept[key] = PUBLISHED_AS.get(key, public_text)(value)
     left_out = set(summary.get("left_out", [])) | (set(arguments) - set(kept))  # a public copy's, again
     published = {**summary, "arguments": kept, "left_out": sorted(left_out)}
     if isinstance(summary.get("corpus"), dict):

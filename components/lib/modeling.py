@@ -84,7 +84,7 @@ def model_config(name_or_uri: str, manifest: dict[str, Any]) -> Any:
     if "model_type" not in values:
         raise InvalidParameter("model_config", name_or_uri, "the config has no model_type")
     special = manifest["special_tokens"]
-    if values["model_type"] in ("roberta", "xlm-roberta", "camembert") and (
+    if values["model_type"] in POSITIONS_AFTER_PAD and (
         special.get("pad") != 1 or special.get("bos") is None or special.get("eos") is None
     ):  # TensorFlow's RoBERTa numbers positions from a padding id of 1, whatever the config says
         raise InvalidParameter(
@@ -150,6 +150,8 @@ def executed_flops_per_sample(config: Any, max_length: int, predictions: int) ->
     return 6 * encoder_weights * max_length + attention + 6 * head_weights * predictions
 
 
+# Model types whose TensorFlow models number positions from a padding id of 1 + 1 (RoBERTa's convention), not from 0
+POSITIONS_AFTER_PAD = ("roberta", "xlm-roberta", "camembert")
 # Model types laid out as BERT: embeddings (word, position, token type), post-LayerNorm encoder layers, and an LM
 # head of dense + LayerNorm + decoder tied to the word embeddings.
 BERT_LAYOUT = ("roberta", "bert", "xlm-roberta", "camembert")

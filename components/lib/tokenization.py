@@ -16,6 +16,8 @@ DEFAULT_SAMPLE_BYTES = 2_000_000_000
 # the tokenizer's special tokens by role, in the order it adds them first: their ids are their places here
 SPECIAL_TOKEN_ROLES = {"bos": "<s>", "pad": "<pad>", "eos": "</s>", "unk": "<unk>", "mask": "<mask>"}
 SPECIAL_TOKENS = tuple(SPECIAL_TOKEN_ROLES.values())
+# the roles a tokenizer may name special tokens by (``<role>_token_id``): a trained tokenizer's, or a base model's
+SPECIAL_TOKEN_ATTRIBUTES = ("bos", "eos", "pad", "mask", "unk", "cls", "sep")
 TOKENIZER_FILE = "tokenizer.json"
 
 

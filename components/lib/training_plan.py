@@ -9,13 +9,13 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.base_model import (
-    HUB_MODEL_PREFIX,
     BaseModelChoice,
+    base_model_token,
     check_base_model,
     check_init_from,
     check_positions,
+    model_name,
     pinned_by_tokenizer,
-    read_token,
 )
 from components.lib.devices import ACCELERATORS, check_accelerator
 from components.lib.errors import InvalidParameter
@@ -245,8 +245,7 @@ def plan_training(
     base = pinned_by_tokenizer(arguments.init_from, arguments.tokenizer)  # the commit the tokenizer step checked
     if base:
         # preflight names the Hub token's secret (a step on Vertex AI); the train step reads HF_TOKEN where set
-        secret = getattr(arguments, "hf_token_secret", "")
-        token = read_token(secret) if base.startswith(HUB_MODEL_PREFIX) else ""
+        token = base_model_token(base, getattr(arguments, "hf_token_secret", ""))
         config = base_model_config(base, arguments.tokenizer, tokenizer, manifest["max_length"], token)
     else:
         config = model_config(arguments.model_config, manifest)
@@ -347,7 +346,10 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
     before_data = "tokenizer_fingerprint" not in identity
     settled = [key for key in identity["model_config"] if not (before_data and key in DATA_SETTLED)]
     differing = sorted(key for key in settled if existing["model_config"].get(key) != identity["model_config"][key])
-    if existing.get("init_from", "") != identity.get("init_from", ""):
+    trained_base, base = existing.get("init_from", ""), identity.get("init_from", "")
+    if before_data:  # submit's: the tokenizer step pins a Hub model's revision later, its name is what is settled
+        trained_base, base = model_name(trained_base), model_name(base)
+    if trained_base != base:
         differing.append("init_from")
     if not before_data and existing["tokenizer_fingerprint"] != identity["tokenizer_fingerprint"]:
         differing.append("tokenizer")

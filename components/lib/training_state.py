@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.lib import storage
-from components.lib.base_model import load_base_weights, read_token
+from components.lib.base_model import base_model_token, load_base_weights
 from components.lib.errors import Diverged
 from components.lib.modeling import pretraining_config
 from components.lib.recipe import create_optimizer
@@ -141,7 +141,7 @@ def start_or_resume(settings: Any, plan: TrainingPlan, strategy: Any, checkpoint
         config = pretraining_config(plan.config, settings.dropout)
         if init_from and not tf.train.latest_checkpoint(checkpoint_dir):  # a resume restores its own weights
             log.info("starting from %s's weights", init_from)
-            model = load_base_weights(init_from, config, read_token())
+            model = load_base_weights(init_from, config, base_model_token(init_from))
         else:
             model = TFAutoModelForMaskedLM.from_config(config)
         model.config = plan.config  # its layers keep the pre-training dropout; what it saves is the config's
