@@ -30,6 +30,7 @@ sys.path.insert(0, str(PROJECT))
 from transformers import HfArgumentParser  # noqa: E402
 
 from components.compare import CompareArguments, compare  # noqa: E402
+from components.lib.recipe import DEFAULT_RECIPE  # noqa: E402
 from components.shards import ShardArguments, write_shards  # noqa: E402
 from components.tokenizer import TokenizerArguments, train_tokenizer  # noqa: E402
 from components.train import TrainArguments, train  # noqa: E402
@@ -67,6 +68,7 @@ def trained(work: Path, name: str, tokenizer: str, train_shards: str, steps: int
             tokenizer=tokenizer,
             train_shards=train_shards,
             model_config=LOCAL_DEFAULTS["model_config"],
+            recipe=DEFAULT_RECIPE,  # both runs alike: a continued run's own default would be dapt-2020
             per_replica_batch_size=LOCAL_DEFAULTS["per_replica_batch_size"],
             warmup_fraction=LOCAL_DEFAULTS["warmup_fraction"],
             max_steps=steps,

@@ -104,7 +104,7 @@ def preflight_step(
     gradient_accumulation_steps: int = 1,
     num_epochs: int = 1,
     max_steps: int = 0,
-    recipe: str = 'roberta-2019-mask-decay-clip',
+    recipe: str = '',
     mlm_probability: float = -1.0,
     final_mlm_probability: float = -1.0,
     batch_warmup_fraction: float = -1.0,
@@ -160,7 +160,7 @@ def preflight_step(
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
-        recipe: The recipe whose values the knobs left at -1 take, one of ['hf-2023', 'roberta-2019', 'roberta-2019-mask-decay', 'roberta-2019-mask-decay-clip']; hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).
+        recipe: The recipe whose values the knobs left at -1 take, one of ['dapt-2020', 'hf-2023', 'roberta-2019', 'roberta-2019-mask-decay', 'roberta-2019-mask-decay-clip']; empty: roberta-2019-mask-decay-clip from scratch, dapt-2020 with init_from. hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa, dapt-2020 Don't Stop Pretraining's (docs/recipes.md).
         mlm_probability: Share of tokens masked in training (at the start); -1: the recipe's.
         final_mlm_probability: The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the recipe's. Validation masks a fixed share (0.15) whatever this is.
         batch_warmup_fraction: Share of the steps over which the global batch grows to its full size: those steps sum fewer micro-batches (1, 2, 4, ... below gradient_accumulation_steps, an equal share each), at a learning rate scaled by the square root of their batch over the full one; needs gradient_accumulation_steps above 1. 0: none; -1: the recipe's.
@@ -225,7 +225,7 @@ def train_step(
     gradient_accumulation_steps: int = 1,
     num_epochs: int = 1,
     max_steps: int = 0,
-    recipe: str = 'roberta-2019-mask-decay-clip',
+    recipe: str = '',
     mlm_probability: float = -1.0,
     final_mlm_probability: float = -1.0,
     batch_warmup_fraction: float = -1.0,
@@ -274,7 +274,7 @@ def train_step(
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
-        recipe: The recipe whose values the knobs left at -1 take, one of ['hf-2023', 'roberta-2019', 'roberta-2019-mask-decay', 'roberta-2019-mask-decay-clip']; hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).
+        recipe: The recipe whose values the knobs left at -1 take, one of ['dapt-2020', 'hf-2023', 'roberta-2019', 'roberta-2019-mask-decay', 'roberta-2019-mask-decay-clip']; empty: roberta-2019-mask-decay-clip from scratch, dapt-2020 with init_from. hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa, dapt-2020 Don't Stop Pretraining's (docs/recipes.md).
         mlm_probability: Share of tokens masked in training (at the start); -1: the recipe's.
         final_mlm_probability: The masking share at the end, reached linearly from mlm_probability; 0: constant; -1: the recipe's. Validation masks a fixed share (0.15) whatever this is.
         batch_warmup_fraction: Share of the steps over which the global batch grows to its full size: those steps sum fewer micro-batches (1, 2, 4, ... below gradient_accumulation_steps, an equal share each), at a learning rate scaled by the square root of their batch over the full one; needs gradient_accumulation_steps above 1. 0: none; -1: the recipe's.

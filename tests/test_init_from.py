@@ -185,6 +185,13 @@ def test_a_model_continues_from_its_own_weights_and_tokenizer_and_a_real_rate_im
 
     improved = adapted(tmp_path / "improved", str(base), learning_rate=2e-3, max_steps=40, log_every_steps=20)
     assert improved["summary"]["total_steps"] == 40
+    # no recipe named: the one published for continuing a model, recorded by its name
+    trained_with = improved["summary"]["arguments"]
+    assert (trained_with["recipe"], trained_with["warmup_fraction"], trained_with["mlm_probability"]) == (
+        "dapt-2020",
+        0.0,
+        0.15,
+    )
     result = compare(
         CompareArguments(
             model=improved["model"], baseline=kept["model"], shards=kept["validation"], output=str(tmp_path / "cmp")

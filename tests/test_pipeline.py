@@ -338,7 +338,7 @@ def test_dag_edges_fan_out_and_parameters(tmp_path):
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     assert parameters["max_length"]["defaultValue"] == 128
     assert parameters["vocab_size"]["defaultValue"] == 25_000
-    assert parameters["recipe"]["defaultValue"] == "roberta-2019-mask-decay-clip"
+    assert parameters["recipe"]["defaultValue"] == ""  # the run's: from scratch or continuing (recipe.default_recipe)
     assert parameters["learning_rate"]["defaultValue"] == -1  # the recipe's
     assert parameters["model_config"]["defaultValue"] == "roberta-base"
     assert parameters["output_root"]["defaultValue"] == ""  # data under the pipeline root unless asked

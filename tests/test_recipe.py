@@ -80,7 +80,36 @@ def test_roberta_recipes_are_fairseq_s_and_the_default_adds_the_measured_masking
     # the default: that, clipped at a global norm of 1.0 (benchmarks/recipes.py's levers, docs/benchmarks.md)
     default = resolve_recipe({})
     assert default == replace(mask_decay, recipe="roberta-2019-mask-decay-clip", clip_norm=1.0)
-    assert TrainingSettings.__dataclass_fields__["recipe"].default == "roberta-2019-mask-decay-clip"
+    assert resolve_recipe({"recipe": "", "init_from": ""}) == default
+
+
+def test_continuing_a_model_defaults_to_the_dont_stop_pretraining_command_and_a_named_recipe_wins():
+    """dapt-2020: the authors' domain-adaptive pre-training command (5e-4 at 2,048 sequences) with their script's
+    defaults (AdamW betas 0.9/0.999, epsilon 1e-8, clipping at 1.0, no warmup, linear decay, no weight decay,
+    15%): the recipe of a run given init_from and none named; one named is taken as it is."""
+    continued = resolve_recipe({"recipe": "", "init_from": "hf:FacebookAI/roberta-base"})
+    assert continued == Recipe(
+        recipe="dapt-2020",
+        learning_rate=5e-4,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        clip_norm=1.0,
+        warmup_fraction=0.0,
+        warmup_steps=0,
+        lr_schedule="linear",
+        decay_fraction=0.0,
+        weight_decay=0.0,
+        dropout=MODEL_DROPOUT,
+        mlm_probability=0.15,
+        final_mlm_probability=0.0,
+        batch_warmup_fraction=0.0,
+    )
+    assert resolve_recipe({"recipe": "hf-2023", "init_from": "gs://b/base"}).recipe == "hf-2023"
+    # the settings keep the name they trained with (the checkpoint identity's and the card's), not the empty one
+    settings = TrainingSettings(train_shards="/s", tokenizer="/t", init_from="hf:a/b")
+    assert (settings.recipe, settings.learning_rate, settings.warmup_fraction) == ("dapt-2020", 5e-4, 0.0)
+    assert TrainingSettings(train_shards="/s", tokenizer="/t").recipe == "roberta-2019-mask-decay-clip"
+    assert TrainingSettings.__dataclass_fields__["recipe"].default == ""
 
 
 def test_every_named_recipe_sets_every_knob_and_one_left_unset_is_refused(monkeypatch):

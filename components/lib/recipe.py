@@ -8,7 +8,9 @@ given beside the recipe overrides it. ``hf-2023`` is the reference recipe this p
 Face's "train a language model with TensorFlow on TPUs" (2023), whose run is the ``tf-tpu/roberta-base-epochs-500-
 no-wd`` model; ``roberta-2019`` is RoBERTa's own (fairseq's); ``roberta-2019-mask-decay`` adds a masking rate that
 decays from 30% to 15%; the default, ``roberta-2019-mask-decay-clip``, clips each step's gradient to a global norm of
-1.0 as well (docs/recipes.md has the sources and the measured comparisons)."""
+1.0 as well. ``dapt-2020`` continues a pre-trained model (``--init_from``), whose default it is: the domain-adaptive
+pre-training of "Don't Stop Pretraining" (Gururangan et al. 2020) as its authors' repository gives the command
+(docs/recipes.md has the sources and the measured comparisons)."""
 
 from __future__ import annotations
 
@@ -73,7 +75,33 @@ RECIPES["roberta-2019-mask-decay"] = {**RECIPES["roberta-2019"], "mlm_probabilit
 # a spike at 5e-4 in bf16. Its values are fairseq's published ones, not a finding of this project's: tuned,
 # hf-2023 at twice the steps ended ahead of it (benchmarks/recipes_tuned.py, docs/recipes.md)
 RECIPES["roberta-2019-mask-decay-clip"] = {**RECIPES["roberta-2019-mask-decay"], "clip_norm": 1.0}
-DEFAULT_RECIPE = "roberta-2019-mask-decay-clip"
+# Continuing a pre-trained model: the authors' command for domain-adaptive pre-training of roberta-base
+# (allenai/dont-stop-pretraining, ADAPTIVE_PRETRAINING.md: 12,500 steps of 16 x 128 accumulated = 2,048 sequences
+# at 5e-4), with what its script (their copy of transformers' run_language_modeling.py) leaves at its defaults:
+# AdamW betas (0.9, 0.999), epsilon 1e-8, no warmup, linear decay to 0, no weight decay, gradient norm clipped at
+# 1.0, 15% masking. A model already trained has no random start for a warmup to protect.
+RECIPES["dapt-2020"] = dict(
+    learning_rate=5e-4,
+    adam_beta2=0.999,
+    adam_epsilon=1e-8,
+    clip_norm=1.0,
+    warmup_fraction=0.0,
+    warmup_steps=0,
+    lr_schedule="linear",
+    decay_fraction=0.0,
+    weight_decay=0.0,
+    dropout=MODEL_DROPOUT,
+    mlm_probability=0.15,
+    final_mlm_probability=0.0,
+    batch_warmup_fraction=0.0,
+)
+DEFAULT_RECIPE = "roberta-2019-mask-decay-clip"  # a run from scratch's
+CONTINUED_RECIPE = "dapt-2020"  # a run that continues --init_from's
+
+
+def default_recipe(init_from: str) -> str:
+    """The recipe a run takes when none is named: continuing a model is not starting one."""
+    return CONTINUED_RECIPE if init_from else DEFAULT_RECIPE
 
 
 @dataclass(kw_only=True)
@@ -82,11 +110,12 @@ class ShapeKnobs:
     positions a sample masks), the batch warm-up the samples read. The training's settings and the estimate's."""
 
     recipe: str = field(
-        default=DEFAULT_RECIPE,
+        default="",
         metadata={
-            "help": f"The recipe whose values the knobs left at -1 take, one of {sorted(RECIPES)}; hf-2023 is the "
-            "2023 reference run's, roberta-2019 fairseq's RoBERTa (docs/recipes.md).",
-            "choices": tuple(RECIPES),
+            "help": f"The recipe whose values the knobs left at -1 take, one of {sorted(RECIPES)}; empty: "
+            f"{DEFAULT_RECIPE} from scratch, {CONTINUED_RECIPE} with init_from. hf-2023 is the 2023 reference "
+            "run's, roberta-2019 fairseq's RoBERTa, dapt-2020 Don't Stop Pretraining's (docs/recipes.md).",
+            "choices": ("", *RECIPES),
         },
     )
     mlm_probability: float = field(
@@ -166,8 +195,8 @@ KNOBS = tuple(knob.name for knob in fields(Recipe) if knob.name != "recipe")
 
 def resolve_recipe(values: Mapping[str, Any]) -> Recipe:
     """The knobs of a run: those ``values`` gives (settings, or a pipeline's parameters), the ``recipe``'s for
-    those left at ``RECIPE_VALUE``; each checked."""
-    name = values.get("recipe", DEFAULT_RECIPE)
+    those left at ``RECIPE_VALUE``; each checked. No ``recipe`` named: the default for ``init_from``'s run."""
+    name = values.get("recipe") or default_recipe(values.get("init_from", ""))
     if name not in RECIPES:
         raise InvalidParameter("recipe", name, f"must be one of {sorted(RECIPES)}")
     given = {knob: values.get(knob, RECIPE_VALUE) for knob in KNOBS}
@@ -192,9 +221,10 @@ def resolve_recipe(values: Mapping[str, Any]) -> Recipe:
 
 
 def apply_recipe(settings: Any) -> None:
-    """Sets each knob of ``settings`` left at ``RECIPE_VALUE`` to its recipe's value."""
+    """Sets each knob of ``settings`` left at ``RECIPE_VALUE`` to its recipe's value, and the recipe left empty to
+    the run's default."""
     resolved = resolve_recipe(vars(settings))
-    for knob in KNOBS:
+    for knob in ("recipe", *KNOBS):
         setattr(settings, knob, getattr(resolved, knob))
 
 
