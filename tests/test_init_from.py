@@ -376,3 +376,45 @@ def test_a_from_scratch_roberta_refuses_a_tokenizer_without_roberta_s_special_id
     wordpiece = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103, "bos": None, "eos": None}
     with pytest.raises(InvalidParameter, match=r"--model-config='mini': is a roberta model, which needs .*init_from"):
         model_config("mini", {"vocab_size": 800, "max_length": 32, "special_tokens": wordpiece})
+
+
+def test_the_estimate_of_a_continued_run_sizes_the_base_model_and_copies_its_tokenizer(tmp_path, base_models):
+    """The estimate and submit's dry run count the run that will happen: the base's model whatever model_config
+    says, tokens per byte measured with its tokenizer, a tokenizer step that only copies it, dapt-2020's masking."""
+    from components.lib.estimates import CPU_TASK_START_HOURS, EstimateArguments, estimate_run, estimate_table
+    from pipelines.pipeline import routed_values
+
+    base = str(base_models["roberta"])
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(embedded_texts()) + "\n")
+    common = {"corpus": str(corpus), "max_length": MAX_LENGTH, "per_replica_batch_size": 8}
+    continued = estimate_run(EstimateArguments(**common, model_config="roberta-base", init_from=base))
+    # the base's config, read as a config file and measured with its own tokenizer, is the same run
+    as_config = estimate_run(EstimateArguments(**common, model_config=f"{base}/config.json", tokenizer=base))
+    for key in ("parameters", "model_flops_per_token", "steps", "samples"):
+        assert continued[key] == as_config[key], key
+    assert continued["data"]["tokens_per_byte"] == as_config["data"]["tokens_per_byte"] != 0.312
+    assert (
+        continued["data"]["vocab_size"]
+        == json.loads((base_models["roberta"] / "config.json").read_text())["vocab_size"]
+    )
+    # its tokenizer step copies files (a task's start); one from scratch trains on the corpus's sample
+    tokenizer_hours = {
+        name: next(step["hours"] for step in run["cpu_steps"] if step["step"] == "tokenizer")
+        for name, run in (("continued", continued), ("scratch", as_config))
+    }
+    assert tokenizer_hours["continued"] == CPU_TASK_START_HOURS < tokenizer_hours["scratch"]
+    # dapt-2020 masks 15% where the default's masking starts at 30%: a smaller head to hold in memory
+    at_default = estimate_run(EstimateArguments(**common, init_from=base, recipe="roberta-2019-mask-decay-clip"))[
+        "memory"
+    ]
+    assert continued["memory"]["largest_per_replica_batch"] > at_default["largest_per_replica_batch"]
+    assert f"{base}, continued" in estimate_table(continued)
+    # a dry run reads the base's config and nothing of the corpus: the same model, tokens per byte assumed
+    size = corpus.stat().st_size
+    dry = estimate_run(EstimateArguments(**common, init_from=base, corpus_bytes=size, offline=True))
+    assert dry["parameters"] == continued["parameters"] and dry["data"]["tokens_per_byte"] == 0.312
+    with pytest.raises(InvalidParameter, match="--max-length=80: is more than"):
+        estimate_run(EstimateArguments(**{**common, "max_length": 80}, init_from=base, corpus_bytes=size, offline=True))
+    # submit gives the estimate the pipeline's init_from
+    assert routed_values({"init_from": "hf:user/model"}, EstimateArguments) == {"init_from": "hf:user/model"}

@@ -103,6 +103,17 @@ def base_model_files(init_from: str, patterns: tuple[str, ...], token: str = "")
         yield folder
 
 
+def base_config(init_from: str, token: str = "") -> Any:
+    """The config of ``init_from`` alone, which sizes the model (``submit --dry_run``'s estimate reads no more)."""
+    from transformers import AutoConfig
+
+    check_init_from(init_from)
+    with base_model_files(init_from, (CONFIG_FILE,), token) as folder:
+        if not (folder / CONFIG_FILE).exists():
+            raise InvalidParameter("init_from", init_from, f"holds no {CONFIG_FILE}: not a model")
+        return AutoConfig.from_pretrained(folder)
+
+
 def base_model_token(init_from: str, secret: str = "") -> str:
     """The Hub token ``init_from`` is read with (``hub.read_token``: ``secret``'s, else HF_TOKEN's); a folder: ""."""
     return read_token(secret) if init_from.startswith(HUB_MODEL_PREFIX) else ""

@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
+from components.lib.base_model import (
+    BaseModel,
+    BaseModelChoice,
+    base_config,
+    base_model_token,
+    check_base_model,
+    check_positions,
+)
 from components.lib.corpus import HUB_PREFIX, Corpus, CorpusSpec
 from components.lib.downstream_tasks import TaskSelection
 from components.lib.errors import InvalidParameter
@@ -40,7 +48,7 @@ ASSUMED_TEXT_BYTES = 455
 
 
 @dataclass
-class EstimateArguments(ShapeKnobs, TpuBatch):
+class EstimateArguments(BaseModelChoice, ShapeKnobs, TpuBatch):
     model_config: str = field(default="roberta-base", metadata={"help": "As for the train step."})
     tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {list(TPU_TYPES)}."})
     num_epochs: int = field(default=1, metadata={"help": "As for the train step."})
@@ -55,7 +63,11 @@ class EstimateArguments(ShapeKnobs, TpuBatch):
         default=0, metadata={"help": "The corpus's size in bytes, for an hf: corpus (see its dataset card)."}
     )
     tokenizer: str = field(
-        default="", metadata={"help": "With --corpus: tokens per byte measured with it on a sample of the corpus."}
+        default="",
+        metadata={
+            "help": "With --corpus: tokens per byte measured with it on a sample of the corpus (with init_from, the "
+            "base model's tokenizer unless this is given)."
+        },
     )
     max_length: int = field(default=128, metadata={"help": "Tokens per sample (without shards)."})
     holdout_fraction: float = field(
@@ -115,8 +127,9 @@ def shards_size(manifest: dict[str, Any], uri: str) -> dict[str, Any]:
     }
 
 
-def data_size(arguments: EstimateArguments) -> dict[str, Any]:
-    """Samples, sample length and vocabulary: from the shards' manifest, else from the corpus's size."""
+def data_size(arguments: EstimateArguments, base_tokenizer: Any = None) -> dict[str, Any]:
+    """Samples, sample length and vocabulary: from the shards' manifest, else from the corpus's size, its tokens per
+    byte measured with ``--tokenizer`` or else ``base_tokenizer`` (a continued model's own), else assumed."""
     if arguments.train_shards:
         return shards_size(read_manifest(arguments.train_shards, "train_shards"), arguments.train_shards)
     size: dict[str, Any] = {
@@ -137,7 +150,8 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
         )
     # a sample of the corpus is read only to measure tokens per byte, or to learn the size of its files
     corpus = None
-    if not arguments.offline and (arguments.tokenizer or not arguments.corpus_bytes):
+    tokenizer = load_tokenizer(arguments.tokenizer)[0] if arguments.tokenizer else base_tokenizer
+    if not arguments.offline and (tokenizer is not None or not arguments.corpus_bytes):
         corpus = Corpus(CorpusSpec(corpus=arguments.corpus), sample_bytes=1_000_000)
     expansion, how_expanded = 1.0, ""
     corpus_bytes = arguments.corpus_bytes
@@ -151,8 +165,7 @@ def data_size(arguments: EstimateArguments) -> dict[str, Any]:
         raise InvalidParameter("corpus_bytes", 0, f"the size of {arguments.corpus} is not known here; give it")
     tokens_per_byte, how = DEFAULT_TOKENS_PER_BYTE, "assumed (measured on WikiText-2)"
     text_bytes, how_long = ASSUMED_TEXT_BYTES, "assumed (WikiText-2's mean line)"
-    if corpus is not None and arguments.tokenizer:
-        tokenizer, _ = load_tokenizer(arguments.tokenizer)
+    if corpus is not None and tokenizer is not None:
         texts = list(corpus)
         tokens = sum(len(ids) for ids in tokenizer(texts)["input_ids"])
         read = max(sum(len(text.encode("utf-8")) + 1 for text in texts), 1)
@@ -206,8 +219,14 @@ def estimate_run(
     """Everything the table shows, as numbers; the evaluation's given the evaluate step's settings (else its
     defaults), the downstream probe's given its settings (``probe_estimate``)."""
     tpu = tpu_type(arguments.tpu_type)
-    data = data_size(arguments)
-    config = model_config(arguments.model_config, {**data, "max_length": data["max_length"]})
+    base = base_to_estimate(arguments)
+    data = data_size(arguments, base.tokenizer if base else None)
+    if base:  # the base's model, whatever model_config says; its embeddings, whatever its tokenizer's length
+        config = base.config
+        check_positions(arguments.init_from, config, data["max_length"])
+        data["vocab_size"] = config.vocab_size
+    else:
+        config = model_config(arguments.model_config, {**data, "max_length": data["max_length"]})
     shape = settings_shape(
         vars(arguments), tpu=tpu, max_length=data["max_length"], samples=data["samples"], config=config
     )
@@ -222,7 +241,19 @@ def estimate_run(
         probe=probe,
         evaluation=evaluation or DEFAULT_EVALUATION,
         num_parts=arguments.num_parts,
-    )
+        trains_tokenizer=not base,
+    ) | {"model": f"{arguments.init_from}, continued (its config and tokenizer)" if base else arguments.model_config}
+
+
+def base_to_estimate(arguments: EstimateArguments) -> BaseModel | None:
+    """The model a run continues (``init_from``), checked as the tokenizer step checks it; offline (a dry run), its
+    config alone, which sizes the model; None for a run from scratch."""
+    if not arguments.init_from:
+        return None
+    token = base_model_token(arguments.init_from)
+    if arguments.offline:
+        return BaseModel(arguments.init_from, base_config(arguments.init_from, token), None)
+    return check_base_model(arguments.init_from, token=token)
 
 
 def describe_estimate(
@@ -237,10 +268,12 @@ def describe_estimate(
     probe: Mapping[str, Any] | None = None,
     evaluation: Mapping[str, Any] | None = None,
     num_parts: int = 1,
+    trains_tokenizer: bool = True,
 ) -> dict[str, Any]:
     """Everything the table shows of a run's shape on ``tpu``, as numbers: the TPU's training, and the CPU steps
-    (``cpu_steps``: the data steps from a corpus, the evaluation given its settings, the probe given its, and
-    with the evaluation the run report that waits for both)."""
+    (``cpu_steps``: the data steps from a corpus, the tokenizer's a copy unless it ``trains_tokenizer``, the
+    evaluation given its settings, the probe given its, and with the evaluation the run report that waits for
+    both)."""
     result: dict[str, Any] = {
         "data": data,
         "tpu_type": tpu.name,
@@ -260,7 +293,7 @@ def describe_estimate(
         "hours": shape.hours,
         "memory": memory_fit(shape.memory, tpu.name, bf16, allow_tight_memory),
         **prices(shape, tpu, given=price_given),
-        "cpu_steps": data_steps(data, num_parts),
+        "cpu_steps": data_steps(data, num_parts, trains_tokenizer),
     }
     if evaluation is not None:
         result["cpu_steps"].append(evaluation_estimate(shape, data, evaluation))
@@ -372,18 +405,19 @@ def cpu_task(step: str, tasks: int, machine_hours: float, wall_hours: float | No
     }
 
 
-def data_steps(data: dict[str, Any], num_parts: int) -> list[dict[str, Any]]:
+def data_steps(data: dict[str, Any], num_parts: int, trains_tokenizer: bool = True) -> list[dict[str, Any]]:
     """The CPU steps that make the data from the corpus, the training and the validation shards each in
     ``num_parts`` parts side by side (Vertex AI runs them at once); none when the shards exist. The validation
     shards' parts read the whole corpus between them but tokenize only what they hold out. With a limit, each task
-    reads at most ``limit`` texts: the tokenizer of its sample, each part of its share."""
+    reads at most ``limit`` texts: the tokenizer of its sample, each part of its share. A continued model's
+    tokenizer step copies the model's tokenizer (``trains_tokenizer`` False): a task's start."""
     if "corpus_bytes" not in data:
         return []
     text_bytes, tokens_per_byte = bytes_read(data, num_parts), data["tokens_per_byte"]
     held_out = data["holdout_fraction"]
     sharding = text_bytes * tokens_per_byte / SHARDING_TOKENS_PER_SECOND / 3600
     holding_out = text_bytes / HOLDOUT_READ_BYTES_PER_SECOND / 3600 + held_out * sharding
-    tokenizer_sample = min(bytes_read(data, 1), DEFAULT_SAMPLE_BYTES)
+    tokenizer_sample = min(bytes_read(data, 1), DEFAULT_SAMPLE_BYTES) if trains_tokenizer else 0
     return [
         cpu_task("tokenizer", 1, tokenizer_sample / TOKENIZER_BYTES_PER_SECOND / 3600),
         cpu_task("train shards", num_parts, (1 - held_out) * sharding, (1 - held_out) * sharding / num_parts),
@@ -518,7 +552,8 @@ def measured_rate(uri: str) -> dict[str, Any]:
 def estimate_table(result: dict[str, Any]) -> str:
     """The estimate as an aligned two-column table for people."""
     data, memory = result["data"], result["memory"]
-    rows = [
+    rows = [("model", result["model"])] if "model" in result else []
+    rows += [
         ("data", data["source"]),
         (
             "global batch",
