@@ -27,6 +27,7 @@ from components.lib import storage
 from components.lib.corpus import HUB_PREFIX
 from components.lib.errors import InvalidParameter
 from components.lib.hub import (
+    CARD_FILE,
     DEFAULT_RETRIES,
     HubToken,
     check_repo_id,
@@ -39,7 +40,7 @@ from components.lib.hub import (
     read_token,
 )
 from components.lib.job_runner import run_job
-from components.lib.model_card import CARD_FILE, USAGE_HEADING, model_card, public_summary, usage_section
+from components.lib.model_card import USAGE_HEADING, model_card, public_summary, usage_section
 from components.lib.pytorch_weights import add_pytorch_weights, check_model_folder
 from components.lib.results import SUMMARY_FILE
 

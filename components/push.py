@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from components.lib import storage
-from components.lib.errors import InvalidParameter
+from components.lib.base_model import base_license, base_model_token
+from components.lib.errors import InvalidParameter, ServiceFailed
 from components.lib.hub import (
+    CARD_FILE,
     DEFAULT_RETRIES,
     HubToken,
     check_repo_id,
@@ -33,7 +35,7 @@ from components.lib.hub import (
     push_folder,
 )
 from components.lib.job_runner import run_job
-from components.lib.model_card import CARD_FILE, model_card, public_summary
+from components.lib.model_card import model_card, public_summary
 from components.lib.pytorch_weights import add_pytorch_weights, pytorch_weight_files
 from components.lib.results import METRICS_FILE, SUMMARY_FILE, read_downstream
 
@@ -97,15 +99,36 @@ def push(arguments: PushArguments) -> dict[str, Any]:
         folder = storage.download_folder(arguments.model, Path(staging))  # files only: no checkpoints, no logs
         if not pytorch_weight_files(folder):
             add_pytorch_weights(folder, "model", arguments.model)  # a model trained before they were written
-        summary = public_summary(json.loads((folder / SUMMARY_FILE).read_text()))  # no bucket, project, path, secret
+        trained = json.loads((folder / SUMMARY_FILE).read_text())
+        terms = base_terms(trained.get("base_model", ""), arguments)
+        summary = public_summary(trained)  # no bucket, project, path, secret
         (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         config = json.loads((folder / "config.json").read_text())
         probe = read_downstream(arguments.downstream)
-        card = model_card(arguments.repo_id, summary, config, metrics, arguments.license, probe)
+        card = model_card(arguments.repo_id, summary, config, metrics, arguments.license, probe, terms)
         (folder / CARD_FILE).write_text(card)
         create_repo(arguments.repo_id, token, arguments.private, arguments.retries)
         commit = push_folder(folder, arguments.repo_id, token, arguments.commit_message, retries=arguments.retries)
     return {"repo_id": arguments.repo_id, "commit": commit.oid, "commit_url": commit.commit_url}
+
+
+def base_terms(base: str, arguments: PushArguments) -> dict[str, str]:
+    """The license of the model a continued model was trained from (its card's, at the commit it was read), which
+    the card states; a base that cannot be read now is refused unless ``--license`` says what the card states."""
+    if not base:
+        return {}
+    try:
+        return base_license(base, base_model_token(base, arguments.hf_token_secret))
+    except (InvalidParameter, ServiceFailed) as error:
+        if arguments.license:
+            print(f"warning: the base model's license is not stated on the card: {error}", file=sys.stderr)
+            return {}
+        raise InvalidParameter(
+            "license",
+            arguments.license,
+            f"is not given, and the base model's license cannot be read ({error}); give the license the model "
+            "is published under",
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -185,6 +185,7 @@ def test_a_model_continues_from_its_own_weights_and_tokenizer_and_a_real_rate_im
 
     improved = adapted(tmp_path / "improved", str(base), learning_rate=2e-3, max_steps=40, log_every_steps=20)
     assert improved["summary"]["total_steps"] == 40
+    assert improved["summary"]["base_model"] == str(base)  # what the push reads the base's license from
     # no recipe named: the one published for continuing a model, recorded by its name
     trained_with = improved["summary"]["arguments"]
     assert (trained_with["recipe"], trained_with["warmup_fraction"], trained_with["mlm_probability"]) == (
@@ -325,9 +326,11 @@ def test_shards_of_another_tokenizer_than_the_base_model_s_are_refused_before_tr
 def test_the_card_of_a_continued_model_names_its_base_and_no_bucket(init_from, base_model, shown):
     import yaml
 
-    from components.lib.model_card import CARD_HYPERPARAMETERS, model_card
+    from components.lib.model_card import CARD_HYPERPARAMETERS, model_card, public_summary
 
+    pinned = f"{init_from[: -len('@main')]}@{'c0ffee' * 6}abcd" if base_model else init_from
     summary = {
+        "base_model": pinned,
         "arguments": {key: 1 for key in CARD_HYPERPARAMETERS}
         | {"model_config": "roberta-base", "init_from": init_from, "dropout": -1},
         "corpus": {"source": "gs://b/corpus/*.txt"},
@@ -336,10 +339,12 @@ def test_the_card_of_a_continued_model_names_its_base_and_no_bucket(init_from, b
         **{"first_loss": 9.0, "last_loss": 2.0, "history": [{"step": 1}, {"step": 650}], "steps_this_run": 650},
     }
     config = {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12}
+    summary = public_summary(summary)  # what push gives the card
     card = model_card("me/legal-bert", summary, {**config, "intermediate_size": 3072, "vocab_size": 30522}, None)
     metadata = yaml.safe_load(card.split("---\n")[1])
     assert metadata.get("base_model") == base_model and "bert" in metadata["tags"]  # the Hub's family tree
-    base = f"`{shown}`" if base_model else "a model folder (its place left out)"
+    # a Hub base at the commit its revision was pinned to; a folder's place nowhere
+    base = f"`{shown}` at commit `{'c0ffee' * 6}abcd`" if base_model else "a model folder (its place left out)"
     assert f"continued from the weights of {base}" in card and "from scratch" not in card
     assert "30,522 tokens (the base model's tokenizer)" in card and "Unigram" not in card
     assert f"| init_from | {shown} |" in card and "model_config" not in card and "gs://" not in card
@@ -418,3 +423,47 @@ def test_the_estimate_of_a_continued_run_sizes_the_base_model_and_copies_its_tok
         estimate_run(EstimateArguments(**{**common, "max_length": 80}, init_from=base, corpus_bytes=size, offline=True))
     # submit gives the estimate the pipeline's init_from
     assert routed_values({"init_from": "hf:user/model"}, EstimateArguments) == {"init_from": "hf:user/model"}
+
+
+def test_a_continued_model_is_published_under_its_base_s_license_unless_another_is_given(tmp_path, base_models):
+    """The base's card's license (and an ``other`` license's name and link) is the card's where the push is given
+    none; one given is stated beside the base's where they differ; a base that cannot be read needs one given."""
+    import yaml
+
+    from components.lib.base_model import base_license
+    from components.lib.model_card import license_line, model_card
+    from components.push import PushArguments, base_terms
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_bytes((base_models["roberta"] / "config.json").read_bytes())
+    assert base_license(str(base)) == {}  # save_pretrained writes no card
+    (base / "README.md").write_text(
+        "---\nlicense: other\nlicense_name: llama3\nlicense_link: https://example.org/LICENSE\ntags: [x]\n---\n# Base\n"
+    )
+    terms = base_license(str(base))
+    assert terms == {"license": "other", "license_name": "llama3", "license_link": "https://example.org/LICENSE"}
+    summary = {
+        "arguments": {"model_config": "roberta-base", "init_from": "hf:meta/base"},
+        "corpus": {"source": "embedded"},
+        **{"global_batch_size": 8, "total_steps": 2, "samples": 1, "tokens": 128, "replicas": 1},
+        **{"accelerator": "cpu", "num_parameters": 1, "tokenizer_fingerprint": "sha256:0"},
+        **{"first_loss": 9.0, "last_loss": 2.0, "history": [{"step": 1}], "steps_this_run": 2},
+    }
+    config = {"model_type": "roberta", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1}
+    config |= {"intermediate_size": 8, "vocab_size": 10}
+    card = model_card("me/m", summary, config, None, "", None, terms)
+    metadata = yaml.safe_load(card.split("---\n")[1])
+    assert (metadata["license"], metadata["license_name"], metadata["license_link"]) == tuple(terms.values())
+    assert "- license: llama3 (the base model's, as its card states it)" in card
+    given = yaml.safe_load(model_card("me/m", summary, config, None, "apache-2.0", None, terms).split("---\n")[1])
+    assert given["license"] == "apache-2.0" and "license_name" not in given
+    assert license_line("apache-2.0", {"license": "mit"}) == "apache-2.0; the base model's card states mit"
+    assert license_line("mit", {"license": "mit"}) == "mit" and license_line("", {}) == "not stated by the publisher"
+    # the push reads the base it trained from; one it cannot read now is refused unless a license is given
+    pushing = {"model": str(tmp_path / "model"), "repo_id": "me/m"}
+    assert base_terms(str(base), PushArguments(**pushing)) == terms
+    gone = str(tmp_path / "deleted-base")
+    with pytest.raises(InvalidParameter, match=r"--license='': is not given, and the base model's license cannot"):
+        base_terms(gone, PushArguments(**pushing))
+    assert base_terms(gone, PushArguments(**pushing, license="mit")) == {}

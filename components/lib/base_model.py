@@ -22,12 +22,13 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
-from components.lib.hub import REPO_ID, download_repo, read_token, refused_reads
+from components.lib.hub import CARD_FILE, REPO_ID, download_repo, read_token, refused_reads
 from components.lib.modeling import BERT_LAYOUT, POSITIONS_AFTER_PAD
 
 HUB_MODEL_PREFIX = "hf:"
 CONFIG_FILE = "config.json"
 TF_WEIGHTS_FILE = "tf_model.h5"
+LICENSE_KEYS = ("license", "license_name", "license_link")  # the Hub card's license metadata
 # a tokenizer folder's files, whatever the tokenizer's kind (byte-level BPE, WordPiece, SentencePiece)
 TOKENIZER_PATTERNS = (
     "tokenizer.json",
@@ -112,6 +113,17 @@ def base_config(init_from: str, token: str = "") -> Any:
         if not (folder / CONFIG_FILE).exists():
             raise InvalidParameter("init_from", init_from, f"holds no {CONFIG_FILE}: not a model")
         return AutoConfig.from_pretrained(folder)
+
+
+def base_license(init_from: str, token: str = "") -> dict[str, str]:
+    """The license its card's metadata gives the base model (``license``, and for ``other`` its ``license_name`` and
+    ``license_link``): what a model continued from it is published under unless told otherwise; empty where the
+    card states none (a folder saved by ``save_pretrained`` has no card)."""
+    from huggingface_hub.repocard import metadata_load
+
+    with base_model_files(init_from, (CARD_FILE,), token) as folder:
+        metadata = metadata_load(folder / CARD_FILE) if (folder / CARD_FILE).exists() else None
+    return {key: str((metadata or {})[key]) for key in LICENSE_KEYS if (metadata or {}).get(key)}
 
 
 def base_model_token(init_from: str, secret: str = "") -> str:

@@ -25,6 +25,7 @@ T = TypeVar("T")
 
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 DEFAULT_RETRIES = 4
+CARD_FILE = "README.md"  # a Hub repository's card: its metadata (license, base_model) and text
 
 SECRET_NAME = re.compile(r"^projects/[\w.:-]+/secrets/[\w-]{1,255}(/versions/(latest|\d+))?$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")

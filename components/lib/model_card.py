@@ -15,7 +15,6 @@ from components.lib.errors import redact
 from components.lib.recipe import KNOBS, MODEL_DROPOUT
 from components.lib.results import downstream_table, loss_summary, metrics_table
 
-CARD_FILE = "README.md"
 USAGE_HEADING = "## How to use"
 
 
@@ -26,9 +25,12 @@ def model_card(
     metrics: dict | None,
     license_id: str = "",
     probe: dict | None = None,
+    base_license: dict[str, str] | None = None,
 ) -> str:
     """The repository's README.md: metadata the Hub filters by, what was trained on what, how, with which
-    results, and how to use it: transformers 5 (PyTorch) first, then TF with the transformers 4.57 it needs."""
+    results, and how to use it: transformers 5 (PyTorch) first, then TF with the transformers 4.57 it needs.
+    ``base_license``: a continued model's base's (``base_model.base_license``), the card's where ``license_id``
+    is not given."""
     from huggingface_hub import ModelCardData
 
     summary, probe = public_summary(summary), public_probe(probe)  # what the card shows is published
@@ -52,10 +54,14 @@ def model_card(
         )
     hyperparameters.update(global_batch_size=summary["global_batch_size"], total_steps=summary["total_steps"])
     source = summary["corpus"]["source"]
+    base_license = base_license or {}
+    terms = {"license": license_id} if license_id else base_license
     metadata = ModelCardData(
         library_name="transformers",
         pipeline_tag="fill-mask",
-        license=license_id or None,
+        license=terms.get("license"),
+        license_name=terms.get("license_name"),
+        license_link=terms.get("license_link"),
         datasets=[hub_dataset_name(source)] if source.startswith(HUB_PREFIX) else None,
         tags=[
             config.get("model_type", "roberta"),
@@ -70,6 +76,8 @@ def model_card(
         base_model=hub_name(init_from)[0] if init_from.startswith(HUB_PREFIX) else None,  # the Hub's family tree
     )
     base = f"`{init_from}`" if init_from != LEFT_OUT else "a model folder (its place left out)"
+    if "@" in summary.get("base_model", ""):  # the commit a Hub revision was pinned to
+        base += f" at commit `{summary['base_model'].rpartition('@')[2]}`"
     origin = (
         f"continued from the weights of {base} (domain-adaptive pre-training, with its tokenizer)"
         if init_from
@@ -94,7 +102,7 @@ def model_card(
         f"- {summary['num_parameters']:,} parameters, vocabulary of {config['vocab_size']:,} "
         + ("tokens (the base model's tokenizer)" if init_from else "Unigram pieces"),
         f"- tokenizer fingerprint `{summary['tokenizer_fingerprint']}`",
-        f"- license: {license_id or 'not stated by the publisher'}",
+        f"- license: {license_line(license_id, base_license)}",
         "",
         "## Training",
         "",
@@ -118,6 +126,15 @@ def model_card(
         lines += downstream_table(probe)
     lines += ["", *usage_section(repo_id)]
     return "\n".join(lines) + "\n"
+
+
+def license_line(license_id: str, base_license: dict[str, str]) -> str:
+    """The license as the card states it: the one given, else the base model's, beside the base's where they differ
+    (a model continued from another is bound by its terms too)."""
+    base = base_license.get("license_name") or base_license.get("license", "")
+    if not license_id:
+        return f"{base} (the base model's, as its card states it)" if base else "not stated by the publisher"
+    return license_id + (f"; the base model's card states {base}" if base and base != license_id else "")
 
 
 PROBE_NOTE = (
@@ -275,6 +292,8 @@ def public_summary(summary: dict[str, Any]) -> dict[str, Any]:
     if isinstance(summary.get("corpus"), dict):
         corpus = summary["corpus"]
         published["corpus"] = {**corpus, "source": public_name(str(corpus.get("source", "")))}
+    if "base_model" in summary:
+        published["base_model"] = PUBLISHED_AS["init_from"](summary["base_model"])
     if summary.get("hub_push_failures"):  # which checkpoint pushes failed; their errors name the repository
         published["hub_push_failures"] = [str(failure).split(": ", 1)[0] for failure in summary["hub_push_failures"]]
     return published_values(published)

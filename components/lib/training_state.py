@@ -97,6 +97,8 @@ class TrainingState:
             "corpus": plan.manifest["corpus"],
             "arguments": asdict(settings),
         }
+        if plan.init_from:  # the base at the commit it was read (a Hub revision pinned by the tokenizer step)
+            summary["base_model"] = plan.init_from
         if this_run:
             summary["samples_per_second"] = this_run[-1]["samples_per_second"]
         if settings.price_per_hour:
