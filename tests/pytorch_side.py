@@ -3,14 +3,15 @@ transformers 5 user would and answers with what it got, as one JSON line on stdo
 
 The request (JSON on stdin): ``model`` (a folder or a Hub repository id), and optionally ``batch``
 (``input_ids``, ``attention_mask``) for logits and the encoder's hidden states, ``sentences`` and ``top_k``
-for fill-mask predictions.
+for fill-mask predictions, ``save_new`` (a folder) to answer for a model PyTorch makes from ``model``'s config and
+saves there itself, as a PyTorch user's model is saved.
 """
 
 import json
 import sys
 
 import torch
-from transformers import AutoModel, AutoModelForMaskedLM, pipeline
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, pipeline
 
 
 def loading_report(info: dict) -> dict:
@@ -19,6 +20,12 @@ def loading_report(info: dict) -> dict:
 
 def main() -> None:
     request = json.loads(sys.stdin.read())
+    if "save_new" in request:
+        torch.manual_seed(0)
+        AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(request["model"])).save_pretrained(
+            request["save_new"]
+        )
+        request["model"] = request["save_new"]
     model, info = AutoModelForMaskedLM.from_pretrained(request["model"], output_loading_info=True)
     model.eval()
     encoder, encoder_info = AutoModel.from_pretrained(

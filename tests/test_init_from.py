@@ -258,7 +258,7 @@ def test_a_private_hub_model_at_a_revision_and_a_bucket_folder_give_their_tokeni
     [
         ("bare-encoder", None, "was saved as RobertaModel, without a masked-LM head to continue"),
         ("few-embeddings", None, "its tokenizer has 800 tokens, more than the model's 400 embeddings"),
-        ("no-tf-weights", None, "holds no TensorFlow weights (tf_model.h5)"),
+        ("no-tf-weights", None, "holds no weights read here (tf_model.h5, or PyTorch's model.safetensors)"),
         ("roberta", 65, "--max-length=65: is more than {folder} takes (64 tokens: its position embeddings)"),
         ("bert", 65, "--max-length=65: is more than"),
         ("missing", None, "is not a model folder (no config.json in it)"),
@@ -467,3 +467,49 @@ def test_a_continued_model_is_published_under_its_base_s_license_unless_another_
     with pytest.raises(InvalidParameter, match=r"--license='': is not given, and the base model's license cannot"):
         base_terms(gone, PushArguments(**pushing))
     assert base_terms(gone, PushArguments(**pushing, license="mit")) == {}
+
+
+@pytest.mark.slow  # a model made and saved by PyTorch in the tests' second environment (about 15 s)
+def test_a_model_with_pytorch_weights_only_is_continued_from_them_read_with_numpy(
+    tmp_path, base_models, hub, monkeypatch
+):
+    """A base saved by PyTorch (transformers 5: model.safetensors, no tf_model.h5), from a folder and from the Hub
+    stand-in: its TensorFlow model computes the logits PyTorch's does, without torch in this environment."""
+    import shutil
+
+    import huggingface_hub.constants
+    from huggingface_hub import HfApi
+    from pytorch_env import run_pytorch
+
+    from components.lib.base_model import load_base_weights
+
+    folder = tmp_path / "pytorch-roberta"
+    batch = {"input_ids": [[0, 11, 12, 13, 2, 1]], "attention_mask": [[1, 1, 1, 1, 1, 0]]}
+    answer = run_pytorch({"model": str(base_models["roberta"]), "save_new": str(folder), "batch": batch})
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+        shutil.copy(base_models["roberta"] / name, folder / name)
+    assert (folder / "model.safetensors").exists() and not (folder / "tf_model.h5").exists()
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)  # the repository URLs this process parses
+    api = HfApi(endpoint=hub.url, token=HUB_TOKEN)
+    api.create_repo("user/pytorch-roberta")
+    api.upload_folder(repo_id="user/pytorch-roberta", folder_path=folder)
+    # what preflight and the train step do, in a process of their own as they run (the Hub's address is its env's)
+    logits_of = (
+        "import json, sys, numpy as np; from components.lib.base_model import check_base_model, load_base_weights; "
+        "init_from, batch = sys.argv[1], json.loads(sys.argv[2]); "
+        "model = load_base_weights(init_from, check_base_model(init_from).config); "
+        "print(json.dumps(model(**{k: np.array(v) for k, v in batch.items()}).logits.numpy().tolist()))"
+    )
+    for init_from in (str(folder), "hf:user/pytorch-roberta"):
+        done = subprocess.run(
+            [sys.executable, "-c", logits_of, init_from, json.dumps(batch)], env=hub.env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        logits = np.array(json.loads(done.stdout.splitlines()[-1]), dtype=np.float32)
+        difference = np.abs(np.array(answer["logits"], dtype=np.float32) - logits).max()
+        assert difference <= 1e-4 * np.abs(logits).max(), (init_from, difference)
+    # one of another shape than its config's is refused, not loaded half
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
+    with pytest.raises(InvalidParameter, match=r"stores roberta\.encoder\.layer\.0\..* of shape"):
+        load_base_weights(str(folder), check_base_model(str(folder)).config)

@@ -3,10 +3,11 @@ one through ``HF_TOKEN``) or a model folder (local or ``gs://``), with its own t
 
 Everything about it is checked before any accelerator time (the tokenizer step, preflight and the train step call
 ``check_base_model``): a config whose model type has a TensorFlow masked-LM model in the pinned transformers, saved
-with its masked-LM head; TensorFlow weights (``tf_model.h5``); a fast tokenizer (``tokenizer.json``) with a mask and
-a pad token whose vocabulary fits the model's embeddings; a sample length within its positions. The tokenizer step
-publishes the model's tokenizer as it is instead of training one, so the shards are made with it; the train step
-starts from the weights, its masked-LM head included, and keeps the model's config.
+with its masked-LM head; TensorFlow weights (``tf_model.h5``) or PyTorch's safetensors (read with numpy alone); a
+fast tokenizer (``tokenizer.json``) with a mask and a pad token whose vocabulary fits the model's embeddings; a
+sample length within its positions. The tokenizer step publishes the model's tokenizer as it is instead of training
+one, so the shards are made with it; the train step starts from the weights, its masked-LM head included, and keeps
+the model's config.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from components.lib import storage
 from components.lib.errors import InvalidParameter
 from components.lib.hub import CARD_FILE, REPO_ID, download_repo, read_token, refused_reads
 from components.lib.modeling import BERT_LAYOUT, POSITIONS_AFTER_PAD
+from components.lib.pytorch_weights import TF_WEIGHTS_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
 
 HUB_MODEL_PREFIX = "hf:"
 CONFIG_FILE = "config.json"
-TF_WEIGHTS_FILE = "tf_model.h5"
+# the weights a base is loaded from, the first kind it has: TensorFlow's, else PyTorch's safetensors (one file, or
+# shards named by their index)
+WEIGHT_FILES = ((TF_WEIGHTS_FILE,), (WEIGHTS_FILE,), (WEIGHTS_INDEX_FILE, "model-*-of-*.safetensors"))
 LICENSE_KEYS = ("license", "license_name", "license_link")  # the Hub card's license metadata
 # a tokenizer folder's files, whatever the tokenizer's kind (byte-level BPE, WordPiece, SentencePiece)
 TOKENIZER_PATTERNS = (
@@ -44,9 +48,9 @@ TOKENIZER_PATTERNS = (
 MASKED_LM_HEADS = ("ForMaskedLM", "ForPreTraining")
 INIT_FROM_HELP = (
     "Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a Hub model; a private "
-    "one through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) and a fast "
-    "tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and its config replaces "
-    "model_config. Empty: from scratch."
+    "one through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) or PyTorch's "
+    "(model.safetensors), and a fast tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and "
+    "its config replaces model_config. Empty: from scratch."
 )
 
 
@@ -237,7 +241,7 @@ def check_base_model(init_from: str, max_length: int | None = None, token: str =
         )
     if max_length is not None:
         check_positions(init_from, config, max_length)
-    _check_weights(init_from, token)
+    weight_files(init_from, token)
     return BaseModel(init_from, config, tokenizer)
 
 
@@ -256,45 +260,53 @@ def check_positions(init_from: str, config: Any, max_length: int) -> None:
         )
 
 
-def _check_weights(init_from: str, token: str) -> None:
-    """Refuses a model without TensorFlow weights, which the pinned transformers cannot load PyTorch's into."""
-    if init_from.startswith(HUB_MODEL_PREFIX):
-        from huggingface_hub import HfApi
+def weight_files(init_from: str, token: str = "") -> tuple[str, ...]:
+    """The patterns of the weight files ``init_from`` is loaded from: TensorFlow's where it has them, else PyTorch's
+    safetensors (one file, or shards and their index), read with numpy alone; refused when it has neither."""
+    for patterns in WEIGHT_FILES:
+        if init_from.startswith(HUB_MODEL_PREFIX):
+            from huggingface_hub import HfApi
 
-        repo_id, revision = hub_name(init_from)  # its revision and access were checked with its config
-        found = HfApi(token=token or None).file_exists(repo_id, TF_WEIGHTS_FILE, revision=revision)
-    else:
-        found = storage.exists(storage.join(init_from, TF_WEIGHTS_FILE))
-    if not found:
-        raise InvalidParameter(
-            "init_from",
-            init_from,
-            f"holds no TensorFlow weights ({TF_WEIGHTS_FILE}); PyTorch-only models are not loaded yet: save the "
-            "model with TFAutoModelForMaskedLM.from_pretrained(NAME, from_pt=True).save_pretrained(FOLDER) and "
-            "give that folder",
-        )
+            repo_id, revision = hub_name(init_from)  # its revision and access were checked with its config
+            found = HfApi(token=token or None).file_exists(repo_id, patterns[0], revision=revision)
+        else:
+            found = storage.exists(storage.join(init_from, patterns[0]))
+        if found:
+            return patterns
+    raise InvalidParameter(
+        "init_from",
+        init_from,
+        f"holds no weights read here ({TF_WEIGHTS_FILE}, or PyTorch's {WEIGHTS_FILE}); a pytorch_model.bin needs "
+        "PyTorch to read: save the model with safetensors (save_pretrained's default) and give that",
+    )
 
 
 def load_base_weights(init_from: str, config: Any, token: str = "") -> Any:
     """The base model's TensorFlow masked-LM model with its weights, built with ``config`` (the base's, with the
     pre-training's dropout); called inside the strategy's scope, and by preflight on its CPU first. Refused when the
-    weights file lacks any of the model's weights."""
+    weights lack any of the model's."""
     from transformers import TFAutoModelForMaskedLM
 
-    from components.lib.pytorch_weights import TF_LOADING
+    from components.lib.pytorch_weights import TF_LOADING, read_pytorch_weights
 
-    with base_model_files(init_from, (CONFIG_FILE, TF_WEIGHTS_FILE), token) as folder:
-        model, loading = TFAutoModelForMaskedLM.from_pretrained(
-            folder, config=config, output_loading_info=True, **TF_LOADING
-        )
+    patterns = weight_files(init_from, token)
+    with base_model_files(init_from, (CONFIG_FILE, *patterns), token) as folder:
+        if patterns[0] == TF_WEIGHTS_FILE:
+            model, loading = TFAutoModelForMaskedLM.from_pretrained(
+                folder, config=config, output_loading_info=True, **TF_LOADING
+            )
+            missing = loading["missing_keys"]
+        else:  # the pinned transformers cannot load PyTorch's safetensors into TF (huggingface/transformers#40318)
+            model = TFAutoModelForMaskedLM.from_config(config)
+            model(model.dummy_inputs, training=False)  # builds its weights
+            missing = read_pytorch_weights(model, folder, "init_from", init_from)
     # transformers only logs weights it did not find, and starts them from random numbers: a head saved apart, or
     # another architecture's file, would train from scratch under the base's name
-    missing = loading["missing_keys"]
     if missing:
         raise InvalidParameter(
             "init_from",
             init_from,
-            f"its {TF_WEIGHTS_FILE} lacks {len(missing)} of the masked-LM model's weights (the first: {missing[0]}): "
+            f"its {patterns[0]} lacks {len(missing)} of the masked-LM model's weights (the first: {missing[0]}): "
             "they would start from random numbers",
         )
     return model

@@ -37,6 +37,8 @@ WEIGHTS_PATTERN = "model{suffix}.safetensors"  # huggingface_hub's shard names: 
 # 5 GB, huggingface_hub's default shard size (and transformers 4's): the largest preset, roberta-large, is 1.4 GB
 # in float32 and stays one file; a model big enough to shard downloads in resumable, parallel parts.
 MAX_SHARD_BYTES = 5 * 10**9
+# A LayerNorm's weight and bias as PyTorch checkpoints before its renaming name them
+LEGACY_NAMES = {"weight": ("gamma",), "bias": ("beta",)}
 # What every TF load of a model folder or Hub repository passes: the TF weights, never model.safetensors.
 TF_LOADING = {"use_safetensors": False}
 
@@ -64,6 +66,47 @@ def pytorch_state_dict(model: Any) -> dict[str, Any]:
         value = np.asarray(variable.numpy(), dtype=np.float32)
         state[name] = np.ascontiguousarray(value.T if transpose is TransposeType.SIMPLE else value)
     return state
+
+
+def read_pytorch_weights(model: Any, folder: Path, parameter: str, uri: str) -> list[str]:
+    """Sets the built TF model's weights from the PyTorch weights in ``folder`` (``model.safetensors`` or its
+    shards; a local copy of ``uri``), numpy only: the inverse of ``pytorch_state_dict``, each TF variable read
+    under its PyTorch name by the same rules, Dense kernels transposed back. Returns the PyTorch names of the
+    weights the files lack (left as the model was built); a weight of another shape, or in bfloat16 (which numpy
+    has no type for), is refused naming ``parameter``."""
+    import numpy as np
+    from safetensors import safe_open
+    from transformers.modeling_tf_pytorch_utils import TransposeType, convert_tf_weight_name_to_pt_weight_name
+
+    stored: dict[str, Path] = {}
+    for file in pytorch_weight_files(folder):
+        if file.name != WEIGHTS_INDEX_FILE:
+            with safe_open(file, framework="np") as weights:
+                stored |= dict.fromkeys(weights.keys(), file)
+    missing = []
+    for variable in model.weights:
+        name, transpose = convert_tf_weight_name_to_pt_weight_name(variable.name, tf_weight_shape=variable.shape)
+        # checkpoints saved before PyTorch's LayerNorm renaming hold gamma and beta
+        owner, _, last = name.rpartition(".")
+        legacy = [f"{owner}.{old}" for old in LEGACY_NAMES.get(last, ())]
+        found = next((key for key in (name, *legacy) if key in stored), None)
+        if found is None:
+            missing.append(name)
+            continue
+        with safe_open(stored[found], framework="np") as weights:
+            try:
+                value = weights.get_tensor(found)
+            except TypeError:  # numpy has no bfloat16
+                raise InvalidParameter(
+                    parameter, uri, f"stores {found} in a type numpy cannot read (bfloat16): save it in float32"
+                ) from None
+        value = value.T if transpose is TransposeType.SIMPLE else value
+        if tuple(value.shape) != tuple(variable.shape):
+            raise InvalidParameter(
+                parameter, uri, f"stores {found} of shape {tuple(value.shape)}, its config {tuple(variable.shape)}"
+            )
+        variable.assign(np.asarray(value, dtype=variable.dtype.as_numpy_dtype))
+    return missing
 
 
 def write_pytorch_weights(model: Any, folder: Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
