@@ -1,5 +1,7 @@
 """Is the model any good? Fine-tune it on labelled classification tasks, and its randomly initialised twin (the same
-config) the same way, and score both on each task's validation split: what pre-training gained.
+config) the same way, and score both on each task's validation split: what pre-training gained. A model continued
+from another (``--init_from``) has a third: that base model as it was, fine-tuned the same way: what adapting it
+gained.
 
 Each task (``lib/downstream_tasks.py``: the built-in ``word-order``, a Hub dataset such as GLUE's, or a folder of
 labelled files) is fine-tuned with the same budget and seeds for both models: a classification head on the
@@ -32,9 +34,11 @@ from components.lib.job_runner import run_job
 from components.lib.probe_baselines import baseline_predictions, score_error
 from components.lib.pytorch_weights import TF_LOADING, check_model_folder
 from components.lib.results import (
+    BASE_MODEL,
     DOWNSTREAM_FILE,
     PROBE_MODELS,
     REPORT_FILE,
+    SUMMARY_FILE,
     baselines_line,
     downstream_table,
     shown_score,
@@ -124,8 +128,9 @@ class DownstreamArguments(TaskSelection):
 
     @property
     def grids(self) -> dict[str, list[float]]:
-        """Each probe model's learning rates to choose from."""
-        return dict(zip(PROBE_MODELS, probe_grids(self.learning_rates, self.random_init_learning_rates), strict=True))
+        """Each probe model's learning rates to choose from: a base model, pre-trained, the pre-trained's."""
+        pretrained, random_init = probe_grids(self.learning_rates, self.random_init_learning_rates)
+        return {PROBE_MODELS[0]: pretrained, PROBE_MODELS[1]: random_init, BASE_MODEL: pretrained}
 
 
 def scores(predicted: Sequence[int], labels: Sequence[int], classes: int) -> dict[str, float]:
@@ -280,7 +285,7 @@ def tuned_runs(
     """A probe model's fine-tunings on a task: with several rates, one at each with the first seed, scored on the
     development split, the best of them kept; then one for each other seed at that rate. Returns the kept runs (one
     a seed) and the search (each rate's development score; None where it diverged)."""
-    grid, seeds, pretrained = arguments.grids[model], arguments.seed_list, model == PROBE_MODELS[0]
+    grid, seeds, pretrained = arguments.grids[model], arguments.seed_list, model != PROBE_MODELS[1]
     if len(grid) == 1:
         return [fine_tune(model_dir, encoded, arguments, seed, pretrained, grid[0]) for seed in seeds], []
     name, metric = encoded.task.name, encoded.task.metric
@@ -317,19 +322,37 @@ def encode_for_probe(model_dir: Path, task: Task, arguments: DownstreamArguments
     return encode_task(model_dir, replace(task, train=train), dev, arguments.max_length)
 
 
-def probe_task(model_dir: Path, encoded: EncodedTask, arguments: DownstreamArguments) -> list[dict[str, Any]]:
-    """Both models' fine-tunings on a task, each at its chosen rate: the task's figures on each split it is scored
-    on (``task_result``; MNLI's two)."""
+def probe_task(folders: dict[str, Path], encoded: EncodedTask, arguments: DownstreamArguments) -> list[dict[str, Any]]:
+    """The models' fine-tunings on a task (``folders``: each one's weights, ``probe_folders``), each at its chosen
+    rate: the task's figures on each split it is scored on (``task_result``; MNLI's two)."""
     task = encoded.task
     log.info(
         "%s: %d fine-tunings of %d samples, %d development samples to choose the rates on",
         task.name,
-        sum(fine_tunings(len(grid), len(arguments.seed_list)) for grid in arguments.grids.values()),
+        sum(fine_tunings(len(arguments.grids[model]), len(arguments.seed_list)) for model in folders),
         len(task.train.labels),
         len(encoded.dev.labels),
     )
-    tuned = {model: tuned_runs(model_dir, encoded, arguments, model) for model in PROBE_MODELS}
+    tuned = {model: tuned_runs(folder, encoded, arguments, model) for model, folder in folders.items()}
     return [task_result(encoded, tuned, split) for split in encoded.scored]
+
+
+def probe_folders(model_dir: Path, work: Path) -> dict[str, Path]:
+    """Each probe model's folder: the trained model's, for it and its random twin (its config); and for a model
+    continued from another (its summary's ``base_model``, at the commit it was read), that base as it was, saved
+    as TensorFlow weights under ``work``."""
+    from components.lib.base_model import base_model_token, check_base_model, load_base_weights
+
+    folders = {PROBE_MODELS[0]: model_dir, PROBE_MODELS[1]: model_dir}
+    summary = model_dir / SUMMARY_FILE
+    base = json.loads(summary.read_text()).get("base_model", "") if summary.exists() else ""
+    if base:
+        token = base_model_token(base)
+        load_base_weights(base, check_base_model(base, token=token).config, token).save_pretrained(
+            work / "base", safe_serialization=False
+        )
+        folders[BASE_MODEL] = work / "base"
+    return folders
 
 
 def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
@@ -338,17 +361,17 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
     check_model_folder("model", arguments.model)
     tasks = [spec.load(arguments.max_train_samples, arguments.max_eval_samples) for spec in specs]  # bad input first
     results = []
-    with tempfile.TemporaryDirectory() as local:
+    with tempfile.TemporaryDirectory() as local, tempfile.TemporaryDirectory() as work:
         storage.download_folder(arguments.model, Path(local))
         encoded = [encode_for_probe(Path(local), task, arguments) for task in tasks]  # refusals first
+        folders = probe_folders(Path(local), Path(work))
         for task_inputs in encoded:
-            for result in probe_task(Path(local), task_inputs, arguments):
+            for result in probe_task(folders, task_inputs, arguments):
                 log.info(
-                    "%s: %s %s pre-trained, %s random init, one class always %.4f (%s, %d samples, %d seed(s))",
+                    "%s: %s %s, one class always %.4f (%s, %d samples, %d seed(s))",
                     result["task"],
                     result["metric"],
-                    shown_score(result["pre-trained"]),
-                    shown_score(result["random init"]),
+                    ", ".join(f"{shown_score(result[model])} {model}" for model in folders),
                     result["one_class"],
                     result["validation_split"],
                     result["validation_samples"],
@@ -359,7 +382,7 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
         "tasks": results,
         # each task's own metric, averaged over the tasks (a task scored on two splits, as MNLI, by their mean;
         # GLUE's score averages F1 and accuracy where it reports both: MRPC and QQP count F1 alone here)
-        "average": {model: average_over_tasks(results, model) for model in PROBE_MODELS},
+        "average": {model: average_over_tasks(results, model) for model in folders},
         "arguments": asdict(arguments),
     }
     storage.write_text_atomic(storage.join(arguments.output, REPORT_FILE), report_markdown(summary))
@@ -427,6 +450,8 @@ def task_result(
             "runs": model_runs,
         }
     result["gain"] = result[PROBE_MODELS[0]]["score"] - result[PROBE_MODELS[1]]["score"]
+    if BASE_MODEL in tuned:  # what continuing the base's pre-training on the corpus gained on this task
+        result["adaptation_gain"] = result[PROBE_MODELS[0]]["score"] - result[BASE_MODEL]["score"]
     return result
 
 
@@ -435,6 +460,12 @@ def report_markdown(summary: dict[str, Any]) -> str:
     intro = (
         "Each task fine-tuned from the pre-trained model and from a randomly initialised twin (the same config, the "
         f"same budget, seeds {seeds}), scored on its validation split (never trained or tuned on)."
+        + (
+            " The model continued from a base: that base as it was is fine-tuned the same way (adaptation gain: the "
+            "model's score minus the base's)."
+            if BASE_MODEL in summary["average"]
+            else ""
+        )
     )
     return "\n".join(["# Downstream probe", "", intro, "", *downstream_table(summary)]) + "\n"
 
@@ -442,7 +473,9 @@ def report_markdown(summary: dict[str, Any]) -> str:
 def summary_for_people(summary: dict[str, Any]) -> str:
     lines = [
         f"{result['task']}: {result['metric']} {shown_score(result['pre-trained'])} pre-trained against "
-        f"{shown_score(result['random init'])} from random weights; trivial baselines: {baselines_line(result)}"
+        f"{shown_score(result['random init'])} from random weights"
+        + (f", {shown_score(result[BASE_MODEL])} for the base as it was" if BASE_MODEL in result else "")
+        + f"; trivial baselines: {baselines_line(result)}"
         for result in summary["tasks"]
     ]
     return "\n".join([*lines, f"downstream.json and report.md: {summary['arguments']['output']}"])

@@ -16,12 +16,14 @@ from typing import Any
 from components.lib import storage
 from components.lib.job_runner import run_job
 from components.lib.results import (
+    BASE_MODEL,
     METRICS_FILE,
     PROBE_MODELS,
     SUMMARY_FILE,
     baselines_line,
     display_token,
     loss_summary,
+    probed_models,
     read_downstream,
     shown_score,
 )
@@ -79,7 +81,8 @@ def loss_curve_png(history: list[dict[str, float]]) -> bytes:
 
 
 def probe_png(results: dict[str, Any]) -> bytes:
-    """Each task's score fine-tuned from the pre-trained model and from its random twin, side by side."""
+    """Each task's score fine-tuned from the pre-trained model, from its random twin and from a continued model's
+    base as it was, side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,9 +91,12 @@ def probe_png(results: dict[str, Any]) -> bytes:
     tasks = results["tasks"]
     figure, axis = pyplot.subplots(figsize=(7, 0.6 + 0.5 * len(tasks)), dpi=110)
     rows = range(len(tasks))
-    for offset, model, color in ((-0.2, PROBE_MODELS[0], "tab:blue"), (0.2, PROBE_MODELS[1], "tab:gray")):
+    models = probed_models(results["average"])
+    height = 0.8 / len(models)
+    for index, (model, color) in enumerate(zip(models, ("tab:blue", "tab:gray", "tab:orange"), strict=False)):
+        offset = (index - (len(models) - 1) / 2) * height
         axis.barh(
-            [row + offset for row in rows], [task[model]["score"] for task in tasks], 0.4, color=color, label=model
+            [row + offset for row in rows], [task[model]["score"] for task in tasks], height, color=color, label=model
         )
     axis.set_yticks(list(rows), [f"{task['task']} ({task['metric']})" for task in tasks])
     axis.invert_yaxis()
@@ -105,10 +111,13 @@ def probe_section(results: dict[str, Any] | None) -> str:
         return ""
     if results.get("failed"):
         return f"<h2>Downstream probe</h2><p>The probe failed: {html.escape(results['failed'])}</p>"
+    adapted = BASE_MODEL in results["average"]
     rows = "".join(
         f"<tr><td><code>{html.escape(task['task'])}</code></td><td>{task['metric']}</td>"
         f"<td>{shown_score(task[PROBE_MODELS[0]])}</td><td>{shown_score(task[PROBE_MODELS[1]])}</td>"
-        f"<td>{task['gain']:+.4f}</td><td>{html.escape(baselines_line(task))}</td>"
+        f"<td>{task['gain']:+.4f}</td>"
+        + (f"<td>{shown_score(task[BASE_MODEL])}</td><td>{task['adaptation_gain']:+.4f}</td>" if adapted else "")
+        + f"<td>{html.escape(baselines_line(task))}</td>"
         f"<td>{task['train_samples']:,}</td><td>{task['validation_samples']:,}</td></tr>"
         for task in results["tasks"]
     )
@@ -116,9 +125,12 @@ def probe_section(results: dict[str, Any] | None) -> str:
     plot = base64.b64encode(probe_png(results)).decode()
     return (
         "<h2>Downstream probe</h2><p>Each task fine-tuned from the pre-trained model and from a randomly initialised "
-        f"twin (same config, budget and seeds: {html.escape(seeds)}), scored on its validation split.</p><table>"
+        f"twin (same config, budget and seeds: {html.escape(seeds)})"
+        + (", and from the base model it continued, as it was" if adapted else "")
+        + ", scored on its validation split.</p><table>"
         "<tr><th>task</th><th>metric</th><th>pre-trained</th><th>random init</th><th>gain</th>"
-        f"<th>trivial baselines</th><th>fine-tuned on</th><th>scored on</th></tr>{rows}</table>"
+        + (f"<th>{BASE_MODEL}</th><th>adaptation gain</th>" if adapted else "")
+        + f"<th>trivial baselines</th><th>fine-tuned on</th><th>scored on</th></tr>{rows}</table>"
         f'<img alt="downstream scores" src="data:image/png;base64,{plot}">'
     )
 

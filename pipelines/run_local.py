@@ -34,6 +34,7 @@ from components.lib.errors import InvalidParameter, ReportedFailure
 from components.lib.hub import check_repo_id, hub_token
 from components.lib.job_runner import run_job
 from components.lib.results import (
+    BASE_MODEL,
     METRICS_FILE,
     PROBE_MODELS,
     baselines_line,
@@ -398,8 +399,13 @@ def print_summary(summary: dict[str, Any]) -> None:
         for task in probe["tasks"]:
             lines += [
                 f"  {task['task']}: {task['metric']} {shown_score(task[PROBE_MODELS[0]])} pre-trained, "
-                f"{shown_score(task[PROBE_MODELS[1]])} random init ({task['gain']:+.3f}) on "
-                f"{task['validation_samples']:,} {task['validation_split']} samples",
+                f"{shown_score(task[PROBE_MODELS[1]])} random init ({task['gain']:+.3f}), "
+                + (
+                    f"{shown_score(task[BASE_MODEL])} the base as it was ({task['adaptation_gain']:+.3f}), "
+                    if BASE_MODEL in task
+                    else ""
+                )
+                + f"on {task['validation_samples']:,} {task['validation_split']} samples",
                 f"    trivial baselines: {baselines_line(task)}",
             ]
     print("\n".join(lines) + "\n", file=sys.stderr)

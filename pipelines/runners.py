@@ -13,7 +13,14 @@ from components.downstream import DownstreamArguments, downstream
 from components.evaluate import EvaluateArguments, evaluate
 from components.lib import storage, verdict
 from components.lib.errors import InvalidParameter, first_line
-from components.lib.results import DOWNSTREAM_FILE, PROBE_MODELS, REPORT_FILE, downstream_table
+from components.lib.results import (
+    BASE_MODEL,
+    DOWNSTREAM_FILE,
+    PROBE_MODELS,
+    REPORT_FILE,
+    downstream_table,
+    probed_models,
+)
 from components.lib.tpu_catalogue import TPU_TYPES
 from components.preflight import PreflightArguments, preflight
 from components.push import PushArguments, push
@@ -150,10 +157,14 @@ def run_downstream(
         return
     average = results["average"]
     downstream_results.metadata["gain"] = average[PROBE_MODELS[0]] - average[PROBE_MODELS[1]]
+    if BASE_MODEL in average:
+        downstream_results.metadata["adaptation_gain"] = average[PROBE_MODELS[0]] - average[BASE_MODEL]
     for result in results["tasks"]:
-        for model_name in PROBE_MODELS:
+        for model_name in probed_models(result):
             metrics.log_metric(f"{result['task']} {result['metric']} ({model_name})", result[model_name]["score"])
         metrics.log_metric(f"{result['task']} gain", result["gain"])
+        if "adaptation_gain" in result:
+            metrics.log_metric(f"{result['task']} adaptation gain", result["adaptation_gain"])
     Path(report.path).write_text(storage.read_text(storage.join(arguments.output, REPORT_FILE)))
 
 

@@ -182,7 +182,8 @@ def test_task_specs_and_the_probe_s_settings_are_checked_before_anything_loads()
         with pytest.raises(InvalidParameter, match=re.escape(message)):
             DownstreamArguments(model="m", output="o", **{name: value})
     grids = DownstreamArguments(model="m", output="o", learning_rates="1e-4, 1e-3").grids
-    assert grids == {"pre-trained": [1e-4, 1e-3], "random init": [1e-4, 1e-3]}  # the twin's: the same unless given
+    # the twin's: the same unless given; a continued model's base, pre-trained too, the model's
+    assert grids == {"pre-trained": [1e-4, 1e-3], "random init": [1e-4, 1e-3], "base as it was": [1e-4, 1e-3]}
     # GLUE's tasks name their columns and metric themselves; another Hub dataset needs its text column named
     assert GLUE_TASKS["mrpc"][:2] == (("sentence1", "sentence2"), "f1") and GLUE_TASKS["cola"][1] == "mcc"
     assert TaskSpec("hf:glue:sst2").name == "hf:glue:sst2"

@@ -200,6 +200,26 @@ def test_a_model_continues_from_its_own_weights_and_tokenizer_and_a_real_rate_im
     )
     assert result["difference"] < 0 and result["z"] < -2, result  # lower held-out loss than the base, beyond chance
 
+    if kind == "bert":  # the probe's third model, the base as it was (BERT's: token type ids, a pooler of its own)
+        from components.downstream import DownstreamArguments, downstream
+        from components.lib.results import BASE_MODEL
+
+        probe = downstream(
+            DownstreamArguments(
+                **{"model": kept["model"], "output": str(tmp_path / "probe"), "seeds": "1", "learning_rates": "1e-3"},
+                **{"min_steps": 8, "max_steps": 8, "max_train_samples": 128, "max_eval_samples": 64},
+            )
+        )
+        task = probe["tasks"][0]
+        assert set(probe["average"]) == {"pre-trained", "random init", BASE_MODEL}
+        # the kept model's weights are the base's within 1e-6: fine-tuned alike, they learn alike, and the twin not
+        losses = {model: task[model]["runs"][0]["mean_train_loss"] for model in probe["average"]}
+        assert losses["pre-trained"] == pytest.approx(losses[BASE_MODEL], rel=1e-6)
+        assert losses["random init"] != pytest.approx(losses[BASE_MODEL], rel=1e-6)
+        assert task["adaptation_gain"] == task["pre-trained"]["score"] - task[BASE_MODEL]["score"]
+        report = Path(tmp_path / "probe" / "report.md").read_text()
+        assert f"| {BASE_MODEL} | adaptation gain |" in report and "base this one continued" not in report
+
 
 @pytest.mark.slow  # the steps' own processes against the Hub stand-in (about 20 s)
 def test_a_private_hub_model_at_a_revision_and_a_bucket_folder_give_their_tokenizer(
@@ -386,16 +406,26 @@ def test_a_from_scratch_roberta_refuses_a_tokenizer_without_roberta_s_special_id
 def test_the_estimate_of_a_continued_run_sizes_the_base_model_and_copies_its_tokenizer(tmp_path, base_models):
     """The estimate and submit's dry run count the run that will happen: the base's model whatever model_config
     says, tokens per byte measured with its tokenizer, a tokenizer step that only copies it, dapt-2020's masking."""
-    from components.lib.estimates import CPU_TASK_START_HOURS, EstimateArguments, estimate_run, estimate_table
+    from components.lib.estimates import (
+        CPU_TASK_START_HOURS,
+        DEFAULT_PROBE,
+        EstimateArguments,
+        estimate_run,
+        estimate_table,
+    )
     from pipelines.pipeline import routed_values
 
     base = str(base_models["roberta"])
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(embedded_texts()) + "\n")
     common = {"corpus": str(corpus), "max_length": MAX_LENGTH, "per_replica_batch_size": 8}
-    continued = estimate_run(EstimateArguments(**common, model_config="roberta-base", init_from=base))
+    continued = estimate_run(EstimateArguments(**common, model_config="roberta-base", init_from=base), DEFAULT_PROBE)
     # the base's config, read as a config file and measured with its own tokenizer, is the same run
-    as_config = estimate_run(EstimateArguments(**common, model_config=f"{base}/config.json", tokenizer=base))
+    as_config = estimate_run(
+        EstimateArguments(**common, model_config=f"{base}/config.json", tokenizer=base), DEFAULT_PROBE
+    )
+    # but for the probe, which fine-tunes a third model, the base as it was, at the model's rates
+    assert continued["probe"]["fine_tunings"] == 3 * as_config["probe"]["fine_tunings"] // 2
     for key in ("parameters", "model_flops_per_token", "steps", "samples"):
         assert continued[key] == as_config[key], key
     assert continued["data"]["tokens_per_byte"] == as_config["data"]["tokens_per_byte"] != 0.312

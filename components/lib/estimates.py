@@ -241,7 +241,7 @@ def estimate_run(
         probe=probe,
         evaluation=evaluation or DEFAULT_EVALUATION,
         num_parts=arguments.num_parts,
-        trains_tokenizer=not base,
+        continued=bool(base),
     ) | {"model": f"{arguments.init_from}, continued (its config and tokenizer)" if base else arguments.model_config}
 
 
@@ -268,12 +268,12 @@ def describe_estimate(
     probe: Mapping[str, Any] | None = None,
     evaluation: Mapping[str, Any] | None = None,
     num_parts: int = 1,
-    trains_tokenizer: bool = True,
+    continued: bool = False,
 ) -> dict[str, Any]:
     """Everything the table shows of a run's shape on ``tpu``, as numbers: the TPU's training, and the CPU steps
-    (``cpu_steps``: the data steps from a corpus, the tokenizer's a copy unless it ``trains_tokenizer``, the
-    evaluation given its settings, the probe given its, and with the evaluation the run report that waits for
-    both)."""
+    (``cpu_steps``: the data steps from a corpus, the evaluation given its settings, the probe given its, and with
+    the evaluation the run report that waits for both). A ``continued`` model's tokenizer step copies the base's
+    tokenizer, and its probe fine-tunes the base as well."""
     result: dict[str, Any] = {
         "data": data,
         "tpu_type": tpu.name,
@@ -293,12 +293,12 @@ def describe_estimate(
         "hours": shape.hours,
         "memory": memory_fit(shape.memory, tpu.name, bf16, allow_tight_memory),
         **prices(shape, tpu, given=price_given),
-        "cpu_steps": data_steps(data, num_parts, trains_tokenizer),
+        "cpu_steps": data_steps(data, num_parts, trains_tokenizer=not continued),
     }
     if evaluation is not None:
         result["cpu_steps"].append(evaluation_estimate(shape, data, evaluation))
     if probe is not None:
-        result["probe"] = probe_estimate(shape, probe)
+        result["probe"] = probe_estimate(shape, probe, continued)
         result["cpu_steps"].append(result["probe"])
     if evaluation is not None:
         result["cpu_steps"].append(cpu_task("run report", 1, 0.0))  # a task's start: it writes one page
@@ -479,15 +479,17 @@ def fine_tuning_steps(samples: int, batch_size: int, epochs: int, max_steps: int
     return max_steps or max(epochs * math.ceil(samples / min(batch_size, samples)), min_steps)
 
 
-def probe_estimate(shape: RunShape, probe: Mapping[str, Any]) -> dict[str, Any]:
+def probe_estimate(shape: RunShape, probe: Mapping[str, Any], continued: bool = False) -> dict[str, Any]:
     """Hours and cost of the downstream probe (the downstream step's settings ``probe``): each task fine-tuned from
-    the model and from its random twin at each rate of their grids and then once for every other seed, at the
+    the model and from its random twin (and a ``continued`` model's base, at the model's rates) at each rate of their
+    grids and then once for every other seed, at the
     training's length (the most a probe's sample pads to), and scored. A task's size is known here for the built-in
     one, else only where max_train_samples bounds it."""
     from components.lib.downstream_tasks import WORD_ORDER, parse_tasks, word_order_task
 
     seeds = len(str(probe["seeds"]).split(","))
     grids = probe_grids(str(probe["learning_rates"]), str(probe["random_init_learning_rates"]))
+    grids = (*grids, grids[0]) if continued else grids  # the base chooses from the pre-trained model's rates
     runs = sum(fine_tunings(len(grid), seeds) for grid in grids)
     most_rates = max(len(grid) for grid in grids)
     batch_size, epochs, max_steps, min_steps = (

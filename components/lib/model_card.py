@@ -13,7 +13,7 @@ from components.lib.base_model import hub_name
 from components.lib.corpus import HUB_PREFIX, parse_hub_name
 from components.lib.errors import redact
 from components.lib.recipe import KNOBS, MODEL_DROPOUT
-from components.lib.results import downstream_table, loss_summary, metrics_table
+from components.lib.results import BASE_MODEL, downstream_table, loss_summary, metrics_table
 
 USAGE_HEADING = "## How to use"
 
@@ -122,7 +122,8 @@ def model_card(
     if probe:
         lines += ["", "## Downstream probe", ""]
         if not probe.get("failed"):
-            lines += [PROBE_NOTE.format(seeds=probe["arguments"]["seeds"]), ""]
+            note = PROBE_NOTE.format(seeds=probe["arguments"]["seeds"])
+            lines += [note + (BASE_PROBE_NOTE if BASE_MODEL in probe["average"] else ""), ""]
         lines += downstream_table(probe)
     lines += ["", *usage_section(repo_id)]
     return "\n".join(lines) + "\n"
@@ -141,6 +142,10 @@ PROBE_NOTE = (
     "Each task fine-tuned from this model and from a randomly initialised model of the same config, with the same "
     "short budget and seeds ({seeds}), scored on its validation split: what pre-training gained. A short probe's "
     "scores are not comparable with published full fine-tunings."
+)
+BASE_PROBE_NOTE = (
+    " The base model this one continued from is fine-tuned the same way, as it was: the adaptation gain is what "
+    "continuing its pre-training on this corpus gained."
 )
 
 

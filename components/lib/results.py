@@ -72,6 +72,14 @@ def display_token(token: str) -> str:
 # the downstream step's output folder
 DOWNSTREAM_FILE = "downstream.json"
 PROBE_MODELS = ("pre-trained", "random init")  # fine-tuned from the trained weights, and from a new model's
+# a continued model's third: the model it continued from, as it was (what adapting it gained)
+BASE_MODEL = "base as it was"
+
+
+def probed_models(result: dict[str, Any]) -> tuple[str, ...]:
+    """The models a probe's task result (or its average) holds: the trained one and its twin, and a continued
+    model's base."""
+    return (*PROBE_MODELS, BASE_MODEL) if BASE_MODEL in result else PROBE_MODELS
 
 
 def read_downstream(folder: str) -> dict[str, Any] | None:
@@ -104,8 +112,8 @@ def baselines_line(task: dict[str, Any]) -> str:
 
 def rates_line(task: dict[str, Any]) -> str:
     """The peak learning rate each model fine-tuned at on a task, and where the rates were chosen."""
-    chosen = ", ".join(f"{task[model]['learning_rate']:g} {model}" for model in PROBE_MODELS)
-    searched = {model: task[model]["learning_rate_search"] for model in PROBE_MODELS}
+    chosen = ", ".join(f"{task[model]['learning_rate']:g} {model}" for model in probed_models(task))
+    searched = {model: task[model]["learning_rate_search"] for model in probed_models(task)}
     if not any(searched.values()):
         return f"`{task['task']}`: fine-tuned at {chosen} (given, not chosen)."
     grids = "; ".join(
@@ -131,10 +139,13 @@ def downstream_table(results: dict[str, Any]) -> list[str]:
     if results.get("failed"):
         return [f"The downstream probe failed: {results['failed']}"]
     published = any(result.get("published") is not None for result in results["tasks"])
+    adapted = BASE_MODEL in results["average"]  # a continued model's: its base as it was, and what adapting gained
     lines = [
-        "| task | metric | pre-trained | random init | gain | majority class | bag of words | best cue¹ | "
-        "fine-tuned on | scored on |" + (" published roberta-base² |" if published else ""),
-        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if published else ""),
+        "| task | metric | pre-trained | random init | gain | "
+        + (f"{BASE_MODEL} | adaptation gain | " if adapted else "")
+        + "majority class | bag of words | best cue¹ | fine-tuned on | scored on |"
+        + (" published roberta-base² |" if published else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if adapted else "") + ("---|" if published else ""),
     ]
     for result in results["tasks"]:
         baselines = result.get("baselines", {})
@@ -142,6 +153,7 @@ def downstream_table(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"| `{result['task']}` | {result['metric']} | {shown_score(result['pre-trained'])} | "
             f"{shown_score(result['random init'])} | {result['gain']:+.4f} | "
+            + (f"{shown_score(result[BASE_MODEL])} | {result['adaptation_gain']:+.4f} | " if adapted else "")
             + (
                 f"{baselines['majority class']:.4f} | {baselines['bag of words']:.4f} | {cue[0]:.4f} ({cue[1]}) | "
                 if cue
@@ -154,7 +166,10 @@ def downstream_table(results: dict[str, Any]) -> list[str]:
     if len(results["tasks"]) > 1:
         lines.append(
             f"| average | | {average['pre-trained']:.4f} | {average['random init']:.4f} | "
-            f"{average['pre-trained'] - average['random init']:+.4f} | | | | | |" + (" |" if published else "")
+            f"{average['pre-trained'] - average['random init']:+.4f} | "
+            + (f"{average[BASE_MODEL]:.4f} | {average['pre-trained'] - average[BASE_MODEL]:+.4f} | " if adapted else "")
+            + "| | | | |"
+            + (" |" if published else "")
         )
     by_task = {result["task"]: result for result in results["tasks"]}  # a task scored on two splits: its rates once
     lines += ["", *(rates_line(result) for result in by_task.values())]
