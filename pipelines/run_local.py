@@ -33,6 +33,7 @@ from components.lib import storage
 from components.lib.errors import InvalidParameter, ReportedFailure
 from components.lib.hub import check_repo_id, hub_token
 from components.lib.job_runner import run_job
+from components.lib.recipe import RECIPE_VALUE
 from components.lib.results import (
     BASE_MODEL,
     METRICS_FILE,
@@ -73,7 +74,7 @@ LOCAL_DEFAULTS = {
     "model_config": "mini",
     "per_replica_batch_size": 64,
     "max_steps": 700,
-    "learning_rate": 2e-3,  # higher for a small model
+    "learning_rate": 2e-3,  # higher for a small model from scratch (SMALL_MODEL_KNOBS)
     "warmup_fraction": 0.1,
     "log_every_steps": 50,
     # the built-in word-order task, on a few hundred labelled windows at a small model's rate: the first run shows
@@ -84,6 +85,9 @@ LOCAL_DEFAULTS = {
     "downstream_learning_rates": "1e-3",
     "downstream_seeds": "1,2,3",
 }
+# make run's knobs for a small model from scratch: a run continuing a model (init_from) left at them takes its
+# recipe's (dapt-2020's) instead, as the pipeline does
+SMALL_MODEL_KNOBS = ("learning_rate", "warmup_fraction")
 # The figure a step's line shows: (its output metadata's key, how to show it), by task name without suffix.
 STEP_FIGURES = {
     "tokenizer-step": ("vocab_size", "{:,.0f} pieces"),
@@ -120,6 +124,8 @@ class LocalRunOptions:
 
     def pipeline_values(self) -> dict[str, Any]:
         values = {parameter.name: getattr(self, parameter.name) for parameter in PARAMETERS}
+        if values["init_from"]:
+            values |= {knob: float(RECIPE_VALUE) for knob in SMALL_MODEL_KNOBS if values[knob] == LOCAL_DEFAULTS[knob]}
         if self.docker and values["accelerator"] == "auto":
             values["accelerator"] = "cpu"  # the CPU image has no accelerator runtime to probe
         return values

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import HUB_TOKEN, TINY_TRAINING, made_once, run_module
+from conftest import HUB_TOKEN, LONG_TEST_SECONDS, TINY_TRAINING, made_once, run_module
 
 from components.compare import CompareArguments, compare
 from components.lib import storage
@@ -543,3 +543,43 @@ def test_a_model_with_pytorch_weights_only_is_continued_from_them_read_with_nump
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
     with pytest.raises(InvalidParameter, match=r"stores roberta\.encoder\.layer\.0\..* of shape"):
         load_base_weights(str(folder), check_base_model(str(folder)).config)
+
+
+@pytest.mark.timeout(LONG_TEST_SECONDS)
+@pytest.mark.slow  # the whole pipeline under kfp.local, short (about a minute)
+def test_run_local_continues_a_model_end_to_end_and_probes_its_base_beside_it(tmp_path, base_models, capsys):
+    """run-local --init_from, as a user runs it: the compiled pipeline's tokenizer step copies the base's tokenizer,
+    the shards are made with it, the training starts from its weights at dapt-2020's knobs (make run's small-model
+    rate is for a model from scratch), the probe fine-tunes the base as it was, and the model loads in
+    transformers 5."""
+    from pytorch_env import run_pytorch
+
+    from components.lib.results import BASE_MODEL
+    from pipelines.run_local import RunLocalArguments, run_local
+
+    base = base_models["roberta"]
+    summary = run_local(
+        RunLocalArguments(
+            **{"pipeline_root": str(tmp_path / "runs"), "init_from": str(base), "max_steps": 20},
+            **{"downstream_max_steps": 8, "downstream_seeds": "1", "downstream_max_train_samples": 64},
+        )
+    )
+    artifacts = summary["artifacts"]
+    assert Path(artifacts["tokenizer"], "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+    manifest = json.loads(Path(artifacts["train shards"], "manifest.json").read_text())
+    assert manifest["vocab_size"] == VOCAB_SIZE and manifest["special_tokens"]["mask"] == 4  # the base's <mask>
+    training = json.loads(Path(artifacts["model"], "training_summary.json").read_text())
+    assert training["base_model"] == str(base) and training["total_steps"] == 20
+    trained_with = training["arguments"]
+    assert (trained_with["recipe"], trained_with["learning_rate"], trained_with["warmup_fraction"]) == (
+        "dapt-2020",
+        5e-4,
+        0.0,
+    )
+    probe = json.loads(Path(artifacts["downstream probe"], "downstream.json").read_text())
+    assert set(probe["average"]) == {"pre-trained", "random init", BASE_MODEL}
+    assert "adaptation gain" in Path(artifacts["run report"]).read_text()
+    printed = capsys.readouterr()
+    assert "the base as it was" in printed.out + printed.err
+    answer = run_pytorch({"model": artifacts["model"]})
+    assert answer["loading"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
