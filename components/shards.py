@@ -36,6 +36,7 @@ from components.lib import storage
 from components.lib.corpus import Corpus, CorpusSpec, holdout_texts
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
+from components.lib.modeling import SampleLength
 from components.lib.progress import Progress
 from components.lib.records import serialize_examples
 from components.lib.shard_set import MANIFEST, dumps, manifest_for_people, merge_manifests, part_manifest_uri
@@ -43,16 +44,14 @@ from components.lib.tokenization import SPECIAL_TOKEN_ATTRIBUTES, load_tokenizer
 
 log = logging.getLogger("tpu_mlm.shards")
 
-MIN_LENGTH, MAX_LENGTH = 8, 8192
 HOLDOUT_CHOICES = ("exclude", "only")
 
 
 @dataclass(kw_only=True)
-class ShardArguments(CorpusSpec):
+class ShardArguments(SampleLength, CorpusSpec):
     output: str = field(metadata={"help": "Folder (local path or gs:// URI) for this split's shards."})
     tokenizer: str = field(metadata={"help": "Tokenizer folder made by components.tokenizer (local or gs://)."})
     split: str = field(default="train", metadata={"help": "Name of the split written (letters, digits, _)."})
-    max_length: int = field(default=128, metadata={"help": "Tokens per sample."})
     records_per_shard: int = field(default=10_000, metadata={"help": "Samples per TFRecord file."})
     num_parts: int = field(default=1, metadata={"help": "Number of parts the corpus is split into."})
     part: int = field(default=0, metadata={"help": "Which part this run writes (0 .. num_parts-1)."})
@@ -80,8 +79,7 @@ class ShardArguments(CorpusSpec):
         storage.check_uri("tokenizer", self.tokenizer)
         if not re.fullmatch(r"\w+", self.split):
             raise InvalidParameter("split", self.split, "must be letters, digits or _ (it is part of file names)")
-        if not MIN_LENGTH <= self.max_length <= MAX_LENGTH:
-            raise InvalidParameter("max_length", self.max_length, f"must be from {MIN_LENGTH} to {MAX_LENGTH} tokens")
+        self.check_sample_length()
         _require_positive("records_per_shard", self.records_per_shard)
         _require_positive("batch_size", self.batch_size)
         if not 1 <= self.num_parts <= 99_999:

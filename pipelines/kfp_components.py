@@ -52,8 +52,8 @@ def shards_step(
     text_column: str = 'text',
     limit: int = 0,
     max_non_utf8_fraction: float = 0.001,
-    split: str = 'train',
     max_length: int = 128,
+    split: str = 'train',
     records_per_shard: int = 10000,
     num_parts: int = 1,
     part: int = 0,
@@ -70,8 +70,8 @@ def shards_step(
         text_column: Column holding the text (Hub, JSON lines, Parquet).
         limit: Read at most this many texts; 0: all. With parts, per part: N parts read up to N x limit.
         max_non_utf8_fraction: Refuse a corpus file when more than this share of its bytes are not UTF-8; fewer are replaced with U+FFFD and counted (a warning, and non_utf8_bytes in the manifest).
+        max_length: Tokens per sample, from 8 to 8192 (the reference recipe's 128); a model continued (init_from) takes at most its positions (roberta-base's: 512).
         split: Name of the split written (letters, digits, _).
-        max_length: Tokens per sample.
         records_per_shard: Samples per TFRecord file.
         num_parts: Number of parts the corpus is split into.
         part: Which part this run writes (0 .. num_parts-1).

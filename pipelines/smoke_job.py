@@ -36,6 +36,7 @@ from components.lib.devices import ACCELERATORS, check_accelerator, prepare_runt
 from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from components.lib.memory_model import GIB, MemoryEstimate
+from components.lib.modeling import SampleLength, model_config
 from components.lib.preemption import last_words
 from components.lib.recipe import RECIPE_VALUE, Recipe, resolve_recipe
 from components.lib.results import SUMMARY_FILE
@@ -62,7 +63,7 @@ PROBE_NORM_SPIKE = 10  # a gradient norm this many times the peak's median is a 
 
 
 @dataclass(kw_only=True)
-class SmokeRun(TpuBatch, Recipe):
+class SmokeRun(SampleLength, TpuBatch, Recipe):
     """The run to try: the real run's TPU, model, batch, precision and recipe; its data, made in the job, or the
     run's own shards; and the peak probe, if asked for."""
 
@@ -72,7 +73,6 @@ class SmokeRun(TpuBatch, Recipe):
     )
     model_config: str = field(default="roberta-base", metadata={"help": "The real run's model config."})
     vocab_size: int = field(default=25_000, metadata={"help": "The real run's vocabulary size."})
-    max_length: int = field(default=128, metadata={"help": "Tokens per sample."})
     bf16: bool = field(default=True, metadata={"help": "Mixed bfloat16 precision, as TPU runs train."})
     steps: int = field(default=30, metadata={"help": "Optimizer steps: three log windows, the first compiles."})
     train_shards: str = field(
@@ -94,6 +94,7 @@ class SmokeRun(TpuBatch, Recipe):
 
     def __post_init__(self) -> None:
         self.resolve_batch(tpu_type(self.tpu_type) if self.tpu_type else None)
+        self.check_sample_length()
         if self.steps < 3 or self.steps % 3:
             raise InvalidParameter("steps", self.steps, "must be a positive multiple of 3 (three log windows)")
         if bool(self.train_shards) != bool(self.tokenizer):
@@ -500,8 +501,6 @@ def judge(arguments: SmokeArguments, stages: dict[str, Any]) -> dict[str, Any]:
 
 def memory_estimate(arguments: SmokeArguments, shards: str) -> dict[str, float]:
     """What preflight's estimate says of this run's memory, to set beside the peak measured."""
-    from components.lib.modeling import model_config
-
     manifest = read_manifest(shards, "train_shards")
     memory = settings_shape(
         vars(arguments),  # with the run's recipe, whose masking rate sizes the LM head

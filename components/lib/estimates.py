@@ -24,7 +24,7 @@ from components.lib.downstream_tasks import TaskSelection
 from components.lib.errors import InvalidParameter
 from components.lib.masked_lm import EVALUATION_BATCH_SIZE, EVALUATION_MAX_BATCHES
 from components.lib.memory_model import GIB, MemoryEstimate
-from components.lib.modeling import model_config
+from components.lib.modeling import SampleLength, model_config
 from components.lib.recipe import ShapeKnobs
 from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import DEFAULT_MFU, RunShape, describe_batch_stages, settings_shape
@@ -48,7 +48,7 @@ ASSUMED_TEXT_BYTES = 455
 
 
 @dataclass
-class EstimateArguments(BaseModelChoice, ShapeKnobs, TpuBatch):
+class EstimateArguments(BaseModelChoice, SampleLength, ShapeKnobs, TpuBatch):
     model_config: str = field(default="roberta-base", metadata={"help": "As for the train step."})
     tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {list(TPU_TYPES)}."})
     num_epochs: int = field(default=1, metadata={"help": "As for the train step."})
@@ -69,7 +69,6 @@ class EstimateArguments(BaseModelChoice, ShapeKnobs, TpuBatch):
             "base model's tokenizer unless this is given)."
         },
     )
-    max_length: int = field(default=128, metadata={"help": "Tokens per sample (without shards)."})
     holdout_fraction: float = field(
         default=0.0, metadata={"help": "Without shards: the share of the corpus held out for validation."}
     )
@@ -96,9 +95,9 @@ class EstimateArguments(BaseModelChoice, ShapeKnobs, TpuBatch):
 
     def __post_init__(self) -> None:
         self.resolve_batch(tpu_type(self.tpu_type))
-        for parameter in ("num_epochs", "max_length"):
-            if getattr(self, parameter) < 1:
-                raise InvalidParameter(parameter, getattr(self, parameter), "must be a positive whole number")
+        if self.num_epochs < 1:
+            raise InvalidParameter("num_epochs", self.num_epochs, "must be a positive whole number")
+        self.check_sample_length()  # without shards: theirs is in their manifest
         if not 0 < self.mfu <= 1:
             raise InvalidParameter("mfu", self.mfu, "must be above 0 and at most 1 (0.4 is 40%)")
         if not 0 <= self.holdout_fraction < 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from components.lib import storage
@@ -18,6 +19,28 @@ from components.lib.errors import InvalidParameter
 from components.lib.recipe import MODEL_DROPOUT
 
 log = logging.getLogger("tpu_mlm.modeling")
+
+MIN_LENGTH, MAX_LENGTH = 8, 8192
+
+
+@dataclass(kw_only=True)
+class SampleLength:
+    """Tokens per sample, declared once: the shards', the estimate's and the smoke test's (the training reads the
+    shards'). A model's positions bound it: ``model_config``'s, and a continued model's (``base_model.
+    check_positions``)."""
+
+    max_length: int = field(
+        default=128,
+        metadata={
+            "help": f"Tokens per sample, from {MIN_LENGTH} to {MAX_LENGTH} (the reference recipe's 128); a model "
+            "continued (init_from) takes at most its positions (roberta-base's: 512)."
+        },
+    )
+
+    def check_sample_length(self) -> None:
+        if not MIN_LENGTH <= self.max_length <= MAX_LENGTH:
+            raise InvalidParameter("max_length", self.max_length, f"must be from {MIN_LENGTH} to {MAX_LENGTH} tokens")
+
 
 _ROBERTA = {
     "model_type": "roberta",
