@@ -28,8 +28,9 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.downstream_tasks import METRICS, Examples, Task, TaskSelection, published_score, split_off
-from components.lib.errors import InvalidParameter
+from components.lib.errors import InvalidParameter, first_line
 from components.lib.estimates import PROBE_FINE_TUNING, dev_samples, fine_tuning_steps, fine_tunings, probe_grids
+from components.lib.hub import HubToken, check_secret_name
 from components.lib.job_runner import run_job
 from components.lib.probe_baselines import baseline_predictions, score_error
 from components.lib.pytorch_weights import TF_LOADING, check_model_folder
@@ -48,7 +49,7 @@ log = logging.getLogger("tpu_mlm.downstream")
 
 
 @dataclass
-class DownstreamArguments(TaskSelection):
+class DownstreamArguments(HubToken, TaskSelection):
     model: str = field(metadata={"help": "Model folder from components.train (local or gs://)."})
     output: str = field(metadata={"help": "Folder for downstream.json and report.md."})
     # the fine-tuning's defaults are the estimate's too (PROBE_FINE_TUNING): the estimate counts what runs
@@ -121,6 +122,8 @@ class DownstreamArguments(TaskSelection):
             raise InvalidParameter("weight_decay", self.weight_decay, "must be 0 or positive")
         if not re.fullmatch(r"\d+(,\d+)*", self.seeds.replace(" ", "")):
             raise InvalidParameter("seeds", self.seeds, "must be comma-separated whole numbers (1,2,3)")
+        if self.hf_token_secret:  # a continued model's private base, read for the probe's third model
+            check_secret_name(self.hf_token_secret)
 
     @property
     def seed_list(self) -> list[int]:
@@ -337,22 +340,27 @@ def probe_task(folders: dict[str, Path], encoded: EncodedTask, arguments: Downst
     return [task_result(encoded, tuned, split) for split in encoded.scored]
 
 
-def probe_folders(model_dir: Path, work: Path) -> dict[str, Path]:
+def probe_folders(model_dir: Path, work: Path, secret: str = "") -> tuple[dict[str, Path], str]:
     """Each probe model's folder: the trained model's, for it and its random twin (its config); and for a model
     continued from another (its summary's ``base_model``, at the commit it was read), that base as it was, saved
-    as TensorFlow weights under ``work``."""
+    as TensorFlow weights under ``work``. A base that cannot be read now is left out, not the probe: the reason is
+    returned beside the folders ("" where there is none)."""
     from components.lib.base_model import base_model_token, check_base_model, load_base_weights
 
     folders = {PROBE_MODELS[0]: model_dir, PROBE_MODELS[1]: model_dir}
     summary = model_dir / SUMMARY_FILE
     base = json.loads(summary.read_text()).get("base_model", "") if summary.exists() else ""
-    if base:
-        token = base_model_token(base)
-        load_base_weights(base, check_base_model(base, token=token).config, token).save_pretrained(
-            work / "base", safe_serialization=False
-        )
-        folders[BASE_MODEL] = work / "base"
-    return folders
+    if not base:
+        return folders, ""
+    try:
+        token = base_model_token(base, secret)
+        model = load_base_weights(base, check_base_model(base, token=token).config, token)
+    except Exception as error:  # a base gone, or a copy of the model whose base is left out: two models still tell
+        reason = f"The base model could not be read, so it is not probed ({type(error).__name__}: {first_line(error)})"
+        log.warning("%s", reason)
+        return folders, reason
+    model.save_pretrained(work / "base", safe_serialization=False)
+    return {**folders, BASE_MODEL: work / "base"}, ""
 
 
 def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
@@ -364,7 +372,7 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as local, tempfile.TemporaryDirectory() as work:
         storage.download_folder(arguments.model, Path(local))
         encoded = [encode_for_probe(Path(local), task, arguments) for task in tasks]  # refusals first
-        folders = probe_folders(Path(local), Path(work))
+        folders, base_left_out = probe_folders(Path(local), Path(work), arguments.hf_token_secret)
         for task_inputs in encoded:
             for result in probe_task(folders, task_inputs, arguments):
                 log.info(
@@ -383,6 +391,7 @@ def downstream(arguments: DownstreamArguments) -> dict[str, Any]:
         # each task's own metric, averaged over the tasks (a task scored on two splits, as MNLI, by their mean;
         # GLUE's score averages F1 and accuracy where it reports both: MRPC and QQP count F1 alone here)
         "average": {model: average_over_tasks(results, model) for model in folders},
+        **({"base_left_out": base_left_out} if base_left_out else {}),
         "arguments": asdict(arguments),
     }
     storage.write_text_atomic(storage.join(arguments.output, REPORT_FILE), report_markdown(summary))
@@ -466,6 +475,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
             if BASE_MODEL in summary["average"]
             else ""
         )
+        + (f" {summary['base_left_out']}." if summary.get("base_left_out") else "")
     )
     return "\n".join(["# Downstream probe", "", intro, "", *downstream_table(summary)]) + "\n"
 

@@ -12,7 +12,6 @@ figures and settings; the arguments that held locations are left out and listed 
 """
 
 import json
-import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -22,10 +21,11 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.base_model import base_license, base_model_token
-from components.lib.errors import InvalidParameter, ServiceFailed
+from components.lib.errors import InvalidParameter, first_line
 from components.lib.hub import (
     CARD_FILE,
     DEFAULT_RETRIES,
+    LICENSE_ID,
     HubToken,
     check_repo_id,
     check_retries,
@@ -81,9 +81,6 @@ class PushArguments(HubToken):
             )
 
 
-LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.+-]{0,63}$")  # the Hub's ids: apache-2.0, cc-by-nc-sa-4.0, llama3.1
-
-
 def push(arguments: PushArguments) -> dict[str, Any]:
     """Checks everything, then uploads model, tokenizer and model card in one commit."""
     token = hub_token("repo_id", arguments.repo_id, arguments.hf_token_secret)
@@ -114,21 +111,16 @@ def push(arguments: PushArguments) -> dict[str, Any]:
 
 def base_terms(base: str, arguments: PushArguments) -> dict[str, str]:
     """The license of the model a continued model was trained from (its card's, at the commit it was read), which
-    the card states; a base that cannot be read now is refused unless ``--license`` says what the card states."""
+    the card states. A base that cannot be read now does not stop the push at the end of a run: the card says so
+    (``unread``), and so does a warning."""
     if not base:
         return {}
     try:
         return base_license(base, base_model_token(base, arguments.hf_token_secret))
-    except (InvalidParameter, ServiceFailed) as error:
-        if arguments.license:
-            print(f"warning: the base model's license is not stated on the card: {error}", file=sys.stderr)
-            return {}
-        raise InvalidParameter(
-            "license",
-            arguments.license,
-            f"is not given, and the base model's license cannot be read ({error}); give the license the model "
-            "is published under",
-        ) from None
+    except Exception as error:  # a base gone, a bucket no longer readable, a card whose metadata does not parse
+        reason = f"{type(error).__name__}: {first_line(error)}"
+        print(f"warning: the base model's license could not be read ({reason}); give --license", file=sys.stderr)
+        return {"unread": reason}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

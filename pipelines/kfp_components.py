@@ -370,6 +370,7 @@ def downstream_step(
     tasks: str = 'word-order',
     text_columns: str = 'text',
     label_column: str = 'label',
+    hf_token_secret: str = '',
     epochs: int = 3,
     min_steps: int = 100,
     max_steps: int = 0,
@@ -391,6 +392,7 @@ def downstream_step(
         tasks: The downstream probe's tasks, comma-separated: word-order (built in, no network: windows of words from Python's docstrings, which the embedded corpus does not hold, as written or reversed), hf:NAME[:CONFIG[:SPLIT]] (scored on SPLIT, validation by default; GLUE's by their conventions: hf:nyu-mll/glue:sst2, ...), or folders (local or gs://) of train and validation .jsonl/.csv/.parquet files.
         text_columns: Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's (text, as the corpus's).
         label_column: Label column of tasks that are not GLUE's.
+        hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
         epochs: Passes over each task's training split.
         min_steps: Optimizer steps per task and seed at least, however few epochs that is.
         max_steps: Optimizer steps per task and seed; overrides epochs if > 0.

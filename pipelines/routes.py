@@ -73,6 +73,6 @@ ROUTES = {
     'hub_repo_id': {'preflight': 'hub_repo_id', 'push': 'repo_id'},
     'hub_private': {'push': 'private'},
     'hub_license': {'push': 'license'},
-    'hf_token_secret': {'tokenizer': 'hf_token_secret', 'shards': 'hf_token_secret', 'preflight': 'hf_token_secret', 'push': 'hf_token_secret'},
+    'hf_token_secret': {'tokenizer': 'hf_token_secret', 'shards': 'hf_token_secret', 'preflight': 'hf_token_secret', 'downstream': 'hf_token_secret', 'push': 'hf_token_secret'},
     'output_root': {'tokenizer': 'output_root', 'shards': 'output_root', 'preflight': 'output_root', 'train': 'output_root', 'evaluate': 'output_root', 'downstream': 'output_root'},
 }

@@ -445,12 +445,17 @@ def test_the_estimate_of_a_continued_run_sizes_the_base_model_and_copies_its_tok
     ]
     assert continued["memory"]["largest_per_replica_batch"] > at_default["largest_per_replica_batch"]
     assert f"{base}, continued" in estimate_table(continued)
-    # a dry run reads the base's config and nothing of the corpus: the same model, tokens per byte assumed
+    # a dry run reads nothing, of the corpus or the base: sized as model_config says, tokens per byte assumed, the
+    # tokenizer step still a copy
     size = corpus.stat().st_size
-    dry = estimate_run(EstimateArguments(**common, init_from=base, corpus_bytes=size, offline=True))
+    embeddings = json.loads((base_models["roberta"] / "config.json").read_text())["vocab_size"]
+    offline = {**common, "corpus_bytes": size, "offline": True, "vocab_size": embeddings}
+    dry = estimate_run(EstimateArguments(**offline, init_from="hf:nobody/nothing", model_config=f"{base}/config.json"))
     assert dry["parameters"] == continued["parameters"] and dry["data"]["tokens_per_byte"] == 0.312
+    assert next(step for step in dry["cpu_steps"] if step["step"] == "tokenizer")["hours"] == CPU_TASK_START_HOURS
+    assert "hf:nobody/nothing, continued, sized as" in estimate_table(dry)
     with pytest.raises(InvalidParameter, match="--max-length=80: is more than"):
-        estimate_run(EstimateArguments(**{**common, "max_length": 80}, init_from=base, corpus_bytes=size, offline=True))
+        estimate_run(EstimateArguments(**{**common, "max_length": 80}, init_from=base))
     # submit gives the estimate the pipeline's init_from
     assert routed_values({"init_from": "hf:user/model"}, EstimateArguments) == {"init_from": "hf:user/model"}
 
@@ -490,13 +495,20 @@ def test_a_continued_model_is_published_under_its_base_s_license_unless_another_
     assert given["license"] == "apache-2.0" and "license_name" not in given
     assert license_line("apache-2.0", {"license": "mit"}) == "apache-2.0; the base model's card states mit"
     assert license_line("mit", {"license": "mit"}) == "mit" and license_line("", {}) == "not stated by the publisher"
-    # the push reads the base it trained from; one it cannot read now is refused unless a license is given
+    # the push reads the base it trained from; one it cannot read now does not stop it: the card says so
     pushing = {"model": str(tmp_path / "model"), "repo_id": "me/m"}
     assert base_terms(str(base), PushArguments(**pushing)) == terms
-    gone = str(tmp_path / "deleted-base")
-    with pytest.raises(InvalidParameter, match=r"--license='': is not given, and the base model's license cannot"):
-        base_terms(gone, PushArguments(**pushing))
-    assert base_terms(gone, PushArguments(**pushing, license="mit")) == {}
+    unread = base_terms(str(tmp_path / "deleted-base"), PushArguments(**pushing))
+    assert set(unread) == {"unread"} and "is not a model folder" in unread["unread"]
+    assert (
+        license_line("", unread) == "not stated by the publisher (the base model's card could not be read at the push)"
+    )
+    assert license_line("mit", unread) == "mit"
+    # what is not a Hub license id, or a link into the base's own repository, is not carried over
+    (base / "README.md").write_text("---\nlicense: [mit, apache-2.0]\n---\n")
+    assert base_license(str(base)) == {}
+    (base / "README.md").write_text("---\nlicense: other\nlicense_name: Our Terms\nlicense_link: LICENSE.md\n---\n")
+    assert base_license(str(base)) == {"license": "other"}
 
 
 @pytest.mark.slow  # a model made and saved by PyTorch in the tests' second environment (about 15 s)
@@ -530,7 +542,19 @@ def test_a_model_with_pytorch_weights_only_is_continued_from_them_read_with_nump
         "model = load_base_weights(init_from, check_base_model(init_from).config); "
         "print(json.dumps(model(**{k: np.array(v) for k, v in batch.items()}).logits.numpy().tolist()))"
     )
-    for init_from in (str(folder), "hf:user/pytorch-roberta"):
+    # a checkpoint of older PyTorch names: LayerNorm's gamma and beta, the head's bias under its decoder's alone
+    from safetensors.numpy import load_file, save_file
+
+    legacy = shutil.copytree(folder, tmp_path / "legacy-roberta")
+    renamed = {
+        re.sub(r"LayerNorm\.bias$", "LayerNorm.beta", re.sub(r"LayerNorm\.weight$", "LayerNorm.gamma", name)): value
+        for name, value in load_file(legacy / "model.safetensors").items()
+        if name != "lm_head.decoder.bias"
+    }
+    renamed["lm_head.decoder.bias"] = renamed.pop("lm_head.bias")
+    save_file(renamed, legacy / "model.safetensors", metadata={"format": "pt"})
+    assert sum(name.endswith(".gamma") for name in renamed) == 5  # the embeddings', and 2 in each of the 2 layers
+    for init_from in (str(folder), "hf:user/pytorch-roberta", str(legacy)):
         done = subprocess.run(
             [sys.executable, "-c", logits_of, init_from, json.dumps(batch)], env=hub.env, capture_output=True, text=True
         )
@@ -583,3 +607,17 @@ def test_run_local_continues_a_model_end_to_end_and_probes_its_base_beside_it(tm
     assert "the base as it was" in printed.out + printed.err
     answer = run_pytorch({"model": artifacts["model"]})
     assert answer["loading"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
+
+
+def test_a_base_that_cannot_be_read_now_leaves_the_probe_its_two_models(tmp_path):
+    """A base gone since the training (or a published copy of the model, whose base's place is left out) costs the
+    probe its third model, said in one line, not the pre-trained model's comparison with its twin."""
+    from components.downstream import probe_folders
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "training_summary.json").write_text(json.dumps({"base_model": str(tmp_path / "gone")}))
+    folders, reason = probe_folders(model, tmp_path / "work")
+    assert set(folders) == {"pre-trained", "random init"}
+    assert reason.startswith("The base model could not be read, so it is not probed (InvalidParameter: ")
+    assert "\n" not in reason

@@ -23,7 +23,7 @@ from typing import Any
 
 from components.lib import storage
 from components.lib.errors import InvalidParameter
-from components.lib.hub import CARD_FILE, REPO_ID, download_repo, read_token, refused_reads
+from components.lib.hub import CARD_FILE, LICENSE_ID, REPO_ID, download_repo, read_token, refused_reads
 from components.lib.modeling import BERT_LAYOUT, POSITIONS_AFTER_PAD
 from components.lib.pytorch_weights import TF_WEIGHTS_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
 
@@ -108,17 +108,6 @@ def base_model_files(init_from: str, patterns: tuple[str, ...], token: str = "")
         yield folder
 
 
-def base_config(init_from: str, token: str = "") -> Any:
-    """The config of ``init_from`` alone, which sizes the model (``submit --dry_run``'s estimate reads no more)."""
-    from transformers import AutoConfig
-
-    check_init_from(init_from)
-    with base_model_files(init_from, (CONFIG_FILE,), token) as folder:
-        if not (folder / CONFIG_FILE).exists():
-            raise InvalidParameter("init_from", init_from, f"holds no {CONFIG_FILE}: not a model")
-        return AutoConfig.from_pretrained(folder)
-
-
 def base_license(init_from: str, token: str = "") -> dict[str, str]:
     """The license its card's metadata gives the base model (``license``, and for ``other`` its ``license_name`` and
     ``license_link``): what a model continued from it is published under unless told otherwise; empty where the
@@ -126,8 +115,15 @@ def base_license(init_from: str, token: str = "") -> dict[str, str]:
     from huggingface_hub.repocard import metadata_load
 
     with base_model_files(init_from, (CARD_FILE,), token) as folder:
-        metadata = metadata_load(folder / CARD_FILE) if (folder / CARD_FILE).exists() else None
-    return {key: str((metadata or {})[key]) for key in LICENSE_KEYS if (metadata or {}).get(key)}
+        metadata = (metadata_load(folder / CARD_FILE) if (folder / CARD_FILE).exists() else None) or {}
+    terms = {key: metadata[key] for key in LICENSE_KEYS if isinstance(metadata.get(key), str)}
+    if not LICENSE_ID.match(terms.get("license", "")):  # none, or not a Hub license id (a list, free text)
+        return {}
+    if not LICENSE_ID.match(terms.get("license_name", "x")):
+        del terms["license_name"]
+    if not terms.get("license_link", "https://").startswith("https://"):  # a file of the base's repository: not ours
+        del terms["license_link"]
+    return terms
 
 
 def base_model_token(init_from: str, secret: str = "") -> str:

@@ -14,7 +14,6 @@ from components.lib import storage
 from components.lib.base_model import (
     BaseModel,
     BaseModelChoice,
-    base_config,
     base_model_token,
     check_base_model,
     check_positions,
@@ -149,7 +148,9 @@ def data_size(arguments: EstimateArguments, base_tokenizer: Any = None) -> dict[
         )
     # a sample of the corpus is read only to measure tokens per byte, or to learn the size of its files
     corpus = None
-    tokenizer = load_tokenizer(arguments.tokenizer)[0] if arguments.tokenizer else base_tokenizer
+    tokenizer = base_tokenizer
+    if arguments.tokenizer and not arguments.offline:
+        tokenizer = load_tokenizer(arguments.tokenizer)[0]
     if not arguments.offline and (tokenizer is not None or not arguments.corpus_bytes):
         corpus = Corpus(CorpusSpec(corpus=arguments.corpus), sample_bytes=1_000_000)
     expansion, how_expanded = 1.0, ""
@@ -218,7 +219,7 @@ def estimate_run(
     """Everything the table shows, as numbers; the evaluation's given the evaluate step's settings (else its
     defaults), the downstream probe's given its settings (``probe_estimate``)."""
     tpu = tpu_type(arguments.tpu_type)
-    base = base_to_estimate(arguments)
+    base = None if arguments.offline else base_to_estimate(arguments)  # a dry run reads nothing of it
     data = data_size(arguments, base.tokenizer if base else None)
     if base:  # the base's model, whatever model_config says; its embeddings, whatever its tokenizer's length
         config = base.config
@@ -240,19 +241,24 @@ def estimate_run(
         probe=probe,
         evaluation=evaluation or DEFAULT_EVALUATION,
         num_parts=arguments.num_parts,
-        continued=bool(base),
-    ) | {"model": f"{arguments.init_from}, continued (its config and tokenizer)" if base else arguments.model_config}
+        continued=bool(arguments.init_from),
+    ) | {"model": model_row(arguments, base)}
 
 
 def base_to_estimate(arguments: EstimateArguments) -> BaseModel | None:
-    """The model a run continues (``init_from``), checked as the tokenizer step checks it; offline (a dry run), its
-    config alone, which sizes the model; None for a run from scratch."""
+    """The model a run continues (``init_from``), checked as the tokenizer step checks it; None from scratch."""
     if not arguments.init_from:
         return None
-    token = base_model_token(arguments.init_from)
-    if arguments.offline:
-        return BaseModel(arguments.init_from, base_config(arguments.init_from, token), None)
-    return check_base_model(arguments.init_from, token=token)
+    return check_base_model(arguments.init_from, token=base_model_token(arguments.init_from))
+
+
+def model_row(arguments: EstimateArguments, base: BaseModel | None) -> str:
+    """What model the estimate sized: a continued model's own config, or model_config's where it was not read."""
+    if base:
+        return f"{arguments.init_from}, continued (its config and tokenizer)"
+    if arguments.init_from:
+        return f"{arguments.init_from}, continued, sized as {arguments.model_config} (a dry run reads nothing of it)"
+    return arguments.model_config
 
 
 def describe_estimate(

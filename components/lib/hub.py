@@ -25,6 +25,7 @@ T = TypeVar("T")
 
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 DEFAULT_RETRIES = 4
+LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.+-]{0,63}$")  # the Hub's ids: apache-2.0, cc-by-nc-sa-4.0, llama3.1
 CARD_FILE = "README.md"  # a Hub repository's card: its metadata (license, base_model) and text
 
 SECRET_NAME = re.compile(r"^projects/[\w.:-]+/secrets/[\w-]{1,255}(/versions/(latest|\d+))?$")

@@ -133,6 +133,8 @@ def license_line(license_id: str, base_license: dict[str, str]) -> str:
     """The license as the card states it: the one given, else the base model's, beside the base's where they differ
     (a model continued from another is bound by its terms too)."""
     base = base_license.get("license_name") or base_license.get("license", "")
+    if not license_id and "unread" in base_license:
+        return "not stated by the publisher (the base model's card could not be read at the push)"
     if not license_id:
         return f"{base} (the base model's, as its card states it)" if base else "not stated by the publisher"
     return license_id + (f"; the base model's card states {base}" if base and base != license_id else "")

@@ -39,6 +39,8 @@ WEIGHTS_PATTERN = "model{suffix}.safetensors"  # huggingface_hub's shard names: 
 MAX_SHARD_BYTES = 5 * 10**9
 # A LayerNorm's weight and bias as PyTorch checkpoints before its renaming name them
 LEGACY_NAMES = {"weight": ("gamma",), "bias": ("beta",)}
+# The masked-LM head's bias, which PyTorch ties to its decoder's: a checkpoint may hold it under that name alone
+TIED_NAMES = {"lm_head.bias": ("lm_head.decoder.bias",), "cls.predictions.bias": ("cls.predictions.decoder.bias",)}
 # What every TF load of a model folder or Hub repository passes: the TF weights, never model.safetensors.
 TF_LOADING = {"use_safetensors": False}
 
@@ -89,7 +91,7 @@ def read_pytorch_weights(model: Any, folder: Path, parameter: str, uri: str) -> 
         # checkpoints saved before PyTorch's LayerNorm renaming hold gamma and beta
         owner, _, last = name.rpartition(".")
         legacy = [f"{owner}.{old}" for old in LEGACY_NAMES.get(last, ())]
-        found = next((key for key in (name, *legacy) if key in stored), None)
+        found = next((key for key in (name, *legacy, *TIED_NAMES.get(name, ())) if key in stored), None)
         if found is None:
             missing.append(name)
             continue

@@ -79,7 +79,7 @@ RECIPES["roberta-2019-mask-decay-clip"] = {**RECIPES["roberta-2019-mask-decay"],
 # (allenai/dont-stop-pretraining, ADAPTIVE_PRETRAINING.md: 12,500 steps of 16 x 128 accumulated = 2,048 sequences
 # at 5e-4), with what its script (their copy of transformers' run_language_modeling.py) leaves at its defaults:
 # AdamW betas (0.9, 0.999), epsilon 1e-8, no warmup, linear decay to 0, no weight decay, gradient norm clipped at
-# 1.0, 15% masking. A model already trained has no random start for a warmup to protect.
+# 1.0, 15% masking. Given there for GPUs: the repository sends TPU runs to allenai/tpu-pretrain, not read here.
 RECIPES["dapt-2020"] = dict(
     learning_rate=5e-4,
     adam_beta2=0.999,
