@@ -4,6 +4,9 @@ trained from scratch on WikiText-2 for the same N steps (same recipe, rate and b
 was: each one's masked-LM loss on held-out WikiText-2 text, and the paired differences on the same masks
 (``components.compare``), seeds 1-3, with the training FLOPs each model has had; and, for the first seed, the model
 trained from scratch on WikiText-2 for as many steps as the base and its continuation together (the same FLOPs).
+And the downstream probe on a word-order task built from WikiText-2 text that no run trained on (the first half of
+``valid.txt``), at ``make run``'s probe settings, the run's seed: a continued model's probe fine-tunes the base as
+it was beside it and its random twin (the pipeline's three models), a from-scratch model's its twin.
 
 Every model uses the base's tokenizer (a Unigram tokenizer of the embedded corpus, as ``make run`` trains one), so
 that their losses are over the same tokens: a from-scratch run of one's own would train a tokenizer of its corpus.
@@ -30,6 +33,8 @@ sys.path.insert(0, str(PROJECT))
 from transformers import HfArgumentParser  # noqa: E402
 
 from components.compare import CompareArguments, compare  # noqa: E402
+from components.downstream import DownstreamArguments, downstream  # noqa: E402
+from components.lib.downstream_tasks import word_order_task  # noqa: E402
 from components.lib.recipe import DEFAULT_RECIPE  # noqa: E402
 from components.shards import ShardArguments, write_shards  # noqa: E402
 from components.tokenizer import TokenizerArguments, train_tokenizer  # noqa: E402
@@ -90,6 +95,39 @@ def paired(work: Path, model: str, baseline: str, held_out: str) -> dict:
     return {key: result[key] for key in keys}
 
 
+def word_order_folder(work: Path, text: list[str]) -> str:
+    """The word-order task of ``text``'s sentences (WikiText's " . " ends them) as a task folder the probe reads."""
+    sentences = [
+        sentence.strip() + " ."
+        for line in text
+        if line.strip() and not line.strip().startswith("=")
+        for sentence in line.split(" . ")
+        if len(sentence.split()) >= 8
+    ]
+    task = word_order_task(sentences=sentences)
+    folder = work / "wikitext-word-order"
+    folder.mkdir()
+    for split, examples in (("train", task.train), ("validation", task.validation)):
+        rows = [{"text": text[0], "label": label} for text, label in zip(examples.texts, examples.labels, strict=True)]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return str(folder)
+
+
+def probed(work: Path, model: str, task: str, seed: int) -> dict:
+    """The probe's scores of ``model`` (and of its twin, and a continued model's base) on ``task``, make run's
+    probe settings, one seed."""
+    settings = {key.removeprefix("downstream_"): value for key, value in LOCAL_DEFAULTS.items() if "downstream" in key}
+    output = str(work / "probe" / Path(model).name)
+    arguments = DownstreamArguments(model=model, output=output, tasks=task, **{**settings, "seeds": str(seed)})
+    (result,) = downstream(arguments)["tasks"]
+    scores = {
+        name: {"score": figures["score"], "standard_error": figures["standard_error"], "signal": figures["signal"]}
+        for name, figures in result.items()
+        if isinstance(figures, dict) and "score" in figures
+    }
+    return {"scores": scores, "baselines": result["baselines"], "validation_samples": result["validation_samples"]}
+
+
 def main() -> None:
     (arguments,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses()
     if not (WIKITEXT / "valid.txt").exists():
@@ -106,6 +144,7 @@ def main() -> None:
         lines = (WIKITEXT / "valid.txt").read_text(encoding="utf-8").splitlines()
         (work / "held-out.txt").write_text("\n".join(lines[len(lines) // 2 :]) + "\n", encoding="utf-8")
         held_out = shards(work, tokenizer, "held-out-shards", str(work / "held-out.txt"))
+        task = word_order_folder(work, lines[: len(lines) // 2])
         wikitext = shards(work, tokenizer, "wikitext-shards", str(WIKITEXT / "test.txt"))
         embedded = shards(work, tokenizer, "embedded-shards", "embedded")
         base = trained(work, "base", tokenizer, embedded, arguments.base_steps, 0, **rate)
@@ -120,6 +159,8 @@ def main() -> None:
                     "seed": seed,
                     "continued_minus_scratch": paired(work, continued["model"], scratch["model"], held_out),
                     "continued_minus_base": paired(work, continued["model"], base["model"], held_out),
+                    "continued_probe": probed(work, continued["model"], task, seed),
+                    "scratch_probe": probed(work, scratch["model"], task, seed),
                     "continued": continued,
                     "scratch": scratch,
                 }

@@ -55,8 +55,14 @@ MAX_VOCAB_SIZE = 1_000_000
 @dataclass(kw_only=True)
 class TokenizerArguments(CorpusSpec, BaseModelChoice):
     output: str = field(metadata={"help": "Folder (local path or gs:// URI) to save the tokenizer in."})
-    vocab_size: int = field(default=25_000, metadata={"help": "Target vocabulary size, special tokens included."})
-    lowercase: bool = field(default=False, metadata={"help": "Lowercase all text before training."})
+    vocab_size: int = field(
+        default=25_000,
+        metadata={"help": "Target vocabulary size, special tokens included (with init_from: the base's own)."},
+    )
+    lowercase: bool = field(
+        default=False,
+        metadata={"help": "Lowercase all text before training (with init_from: as the base's tokenizer does)."},
+    )
     sample_bytes: int = field(
         default=DEFAULT_SAMPLE_BYTES,
         metadata={

@@ -29,8 +29,8 @@ def tokenizer_step(
         text_column: Column holding the text (Hub, JSON lines, Parquet).
         limit: Read at most this many texts; 0: all. With parts, per part: N parts read up to N x limit.
         max_non_utf8_fraction: Refuse a corpus file when more than this share of its bytes are not UTF-8; fewer are replaced with U+FFFD and counted (a warning, and non_utf8_bytes in the manifest).
-        vocab_size: Target vocabulary size, special tokens included.
-        lowercase: Lowercase all text before training.
+        vocab_size: Target vocabulary size, special tokens included (with init_from: the base's own).
+        lowercase: Lowercase all text before training (with init_from: as the base's tokenizer does).
         sample_bytes: Train on about this many bytes of text, spread evenly over the whole corpus and the same in every run (0: all of it). The Unigram trainer holds its input in memory: about 10 bytes a byte of sample at worst (measured in docs/benchmarks.md).
     """
     values = dict(locals())

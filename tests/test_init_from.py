@@ -513,10 +513,10 @@ def test_a_continued_model_is_published_under_its_base_s_license_unless_another_
 
 @pytest.mark.slow  # a model made and saved by PyTorch in the tests' second environment (about 15 s)
 def test_a_model_with_pytorch_weights_only_is_continued_from_them_read_with_numpy(
-    tmp_path, base_models, hub, monkeypatch
+    tmp_path, base_models, hub, gcs, gcs_server, monkeypatch
 ):
-    """A base saved by PyTorch (transformers 5: model.safetensors, no tf_model.h5), from a folder and from the Hub
-    stand-in: its TensorFlow model computes the logits PyTorch's does, without torch in this environment."""
+    """A base saved by PyTorch (transformers 5: model.safetensors, no tf_model.h5), from a folder, a bucket and the
+    Hub stand-in: its TensorFlow model computes the logits PyTorch's does, without torch in this environment."""
     import shutil
 
     import huggingface_hub.constants
@@ -535,6 +535,7 @@ def test_a_model_with_pytorch_weights_only_is_continued_from_them_read_with_nump
     api = HfApi(endpoint=hub.url, token=HUB_TOKEN)
     api.create_repo("user/pytorch-roberta")
     api.upload_folder(repo_id="user/pytorch-roberta", folder_path=folder)
+    storage.upload_folder(folder, gcs + "/pytorch-roberta")
     # what preflight and the train step do, in a process of their own as they run (the Hub's address is its env's)
     logits_of = (
         "import json, sys, numpy as np; from components.lib.base_model import check_base_model, load_base_weights; "
@@ -554,9 +555,12 @@ def test_a_model_with_pytorch_weights_only_is_continued_from_them_read_with_nump
     renamed["lm_head.decoder.bias"] = renamed.pop("lm_head.bias")
     save_file(renamed, legacy / "model.safetensors", metadata={"format": "pt"})
     assert sum(name.endswith(".gamma") for name in renamed) == 5  # the embeddings', and 2 in each of the 2 layers
-    for init_from in (str(folder), "hf:user/pytorch-roberta", str(legacy)):
+    for init_from in (str(folder), "hf:user/pytorch-roberta", gcs + "/pytorch-roberta", str(legacy)):
         done = subprocess.run(
-            [sys.executable, "-c", logits_of, init_from, json.dumps(batch)], env=hub.env, capture_output=True, text=True
+            [sys.executable, "-c", logits_of, init_from, json.dumps(batch)],
+            env={**hub.env, **gcs_server},
+            capture_output=True,
+            text=True,
         )
         assert done.returncode == 0, done.stderr[-3000:]
         logits = np.array(json.loads(done.stdout.splitlines()[-1]), dtype=np.float32)

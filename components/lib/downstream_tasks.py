@@ -33,7 +33,7 @@ import re
 import sys
 import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -305,12 +305,15 @@ def reversed_words(words: list[str], split_words: list[str], draw: random.Random
     return None if words == words[::-1] else words[::-1]
 
 
-def word_order_task(window: int = WORD_ORDER_WINDOW, negative: Corruption = reversed_words) -> Task:
-    """Windows of ``window`` consecutive words of the held-out docstrings' running text, half of them (label 0)
-    made negatives by ``negative`` (reversed; ``benchmarks/downstream.py`` compares others), each sentence's words in
-    one split; at most ``WORD_ORDER_TRAIN_WINDOWS`` training windows, spread over the text. The same every run."""
+def word_order_task(
+    window: int = WORD_ORDER_WINDOW, negative: Corruption = reversed_words, sentences: Iterable[str] = ()
+) -> Task:
+    """Windows of ``window`` consecutive words of the held-out docstrings' running text (or of ``sentences``: a
+    benchmark's of another corpus), half of them (label 0) made negatives by ``negative`` (reversed; ``benchmarks/
+    downstream.py`` compares others), each sentence's words in one split; at most ``WORD_ORDER_TRAIN_WINDOWS``
+    training windows, spread over the text. The same every run."""
     words: dict[str, list[str]] = {"train": [], "validation": []}
-    for sentence in docstring_sentences():
+    for sentence in sentences or docstring_sentences():
         validation = zlib.crc32(sentence.encode()) % WORD_ORDER_VALIDATION_SHARE == 0
         words["validation" if validation else "train"].extend(sentence.split())
     splits = {}
