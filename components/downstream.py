@@ -224,13 +224,13 @@ def fine_tune(
     encoded: EncodedTask,
     arguments: DownstreamArguments,
     seed: int,
-    pretrained: bool,
+    model_name: str,
     learning_rate: float,
     score_dev: bool = False,
 ) -> dict:
-    """One fine-tuning of the pre-trained model (or of a new one of its config) on a task at a peak learning rate:
-    its scores on each scored split, and its development split's score in the task's metric if asked
-    (``dev_score``)."""
+    """One fine-tuning of the probe's ``model_name`` (the weights in ``model_dir``, or for the random twin a new model
+    of their config) on a task at a peak learning rate: its scores on each scored split, and its development split's
+    score in the task's metric if asked (``dev_score``)."""
     import numpy as np
     import tensorflow as tf
     from transformers import AutoConfig, TFAutoModelForSequenceClassification, create_optimizer
@@ -239,7 +239,7 @@ def fine_tune(
     task = encoded.task
     classes = len(task.label_names)
     config = AutoConfig.from_pretrained(model_dir, num_labels=classes)
-    if pretrained:  # the encoder's weights; the LM head is dropped, the classification head is new
+    if model_name != PROBE_MODELS[1]:  # the encoder's weights; the LM head is dropped, the classification head is new
         model = TFAutoModelForSequenceClassification.from_pretrained(model_dir, config=config, **TF_LOADING)
     else:
         model = TFAutoModelForSequenceClassification.from_config(config)
@@ -263,7 +263,7 @@ def fine_tune(
         logits = model.predict(inputs, batch_size=arguments.batch_size, verbose=0).logits
         if not (math.isfinite(train_loss) and np.isfinite(logits).all()):
             raise FloatingPointError(
-                f"{task.name}: the {'pre-trained' if pretrained else 'random init'} model's fine-tuning (seed {seed}) "
+                f"{task.name}: the {model_name} model's fine-tuning (seed {seed}) "
                 f"diverged: its loss or logits are not finite; try a lower learning rate than {learning_rate:g}"
             )
         return np.argmax(logits, axis=-1)
@@ -288,14 +288,14 @@ def tuned_runs(
     """A probe model's fine-tunings on a task: with several rates, one at each with the first seed, scored on the
     development split, the best of them kept; then one for each other seed at that rate. Returns the kept runs (one
     a seed) and the search (each rate's development score; None where it diverged)."""
-    grid, seeds, pretrained = arguments.grids[model], arguments.seed_list, model != PROBE_MODELS[1]
+    grid, seeds = arguments.grids[model], arguments.seed_list
     if len(grid) == 1:
-        return [fine_tune(model_dir, encoded, arguments, seed, pretrained, grid[0]) for seed in seeds], []
+        return [fine_tune(model_dir, encoded, arguments, seed, model, grid[0]) for seed in seeds], []
     name, metric = encoded.task.name, encoded.task.metric
     search, first = [], {}
     for rate in grid:
         try:
-            first[rate] = fine_tune(model_dir, encoded, arguments, seeds[0], pretrained, rate, score_dev=True)
+            first[rate] = fine_tune(model_dir, encoded, arguments, seeds[0], model, rate, score_dev=True)
         except FloatingPointError as error:
             log.warning("%s", error)
             search.append({"learning_rate": rate, "dev_score": None})
@@ -305,7 +305,7 @@ def tuned_runs(
             "%s, %s: rate %g, %s %.4f on the development split", name, model, rate, metric, search[-1]["dev_score"]
         )
     rate = chosen_rate(search, f"{name}: the {model} model's fine-tuning")
-    others = [fine_tune(model_dir, encoded, arguments, seed, pretrained, rate) for seed in seeds[1:]]
+    others = [fine_tune(model_dir, encoded, arguments, seed, model, rate) for seed in seeds[1:]]
     return [first[rate], *others], search
 
 
