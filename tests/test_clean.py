@@ -95,8 +95,20 @@ DEFAULT_ACTIONS = {
 
 
 def write_files(root: str, files: dict[str, int]) -> None:
-    for relative, size in files.items():
-        storage.write_bytes_atomic(storage.join(root, relative), bytes(size))
+    """A run's files as its steps leave them: in a bucket, each file's object and its folder's marker object (what
+    ``storage.write_bytes_atomic`` makes there), uploaded one request each rather than through TensorFlow's
+    mkdir-write-rename, which takes the emulator about half a second a file."""
+    if not storage.is_remote(root):
+        for relative, size in files.items():
+            storage.write_bytes_atomic(storage.join(root, relative), bytes(size))
+        return
+    bucket_name, _, prefix = root.removeprefix("gs://").partition("/")
+    bucket = gcs_client.Client(project="test", credentials=AnonymousCredentials()).bucket(bucket_name)
+    names = [f"{prefix}/{relative}".lstrip("/") for relative in files]
+    for marker in sorted({name.rsplit("/", 1)[0] + "/" for name in names if "/" in name}):
+        bucket.blob(marker).upload_from_string(b"")
+    for name, size in zip(names, files.values(), strict=True):
+        bucket.blob(name).upload_from_string(bytes(size))
 
 
 def stored(root: str) -> dict[str, int]:
