@@ -349,7 +349,9 @@ def probe_folders(model_dir: Path, work: Path, secret: str = "") -> tuple[dict[s
 
     folders = {PROBE_MODELS[0]: model_dir, PROBE_MODELS[1]: model_dir}
     summary = model_dir / SUMMARY_FILE
-    base = json.loads(summary.read_text()).get("base_model", "") if summary.exists() else ""
+    trained = json.loads(summary.read_text()) if summary.exists() else {}
+    # the commit it was read at; a model trained before that was recorded: its init_from as given
+    base = trained.get("base_model") or trained.get("arguments", {}).get("init_from", "")
     if not base:
         return folders, ""
     try:

@@ -4,7 +4,7 @@ transformers 5 user would and answers with what it got, as one JSON line on stdo
 The request (JSON on stdin): ``model`` (a folder or a Hub repository id), and optionally ``batch``
 (``input_ids``, ``attention_mask``) for logits and the encoder's hidden states, ``sentences`` and ``top_k``
 for fill-mask predictions, ``save_new`` (a folder) to answer for a model PyTorch makes from ``model``'s config and
-saves there itself, as a PyTorch user's model is saved.
+saves there itself, as a PyTorch user's model is saved (in ``save_dtype``, float32 unless given).
 """
 
 import json
@@ -22,9 +22,8 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     if "save_new" in request:
         torch.manual_seed(0)
-        AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(request["model"])).save_pretrained(
-            request["save_new"]
-        )
+        made = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(request["model"]))
+        made.to(getattr(torch, request.get("save_dtype", "float32"))).save_pretrained(request["save_new"])
         request["model"] = request["save_new"]
     model, info = AutoModelForMaskedLM.from_pretrained(request["model"], output_loading_info=True)
     model.eval()

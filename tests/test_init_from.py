@@ -566,6 +566,20 @@ def test_a_model_with_pytorch_weights_only_is_continued_from_them_read_with_nump
         logits = np.array(json.loads(done.stdout.splitlines()[-1]), dtype=np.float32)
         difference = np.abs(np.array(answer["logits"], dtype=np.float32) - logits).max()
         assert difference <= 1e-4 * np.abs(logits).max(), (init_from, difference)
+    # one saved in bfloat16, which numpy has no type for: widened to float32 exactly (PyTorch computes in bfloat16)
+    bfloat16 = tmp_path / "bfloat16-roberta"
+    answer = run_pytorch(
+        {"model": str(base_models["roberta"]), "save_new": str(bfloat16), "save_dtype": "bfloat16", "batch": batch}
+    )
+    assert answer["dtype"] == "torch.bfloat16"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+        shutil.copy(base_models["roberta"] / name, bfloat16 / name)
+    done = subprocess.run(
+        [sys.executable, "-c", logits_of, str(bfloat16), json.dumps(batch)], env=hub.env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    logits = np.array(json.loads(done.stdout.splitlines()[-1]), dtype=np.float32)
+    assert np.abs(np.array(answer["logits"], dtype=np.float32) - logits).max() <= 3e-2 * np.abs(logits).max()
     # one of another shape than its config's is refused, not loaded half
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))

@@ -73,9 +73,9 @@ def pytorch_state_dict(model: Any) -> dict[str, Any]:
 def read_pytorch_weights(model: Any, folder: Path, parameter: str, uri: str) -> list[str]:
     """Sets the built TF model's weights from the PyTorch weights in ``folder`` (``model.safetensors`` or its
     shards; a local copy of ``uri``), numpy only: the inverse of ``pytorch_state_dict``, each TF variable read
-    under its PyTorch name by the same rules, Dense kernels transposed back. Returns the PyTorch names of the
-    weights the files lack (left as the model was built); a weight of another shape, or in bfloat16 (which numpy
-    has no type for), is refused naming ``parameter``."""
+    under its PyTorch name by the same rules, Dense kernels transposed back (bfloat16 ones widened to float32,
+    exactly). Returns the PyTorch names of the weights the files lack (left as the model was built); a weight of
+    another shape is refused naming ``parameter``."""
     import numpy as np
     from safetensors import safe_open
     from transformers.modeling_tf_pytorch_utils import TransposeType, convert_tf_weight_name_to_pt_weight_name
@@ -99,9 +99,7 @@ def read_pytorch_weights(model: Any, folder: Path, parameter: str, uri: str) -> 
             try:
                 value = weights.get_tensor(found)
             except TypeError:  # numpy has no bfloat16
-                raise InvalidParameter(
-                    parameter, uri, f"stores {found} in a type numpy cannot read (bfloat16): save it in float32"
-                ) from None
+                value = bfloat16_tensor(stored[found], found)
         value = value.T if transpose is TransposeType.SIMPLE else value
         if tuple(value.shape) != tuple(variable.shape):
             raise InvalidParameter(
@@ -109,6 +107,23 @@ def read_pytorch_weights(model: Any, folder: Path, parameter: str, uri: str) -> 
             )
         variable.assign(np.asarray(value, dtype=variable.dtype.as_numpy_dtype))
     return missing
+
+
+def bfloat16_tensor(file: Path, name: str) -> Any:
+    """The bfloat16 tensor ``name`` of the safetensors ``file`` as float32, which holds every bfloat16 exactly: its
+    bits are a float32's upper half. Read from the format's own layout (an 8-byte little-endian header length, a
+    JSON header of each tensor's dtype, shape and byte offsets, then the data), since numpy has no bfloat16."""
+    import numpy as np
+
+    with open(file, "rb") as weights:
+        header_bytes = int.from_bytes(weights.read(8), "little")
+        entry = json.loads(weights.read(header_bytes))[name]
+        if entry["dtype"] != "BF16":
+            raise ValueError(f"{file.name}: {name} is {entry['dtype']}, which numpy reads itself")
+        start, end = entry["data_offsets"]
+        weights.seek(8 + header_bytes + start)
+        raw = np.frombuffer(weights.read(end - start), dtype="<u2")
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
 
 
 def write_pytorch_weights(model: Any, folder: Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
