@@ -57,8 +57,8 @@ class PushArguments(HubToken):
     license: str = field(
         default="",
         metadata={
-            "help": "The model card's license, a Hub license id (apache-2.0, mit, cc-by-4.0, other, ...); "
-            "none stated if empty."
+            "help": "The model card's license, a Hub license id (apache-2.0, mit, cc-by-4.0, other, ...); if empty, "
+            "none stated (a model continued with init_from: its base card's)."
         },
     )
     commit_message: str = field(default="Upload masked language model pre-trained with tpu-mlm-pipeline")

@@ -23,7 +23,7 @@ def tokenizer_step(
     """The tokenizer step: components.tokenizer.
 
     Args:
-        init_from: Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a Hub model; a private one through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) or PyTorch's (model.safetensors), and a fast tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and its config replaces model_config. Empty: from scratch.
+        init_from: Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a public Hub model; a private or gated one only for a run on this machine, through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) or PyTorch's (model.safetensors), and a fast tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and its config replaces model_config. Empty: from scratch.
         hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
         corpus: 'embedded', 'hf:NAME[:CONFIG[:SPLIT]]', or comma-separated .txt/.jsonl/.parquet paths or globs (local or gs://); .txt and .jsonl also as .gz, .zst, .bz2 or .xz.
         text_column: Column holding the text (Hub, JSON lines, Parquet).
@@ -154,8 +154,8 @@ def preflight_step(
         text_columns: Text column, or two comma-separated for sentence pairs, of tasks that are not GLUE's (text, as the corpus's).
         label_column: Label column of tasks that are not GLUE's.
         hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
-        init_from: Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a Hub model; a private one through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) or PyTorch's (model.safetensors), and a fast tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and its config replaces model_config. Empty: from scratch.
-        model_config: Preset ['mini', 'roberta-base', 'roberta-large', 'tiny'], a config.json path/URI, or a Hub model name (a config only: its weights are init_from's); ignored with init_from, whose config the model keeps.
+        init_from: Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a public Hub model; a private or gated one only for a run on this machine, through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) or PyTorch's (model.safetensors), and a fast tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and its config replaces model_config. Empty: from scratch.
+        model_config: Preset ['mini', 'roberta-base', 'roberta-large', 'tiny'], a config.json path/URI, or a Hub model name (a config only: its weights are init_from's); ignored with init_from, whose config the model keeps (but by submit --dry_run and the smoke test, which size the run by it: give the base's).
         per_replica_batch_size: Samples per replica and micro-batch: what must fit a replica's memory.
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
@@ -268,8 +268,8 @@ def train_step(
         tokenizer: Tokenizer folder (local or gs://).
         train_shards: Training shard folder with manifest.json.
         eval_shards: Validation shards: loss logged at each checkpoint.
-        init_from: Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a Hub model; a private one through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) or PyTorch's (model.safetensors), and a fast tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and its config replaces model_config. Empty: from scratch.
-        model_config: Preset ['mini', 'roberta-base', 'roberta-large', 'tiny'], a config.json path/URI, or a Hub model name (a config only: its weights are init_from's); ignored with init_from, whose config the model keeps.
+        init_from: Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a public Hub model; a private or gated one only for a run on this machine, through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) or PyTorch's (model.safetensors), and a fast tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and its config replaces model_config. Empty: from scratch.
+        model_config: Preset ['mini', 'roberta-base', 'roberta-large', 'tiny'], a config.json path/URI, or a Hub model name (a config only: its weights are init_from's); ignored with init_from, whose config the model keeps (but by submit --dry_run and the smoke test, which size the run by it: give the base's).
         per_replica_batch_size: Samples per replica and micro-batch: what must fit a replica's memory.
         gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
         num_epochs: Passes over the training shards.
@@ -435,7 +435,7 @@ def push_step(
         hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
         repo_id: Hub repository 'namespace/name'.
         private: Create the repository as private (--no_private: public; an existing one keeps its visibility).
-        license: The model card's license, a Hub license id (apache-2.0, mit, cc-by-4.0, other, ...); none stated if empty.
+        license: The model card's license, a Hub license id (apache-2.0, mit, cc-by-4.0, other, ...); if empty, none stated (a model continued with init_from: its base card's).
         retries: Tries again after transient Hub errors (1, 2, 4 ... s apart).
     """
     values = dict(locals())

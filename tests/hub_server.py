@@ -25,6 +25,8 @@ LFS_THRESHOLD = 1 << 20
 class Repo:
     private: bool
     commits: list[dict] = field(default_factory=list)  # each: {"oid", "message", "files": {path: oid}}
+    # a gated repository ("auto" or "manual"): its metadata public, its files for a token that was granted them
+    gated: str | bool = False
 
     @property
     def files(self) -> dict[str, str]:
@@ -171,6 +173,7 @@ class HubStandIn:
                             "id": match[1],
                             "sha": commit["oid"] if commit else "0" * 40,
                             "private": repo.private,
+                            "gated": repo.gated,
                             "siblings": [{"rfilename": name} for name in sorted(commit.get("files", {}))],
                         },
                     )
@@ -196,6 +199,9 @@ class HubStandIn:
                 commit = self._commit(repo, revision) if kind == "models" else repo.commits[-1]
                 if commit is None:
                     return None
+                if repo.gated and self._role() is None:
+                    message = f"Access to model {repo_id} is restricted: you must be granted it and authenticated."
+                    return self._send(401, {"error": message}, {"X-Error-Code": "GatedRepo"})
                 oid = commit.get("files", {}).get(file)
                 if oid is None:
                     return self._send(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})

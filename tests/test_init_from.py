@@ -263,7 +263,10 @@ def test_a_private_hub_model_at_a_revision_and_a_bucket_folder_give_their_tokeni
     api.create_repo("user/public-roberta", private=False)
     api.upload_folder(repo_id="user/public-roberta", folder_path=base_models["roberta"])
     readable = "from components.lib.base_model import readable_without_token as r; print(r('hf:user/{}'))"
-    for repo, expected in (("tiny-roberta", "False"), ("public-roberta", "True")):
+    api.create_repo("user/gated-roberta", private=False)
+    api.upload_folder(repo_id="user/gated-roberta", folder_path=base_models["roberta"])
+    hub.repos["user/gated-roberta"].gated = "manual"  # its owner's setting: its files for those granted them
+    for repo, expected in (("tiny-roberta", "False"), ("public-roberta", "True"), ("gated-roberta", "False")):
         asked = subprocess.run(
             [sys.executable, "-c", readable.format(repo)], env=hub.env, capture_output=True, text=True, check=True
         )

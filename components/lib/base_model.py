@@ -47,10 +47,10 @@ TOKENIZER_PATTERNS = (
 # the architectures a masked-LM head is saved with (BERT's pre-training head holds its masked-LM head too)
 MASKED_LM_HEADS = ("ForMaskedLM", "ForPreTraining")
 INIT_FROM_HELP = (
-    "Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a Hub model; a private "
-    "one through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) or PyTorch's "
-    "(model.safetensors), and a fast tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and "
-    "its config replaces model_config. Empty: from scratch."
+    "Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a public Hub model; a "
+    "private or gated one only for a run on this machine, through HF_TOKEN) or a model folder (local or gs://) with "
+    "TensorFlow weights (tf_model.h5) or PyTorch's (model.safetensors), and a fast tokenizer. Its tokenizer is used "
+    "as it is (the tokenizer step trains none) and its config replaces model_config. Empty: from scratch."
 )
 
 
@@ -173,10 +173,10 @@ def readable_without_token(init_from: str) -> bool:
 
     repo_id, revision = hub_name(init_from)
     try:
-        HfApi(token=False).model_info(repo_id, revision=revision)
+        info = HfApi(token=False).model_info(repo_id, revision=revision)
     except (RepositoryNotFoundError, GatedRepoError):
         return False
-    return True
+    return not info.gated  # a gated model's card is public, its files are not
 
 
 def check_base_model(init_from: str, max_length: int | None = None, token: str = "") -> BaseModel:

@@ -47,7 +47,8 @@ class TrainingData(BaseModelChoice):
         default="roberta-base",
         metadata={
             "help": f"Preset {sorted(PRESETS)}, a config.json path/URI, or a Hub model name (a config only: its "
-            "weights are init_from's); ignored with init_from, whose config the model keeps."
+            "weights are init_from's); ignored with init_from, whose config the model keeps (but by submit --dry_run "
+            "and the smoke test, which size the run by it: give the base's)."
         },
     )
     per_replica_batch_size: int = field(
