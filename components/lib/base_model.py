@@ -32,7 +32,13 @@ CONFIG_FILE = "config.json"
 # the weights a base is loaded from, the first kind it has: TensorFlow's, else PyTorch's safetensors (one file, or
 # shards named by their index)
 WEIGHT_FILES = ((TF_WEIGHTS_FILE,), (WEIGHTS_FILE,), (WEIGHTS_INDEX_FILE, "model-*-of-*.safetensors"))
-LICENSE_KEYS = ("license", "license_name", "license_link")  # the Hub card's license metadata
+# the Hub card's license metadata, each kept only as the Hub spells it: an id, and a link of its own (a file of the
+# base's repository is not the continued model's)
+LICENSE_VALUES = {
+    "license": LICENSE_ID.match,
+    "license_name": LICENSE_ID.match,
+    "license_link": lambda link: link.startswith("https://"),
+}
 # a tokenizer folder's files, whatever the tokenizer's kind (byte-level BPE, WordPiece, SentencePiece)
 TOKENIZER_PATTERNS = (
     "tokenizer.json",
@@ -116,14 +122,12 @@ def base_license(init_from: str, token: str = "") -> dict[str, str]:
 
     with base_model_files(init_from, (CARD_FILE,), token) as folder:
         metadata = (metadata_load(folder / CARD_FILE) if (folder / CARD_FILE).exists() else None) or {}
-    terms = {key: metadata[key] for key in LICENSE_KEYS if isinstance(metadata.get(key), str)}
-    if not LICENSE_ID.match(terms.get("license", "")):  # none, or not a Hub license id (a list, free text)
-        return {}
-    if not LICENSE_ID.match(terms.get("license_name", "x")):
-        del terms["license_name"]
-    if not terms.get("license_link", "https://").startswith("https://"):  # a file of the base's repository: not ours
-        del terms["license_link"]
-    return terms
+    terms = {
+        key: value
+        for key, valid in LICENSE_VALUES.items()
+        if isinstance(value := metadata.get(key), str) and valid(value)
+    }
+    return terms if "license" in terms else {}  # none, or not a Hub license id (a list, free text)
 
 
 def base_model_token(init_from: str, secret: str = "") -> str:
