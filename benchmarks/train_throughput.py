@@ -32,7 +32,7 @@ from components.lib.input_pipeline import Masking, evaluation_dataset, mask_toke
 from components.lib.masked_lm import MaskedLMScorer, max_predictions
 from components.lib.modeling import model_config
 from components.lib.run_shape import settings_shape
-from components.lib.tpu_catalogue import TPU_TYPES, tpu_batch
+from components.lib.tpu_catalogue import TPU_TYPES, default_batch
 from components.lib.train_function import train_function
 from components.shards import ShardArguments, write_shards
 from components.tokenizer import TokenizerArguments, train_tokenizer
@@ -184,7 +184,7 @@ def main() -> None:
     # What a TPU v3-8 would ask of the input pipeline for roberta-base, sequence 128, global batch 2048.
     v3_8 = TPU_TYPES["v3-8"]
     base = settings_shape(
-        tpu_batch(v3_8),
+        default_batch(v3_8.replicas),
         tpu=v3_8,
         max_length=128,
         samples=None,

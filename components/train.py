@@ -127,7 +127,12 @@ def train(arguments: TrainArguments, run: str = "") -> dict[str, Any]:
             with attempts.recorded(begun=False), attempts.start_deadline(arguments.start_minutes * 60):
                 strategy, kind = select_strategy(arguments.accelerator, arguments.tpu, arguments.replicas)
             # bad input: nothing written
-            plan = plan_training(arguments, strategy.num_replicas_in_sync, input_pipelines=input_pipelines(strategy))
+            plan = plan_training(
+                arguments,
+                strategy.num_replicas_in_sync,
+                input_pipelines=input_pipelines(strategy),
+                on_tpu=kind == "tpu",
+            )
             token = hub_token("hub_repo_id", arguments.hub_repo_id) if arguments.hub_repo_id else ""
             with attempts.recorded():
                 return _train(arguments, plan, strategy, kind, token, stop)

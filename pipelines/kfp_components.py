@@ -100,8 +100,8 @@ def preflight_step(
     hf_token_secret: str = '',
     init_from: str = '',
     model_config: str = 'roberta-base',
-    per_replica_batch_size: int = 256,
-    gradient_accumulation_steps: int = 1,
+    per_replica_batch_size: int = 0,
+    gradient_accumulation_steps: int = 0,
     num_epochs: int = 1,
     max_steps: int = 0,
     recipe: str = '',
@@ -156,8 +156,8 @@ def preflight_step(
         hf_token_secret: Secret Manager secret holding the Hub token (projects/P/secrets/NAME); else HF_TOKEN.
         init_from: Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a public Hub model; a private or gated one only for a run on this machine, through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) or PyTorch's (model.safetensors), and a fast tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and its config replaces model_config. Empty: from scratch.
         model_config: Preset ['mini', 'roberta-base', 'roberta-large', 'tiny'], a config.json path/URI, or a Hub model name (a config only: its weights are init_from's); ignored with init_from, whose config the model keeps (but by submit --dry_run and the smoke test, which size the run by it: give the base's).
-        per_replica_batch_size: Samples per replica and micro-batch: what must fit a replica's memory.
-        gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
+        per_replica_batch_size: Samples per replica and micro-batch: what must fit a replica's memory. 0: the accelerator's (128 on a TPU, less on a slice of more than 16 replicas; 8 elsewhere).
+        gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting. 0: the accelerator's (on a TPU as many as make the recipe's global batch of 2048, or the nearest below, at the micro-batch; 1 elsewhere).
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
         recipe: The recipe whose values the knobs left at -1 take, one of ['dapt-2020', 'hf-2023', 'roberta-2019', 'roberta-2019-mask-decay', 'roberta-2019-mask-decay-clip']; empty: roberta-2019-mask-decay-clip from scratch, dapt-2020 with init_from. hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa, dapt-2020 Don't Stop Pretraining's (docs/recipes.md).
@@ -221,8 +221,8 @@ def train_step(
     tpu_provisioning: str = 'STANDARD',
     init_from: str = '',
     model_config: str = 'roberta-base',
-    per_replica_batch_size: int = 256,
-    gradient_accumulation_steps: int = 1,
+    per_replica_batch_size: int = 0,
+    gradient_accumulation_steps: int = 0,
     num_epochs: int = 1,
     max_steps: int = 0,
     recipe: str = '',
@@ -270,8 +270,8 @@ def train_step(
         eval_shards: Validation shards: loss logged at each checkpoint.
         init_from: Continue pre-training this model instead of starting from scratch: hf:NAME[@REVISION] (a public Hub model; a private or gated one only for a run on this machine, through HF_TOKEN) or a model folder (local or gs://) with TensorFlow weights (tf_model.h5) or PyTorch's (model.safetensors), and a fast tokenizer. Its tokenizer is used as it is (the tokenizer step trains none) and its config replaces model_config. Empty: from scratch.
         model_config: Preset ['mini', 'roberta-base', 'roberta-large', 'tiny'], a config.json path/URI, or a Hub model name (a config only: its weights are init_from's); ignored with init_from, whose config the model keeps (but by submit --dry_run and the smoke test, which size the run by it: give the base's).
-        per_replica_batch_size: Samples per replica and micro-batch: what must fit a replica's memory.
-        gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting.
+        per_replica_batch_size: Samples per replica and micro-batch: what must fit a replica's memory. 0: the accelerator's (128 on a TPU, less on a slice of more than 16 replicas; 8 elsewhere).
+        gradient_accumulation_steps: Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting. 0: the accelerator's (on a TPU as many as make the recipe's global batch of 2048, or the nearest below, at the micro-batch; 1 elsewhere).
         num_epochs: Passes over the training shards.
         max_steps: Total optimizer steps; overrides num_epochs when > 0.
         recipe: The recipe whose values the knobs left at -1 take, one of ['dapt-2020', 'hf-2023', 'roberta-2019', 'roberta-2019-mask-decay', 'roberta-2019-mask-decay-clip']; empty: roberta-2019-mask-decay-clip from scratch, dapt-2020 with init_from. hf-2023 is the 2023 reference run's, roberta-2019 fairseq's RoBERTa, dapt-2020 Don't Stop Pretraining's (docs/recipes.md).

@@ -26,7 +26,7 @@ from components.lib.corpus import CorpusSpec
 from components.lib.downstream_tasks import TaskSelection
 from components.lib.errors import InvalidParameter
 from components.lib.hub import HubToken
-from components.lib.tpu_catalogue import REPLACEMENT_MARGIN_MINUTES, TPU_RUNTIME_ENV, TPU_TYPES, TpuType, tpu_batch
+from components.lib.tpu_catalogue import REPLACEMENT_MARGIN_MINUTES, TPU_RUNTIME_ENV, TPU_TYPES, TpuType
 from components.lib.training_plan import TrainingSettings
 from components.preflight import PreflightArguments
 from components.push import PushArguments
@@ -248,11 +248,10 @@ ALSO_FEEDS = {
 
 def target_defaults(target: str, tpu: TpuType) -> dict[str, Any]:
     """The defaults a target changes: a TPU run wants the TPU (a TPU that does not start fails the step, never
-    a CPU run), bfloat16, the TPU's replica count, and a micro-batch that fits accumulated to the recipe's
-    global batch."""
+    a CPU run), bfloat16 and the TPU's replica count (its batch is the batch settings' 0, read on the TPU)."""
     if target != "vertex":
         return {}
-    return {"accelerator": "tpu", "bf16": True, "replicas": tpu.replicas, **tpu_batch(tpu)}
+    return {"accelerator": "tpu", "bf16": True, "replicas": tpu.replicas}
 
 
 def pipeline_parameters(defaults: dict[str, Any] | None = None) -> list[PipelineParameter]:

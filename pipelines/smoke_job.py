@@ -43,7 +43,7 @@ from components.lib.results import SUMMARY_FILE
 from components.lib.run_shape import settings_shape
 from components.lib.shard_set import read_manifest
 from components.lib.slice_hosts import ENDPOINTS_VARIABLE, HOSTS_FOLDER
-from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_TYPES, TpuBatch, tpu_type
+from components.lib.tpu_catalogue import TPU_RUNTIME_VARIABLES, TPU_TYPES, BatchSettings, tpu_type
 
 log = logging.getLogger("tpu_mlm.smoke")
 
@@ -63,7 +63,7 @@ PROBE_NORM_SPIKE = 10  # a gradient norm this many times the peak's median is a 
 
 
 @dataclass(kw_only=True)
-class SmokeRun(SampleLength, TpuBatch, Recipe):
+class SmokeRun(SampleLength, BatchSettings, Recipe):
     """The run to try: the real run's TPU, model, batch, precision and recipe; its data, made in the job, or the
     run's own shards; and the peak probe, if asked for."""
 
@@ -93,7 +93,7 @@ class SmokeRun(SampleLength, TpuBatch, Recipe):
     )
 
     def __post_init__(self) -> None:
-        self.resolve_batch(tpu_type(self.tpu_type) if self.tpu_type else None)
+        self.resolve_batch(tpu_type(self.tpu_type).replicas if self.tpu_type else None)
         self.check_sample_length()
         if self.steps < 3 or self.steps % 3:
             raise InvalidParameter("steps", self.steps, "must be a positive multiple of 3 (three log windows)")

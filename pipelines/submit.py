@@ -394,7 +394,7 @@ def check_estimate(arguments: SubmitArguments, request: dict[str, Any], values: 
     except Exception as error:  # the corpus's bucket, unreachable from here: the estimate is advice
         print(f"warning: no estimate of the run: {type(error).__name__}: {error}", file=sys.stderr)
         return f"no estimate: {error}"
-    check_memory_fit(result["memory"], int(values["per_replica_batch_size"]))
+    check_memory_fit(result["memory"], result["per_replica_batch_size"])
     result["bill"] = run_bill(spec, values, result)
     print(
         f"Estimate of the run on a {tpu} (before the data exists):\n{estimate_table(result)}\n{bill_table(result)}",

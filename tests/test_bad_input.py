@@ -182,7 +182,7 @@ CASES = {
     "a batch of roberta-large that cannot fit the memory of a v3-8's cores": Case(
         "preflight",
         "--tokenizer {tokenizer} --train_shards {shards} --tpu_type v3-8 --model_config roberta-large "
-        "--per_replica_batch_size 96 --output {out}",
+        "--per_replica_batch_size 96 --gradient_accumulation_steps 1 --output {out}",
         "--per-replica-batch-size=96: needs at least 23.9 GiB per replica (4.6 GiB weights and optimizer state, the "
         "rest activations), more than a v3-8 replica's 16 GiB; a per-replica batch of 24 fits, and --bf16 true halves "
         "the activations",

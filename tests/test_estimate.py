@@ -14,8 +14,8 @@ from components.lib.estimates import (
     estimate_table,
 )
 from components.lib.shard_set import read_manifest
-from components.lib.tpu_catalogue import TPU_TYPES
-from pipelines.pipeline import target_defaults
+from components.lib.tpu_catalogue import TPU_TYPES, BatchSettings
+from pipelines.pipeline import pipeline_parameters, target_defaults
 
 
 def test_roberta_base_counts_as_the_readme_says():
@@ -50,10 +50,16 @@ def test_an_epoch_of_the_shards_on_a_v3_8(embedded_shards):
 def test_the_tpu_defaults_fit_every_tpu_type_at_the_recipe_s_global_batch(tpu):
     result = estimate_run(EstimateArguments(model_config="roberta-base", tpu_type=tpu, max_steps=100))
     assert result["memory"]["verdict"] == "fits" and result["global_batch_size"] == 2048
-    vertex = target_defaults("vertex", TPU_TYPES[tpu])  # what a compiled Vertex pipeline trains with
+    # what a compiled Vertex pipeline trains with: its defaults, as the train step reads them on the TPU
+    compiled = {p.name: p.default for p in pipeline_parameters(target_defaults("vertex", TPU_TYPES[tpu]))}
+    trained = BatchSettings(
+        per_replica_batch_size=compiled["per_replica_batch_size"],
+        gradient_accumulation_steps=compiled["gradient_accumulation_steps"],
+    )
+    trained.resolve_batch(compiled["replicas"])
     micro_batch = 64 if TPU_TYPES[tpu].replicas == 32 else 128  # a v5e-32's 32 x 64 is the batch, unaccumulated
-    assert vertex["per_replica_batch_size"] == result["per_replica_batch_size"] == micro_batch
-    assert vertex["gradient_accumulation_steps"] == result["gradient_accumulation_steps"]
+    assert trained.per_replica_batch_size == result["per_replica_batch_size"] == micro_batch
+    assert trained.gradient_accumulation_steps == result["gradient_accumulation_steps"]
     assert f"micro-batch(es) of {micro_batch}" in estimate_table(result)
 
 
@@ -88,6 +94,7 @@ def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_b
             tokenizer=embedded_tokenizer,
             model_config="tiny",
             per_replica_batch_size=8,
+            gradient_accumulation_steps=1,
         )
     )
     data = result["data"]
@@ -122,7 +129,12 @@ def test_a_corpus_without_shards_is_sized_by_its_bytes_and_measured_tokens_per_b
     assert "run time" in estimate_table(bigger)
     # with shards made, only the evaluation: 150 batches of 64 by default, forward only at the CPU rate measured
     made = estimate_run(
-        EstimateArguments(train_shards=embedded_shards["train"], model_config="tiny", per_replica_batch_size=8)
+        EstimateArguments(
+            train_shards=embedded_shards["train"],
+            model_config="tiny",
+            per_replica_batch_size=8,
+            gradient_accumulation_steps=1,
+        )
     )
     evaluation, report = made["cpu_steps"]
     assert report["step"] == "run report" and report["hours"] == start
@@ -157,7 +169,8 @@ def test_bad_estimate_input_is_named(values, message):
 
 
 def test_the_cli_prints_a_table_for_people_and_json_for_scripts(embedded_shards, capsys):
-    common = ["--train_shards", embedded_shards["train"], "--model_config", "tiny", "--per_replica_batch_size", "8"]
+    common = ["--train_shards", embedded_shards["train"], "--model_config", "tiny"]
+    common += ["--per_replica_batch_size", "8", "--gradient_accumulation_steps", "1"]
     people = run_module("components.estimate", *common)
     assert people.returncode == 0, people.stderr
     assert "model FLOPs per token" in people.stdout and "{" not in people.stdout

@@ -41,8 +41,6 @@ DIFFERENT_ON_PURPOSE = {
     "train_shards": "the training needs them; the estimate and the evaluation's baseline do without",
     "evaluation": "a push may go without evaluation results; a report may not",
     "tpu_type": "preflight also checks runs on no TPU; the estimate is of a TPU",
-    "per_replica_batch_size": "a planned TPU run (estimate, smoke): 0 takes the vertex target's micro-batch",
-    "gradient_accumulation_steps": "a planned TPU run (estimate, smoke): 0 takes the vertex target's accumulation",
     # the downstream probe fine-tunes: its optimizer and lengths are a fine-tuning's, not pre-training's
     "learning_rate": "pre-training's (the recipe's) vs the downstream probe's fine-tuning (2e-5)",
     "warmup_fraction": "pre-training's (the recipe's) vs the downstream probe's fine-tuning (6%)",
@@ -87,11 +85,13 @@ def test_the_drift_check_catches_a_default_changed_in_one_place():
     found["model_config"] = [
         place if place is not estimate_place else (place[0], place[1], "tiny") for place in found["model_config"]
     ]
-    assert drift(found) == ["model_config: defaults differ (EstimateArguments='tiny', TrainingData='roberta-base')"]
+    assert drift(found) == ["model_config: defaults differ (EstimateArguments='tiny', TrainingInputs='roberta-base')"]
 
 
-def test_the_recipe_s_knobs_are_declared_once():
+def test_the_recipe_s_knobs_and_the_batch_pair_are_declared_once():
     assert {cls.__name__ for cls, _, _ in declarations()["mlm_probability"]} == {"ShapeKnobs"}
+    for batch in ("per_replica_batch_size", "gradient_accumulation_steps"):
+        assert {cls.__name__ for cls, _, _ in declarations()[batch]} == {"BatchSettings"}
     # the downstream probe's fine-tuning has rates of its own (learning_rates, chosen among)
     assert {cls.__name__ for cls, _, _ in declarations()["learning_rate"]} == {"Recipe"}
 

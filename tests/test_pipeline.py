@@ -20,7 +20,7 @@ from components.lib.pytorch_weights import TF_LOADING
 from components.lib.results import shown_score
 from components.lib.shard_set import gather_parts
 from components.lib.storage import relocate
-from components.lib.tpu_catalogue import TPU_RUNTIME_ENV, TPU_TYPES
+from components.lib.tpu_catalogue import TPU_RUNTIME_ENV, TPU_TYPES, BatchSettings
 from components.shards import ShardArguments, write_shards
 from pipelines.clean import CleanArguments, clean
 from pipelines.pipeline import build_pipeline, compile_pipeline
@@ -222,14 +222,16 @@ def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_p
     # how the TPU is provisioned: the pipeline parameter tpu_provisioning is the custom job's scheduling strategy
     assert train_inputs["strategy"] == {"componentInputParameter": "tpu_provisioning"}
     assert parameters["tpu_provisioning"]["defaultValue"] == "STANDARD" and "strategy" in job_inputs
-    # a micro-batch that fits, accumulated (a v5e-32's 32 replicas make the batch with 64 each)
-    assert parameters["per_replica_batch_size"]["defaultValue"] == (64 if replicas == 32 else 128)
-    assert (
-        parameters["per_replica_batch_size"]["defaultValue"]
-        * replicas
-        * parameters["gradient_accumulation_steps"]["defaultValue"]
-        == 2048
-    )  # to the recipe's global batch
+    # the batch left to the TPU (0), which the train step reads there as a micro-batch that fits, accumulated to the
+    # recipe's global batch (a v5e-32's 32 replicas make the batch with 64 each)
+    batch = BatchSettings(
+        per_replica_batch_size=parameters["per_replica_batch_size"]["defaultValue"],
+        gradient_accumulation_steps=parameters["gradient_accumulation_steps"]["defaultValue"],
+    )
+    assert (batch.per_replica_batch_size, batch.gradient_accumulation_steps) == (0, 0)
+    batch.resolve_batch(parameters["replicas"]["defaultValue"])
+    assert batch.per_replica_batch_size == (64 if replicas == 32 else 128)
+    assert batch.per_replica_batch_size * replicas * batch.gradient_accumulation_steps == 2048
     # a job Vertex AI ends for good (a reclaimed Spot TPU) runs again, resuming from the run's own checkpoint folder;
     # not on a slice (no Spot there, and a start that fails would cost every host's chips again)
     retried = {"backoffDuration": "600s", "backoffFactor": 1.0, "backoffMaxDuration": "3600s", "maxRetryCount": 2}

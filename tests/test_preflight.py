@@ -12,7 +12,9 @@ from transformers import TFAutoModelForMaskedLM
 
 from components.lib.errors import InvalidParameter
 from components.lib.modeling import count_parameters, model_config
+from components.lib.recipe import RECIPE_GLOBAL_BATCH
 from components.lib.shard_set import read_manifest
+from components.lib.tpu_catalogue import DEVICE_MICRO_BATCH, TPU_MICRO_BATCH
 from components.lib.training_plan import CHECKPOINT_IDENTITY_FILE, plan_training
 from components.preflight import PreflightArguments, preflight
 from components.train import TrainArguments
@@ -26,6 +28,7 @@ def arguments(shards: dict, output: Path, **overrides) -> PreflightArguments:
         "output": str(output),
         "model_config": "tiny",
         "per_replica_batch_size": 16,
+        "gradient_accumulation_steps": 1,
         "max_steps": 10,
     }
     return PreflightArguments(**{**values, **overrides})
@@ -137,6 +140,8 @@ def test_parameters_are_counted_without_building_the_model():
         ("eval_batches", 0, "--eval-batches=0: must be a positive whole number"),
         ("num_epochs", 0, "--num-epochs=0: must be a positive whole number"),
         ("max_steps", -1, "--max-steps=-1: must be 0"),
+        ("per_replica_batch_size", -8, "--per-replica-batch-size=-8: must be 0 (the accelerator's default) or"),
+        ("gradient_accumulation_steps", -1, "--gradient-accumulation-steps=-1: must be 0 (the accelerator's default)"),
         ("accelerator", "xpu", "--accelerator='xpu': must be one of"),
         ("xla", "maybe", "--xla='maybe': must be one of"),
         ("replicas", -1, "--replicas=-1: must be 0"),
@@ -153,6 +158,22 @@ def test_preflight_refuses_every_bad_training_setting_the_train_step_refuses(tmp
     if setting in {f.name for f in dataclasses.fields(TrainArguments)}:  # and the train step says the same
         with pytest.raises(InvalidParameter, match=re.escape(message)):
             TrainArguments(**values)
+
+
+def test_a_batch_left_at_0_is_planned_at_the_accelerator_s_default_each_value_on_its_own(tmp_path, wikitext_shards):
+    """The train step's plan and preflight's read the batch by one rule (``default_batch``): a TPU's batch where the
+    strategy is a TPU's, a device's micro-batch elsewhere; a value given is kept."""
+
+    def planned(replicas: int, on_tpu: bool, **batch: int) -> tuple[int, int]:
+        batch = {"per_replica_batch_size": 0, "gradient_accumulation_steps": 0, **batch}
+        settings = arguments(wikitext_shards, tmp_path / "out", eval_shards="", **batch)
+        shape = plan_training(settings, replicas, on_tpu=on_tpu).shape
+        return shape.per_replica_batch_size, shape.accumulation
+
+    assert planned(1, on_tpu=False) == (DEVICE_MICRO_BATCH, 1)
+    assert planned(8, on_tpu=True) == (TPU_MICRO_BATCH, RECIPE_GLOBAL_BATCH // (8 * TPU_MICRO_BATCH))
+    assert planned(8, on_tpu=True, per_replica_batch_size=32) == (32, RECIPE_GLOBAL_BATCH // (8 * 32))
+    assert planned(2, on_tpu=False, gradient_accumulation_steps=3) == (DEVICE_MICRO_BATCH, 3)
 
 
 def test_a_resume_that_would_move_a_batch_warm_up_s_stages_or_add_one_is_refused(tmp_path, wikitext_shards):

@@ -217,7 +217,8 @@ def test_the_run_s_own_shards_its_recipe_and_the_peak_probe_reach_the_smoke_job(
     for name in ("train", "tokenizer"):
         storage.upload_folder(Path(embedded_shards[name]), f"{gcs}/run/{name}")
     own = ["--train_shards", f"{gcs}/run/train", "--tokenizer", f"{gcs}/run/tokenizer"]
-    probed = [*own, "--peak_probe_steps", "600", "--clip_norm", "1.0", "--per_replica_batch_size", "8"]
+    probed = [*own, "--peak_probe_steps", "600", "--clip_norm", "1.0"]
+    probed += ["--per_replica_batch_size", "8", "--gradient_accumulation_steps", "1"]  # what the embedded shards hold
     assert submit_smoke.main([*SMOKE_JOB, "--scratch", f"{gcs}/smoke", *probed, "--dry_run", "--json"]) == 0
     job = json.loads(capsys.readouterr().out)["would_create"]
     (run,) = HfArgumentParser(SmokeArguments).parse_args_into_dataclasses(

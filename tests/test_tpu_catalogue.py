@@ -10,8 +10,8 @@ from components.lib.tpu_catalogue import (
     TPU_RUNTIME_ENV,
     TPU_START_MINUTES,
     TPU_TYPES,
-    TpuBatch,
-    tpu_batch,
+    BatchSettings,
+    default_batch,
     tpu_runtime_env,
     tpu_type,
 )
@@ -20,24 +20,26 @@ from components.slice import launched
 
 @pytest.mark.parametrize("tpu", TPU_TYPES.values(), ids=TPU_TYPES.keys())
 def test_every_tpu_type_trains_at_the_recipe_s_global_batch_in_micro_batches_that_fit(tpu):
-    batch = tpu_batch(tpu)
+    batch = default_batch(tpu.replicas)
     micro_batch, accumulation = batch["per_replica_batch_size"], batch["gradient_accumulation_steps"]
     assert micro_batch * tpu.replicas * accumulation == RECIPE_GLOBAL_BATCH
     assert micro_batch <= TPU_MICRO_BATCH
     assert accumulation == 1 or micro_batch == TPU_MICRO_BATCH  # accumulating only micro-batches as large as fit
 
 
-def test_a_planned_batch_takes_the_tpu_s_default_for_each_value_not_given_as_the_compiled_pipeline_does():
+def test_a_batch_left_at_0_takes_the_accelerator_s_default_keeping_the_recipe_s_global_batch_on_a_tpu():
     def resolved(tpu: str | None, **given: int) -> tuple[int, int]:
-        batch = TpuBatch(**given)
-        batch.resolve_batch(TPU_TYPES[tpu] if tpu else None)
+        batch = BatchSettings(**given)
+        batch.resolve_batch(TPU_TYPES[tpu].replicas if tpu else None)
         return batch.per_replica_batch_size, batch.gradient_accumulation_steps
 
     assert resolved("v3-8") == (128, 2) and resolved("v5e-1") == (128, 16) and resolved("v5e-32") == (64, 1)
-    assert resolved("v3-8", per_replica_batch_size=64) == (64, 2)  # the TPU's accumulation kept, not 1
+    assert resolved("v3-8", per_replica_batch_size=64) == (64, 4)  # the recipe's global batch kept
+    assert resolved("v3-8", per_replica_batch_size=96) == (96, 2)  # the nearest below 2,048: 1,536
+    assert resolved("v3-8", per_replica_batch_size=512) == (512, 1)  # above it: one micro-batch
     assert resolved("v5e-1", gradient_accumulation_steps=4) == (128, 4)
     assert resolved(None) == (8, 1) and resolved(None, per_replica_batch_size=16) == (16, 1)
-    with pytest.raises(InvalidParameter, match="--gradient-accumulation-steps=-1: must be 0"):
+    with pytest.raises(InvalidParameter, match=r"--gradient-accumulation-steps=-1: must be 0 \(the accelerator's"):
         resolved("v3-8", gradient_accumulation_steps=-1)
 
 

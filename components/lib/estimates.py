@@ -32,7 +32,7 @@ from components.lib.tokenization import DEFAULT_SAMPLE_BYTES, load_tokenizer
 from components.lib.tpu_catalogue import (
     PRICES,
     TPU_TYPES,
-    TpuBatch,
+    BatchSettings,
     TpuType,
     tpu_type,
 )
@@ -47,7 +47,7 @@ ASSUMED_TEXT_BYTES = 455
 
 
 @dataclass
-class EstimateArguments(BaseModelChoice, SampleLength, ShapeKnobs, TpuBatch):
+class EstimateArguments(BaseModelChoice, SampleLength, ShapeKnobs, BatchSettings):
     model_config: str = field(default="roberta-base", metadata={"help": "As for the train step."})
     tpu_type: str = field(default="v3-8", metadata={"help": f"The TPU, one of {list(TPU_TYPES)}."})
     num_epochs: int = field(default=1, metadata={"help": "As for the train step."})
@@ -93,7 +93,7 @@ class EstimateArguments(BaseModelChoice, SampleLength, ShapeKnobs, TpuBatch):
     )
 
     def __post_init__(self) -> None:
-        self.resolve_batch(tpu_type(self.tpu_type))
+        self.resolve_batch(tpu_type(self.tpu_type).replicas)
         if self.num_epochs < 1:
             raise InvalidParameter("num_epochs", self.num_epochs, "must be a positive whole number")
         self.check_sample_length()  # without shards: theirs is in their manifest

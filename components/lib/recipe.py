@@ -25,7 +25,7 @@ from components.lib.masked_lm import check_probability
 RECIPE_VALUE = -1  # a knob left at this (or "" for lr_schedule) takes the recipe's value
 MODEL_DROPOUT = -1.0  # a recipe's dropout that leaves the model config's own (roberta-base's 0.1)
 # The reference recipe's global batch (256 per replica on a v3-8), kept on every TPU type by accumulating
-# micro-batches (tpu_catalogue.tpu_batch)
+# micro-batches (tpu_catalogue.default_batch)
 RECIPE_GLOBAL_BATCH = 2048
 SCHEDULES = ("linear", "wsd")
 

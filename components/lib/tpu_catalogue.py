@@ -124,47 +124,60 @@ PRICES = (
 # roberta-base in bf16 at 128 tokens and 256 per replica is "tight" on a 16 GiB replica by training_memory; 128 fits
 # a v3-8's and a v5e's with room.
 TPU_MICRO_BATCH = 128
+# Without a TPU (a CPU, a GPU): a micro-batch any device holds, Hugging Face's run_mlm.py's per-device default, and
+# no accumulation; a GPU's user gives the batch their GPU takes
+DEVICE_MICRO_BATCH = 8
 
 
-def tpu_batch(tpu: TpuType) -> dict[str, int]:
-    """The per-replica micro-batch and accumulation that make the recipe's global batch on ``tpu`` (a slice of
-    more than 16 replicas takes smaller micro-batches, no accumulation)."""
-    micro_batch = min(TPU_MICRO_BATCH, RECIPE_GLOBAL_BATCH // tpu.replicas)
-    return {
-        "per_replica_batch_size": micro_batch,
-        "gradient_accumulation_steps": RECIPE_GLOBAL_BATCH // (micro_batch * tpu.replicas),
-    }
+def default_batch(tpu_replicas: int | None, per_replica_batch_size: int = 0) -> dict[str, int]:
+    """What a batch setting of 0 means. On a TPU of ``tpu_replicas``: a micro-batch of TPU_MICRO_BATCH (smaller on a
+    slice of more than 16 replicas), accumulated to the recipe's global batch (the nearest below it, at least one
+    micro-batch) at the micro-batch given, else at that one. Without a TPU (None): a device's micro-batch, not
+    accumulated."""
+    if not tpu_replicas:
+        micro_batch, accumulation = per_replica_batch_size or DEVICE_MICRO_BATCH, 1
+    else:
+        micro_batch = per_replica_batch_size or min(TPU_MICRO_BATCH, RECIPE_GLOBAL_BATCH // tpu_replicas)
+        accumulation = max(1, RECIPE_GLOBAL_BATCH // (micro_batch * tpu_replicas))
+    return {"per_replica_batch_size": micro_batch, "gradient_accumulation_steps": accumulation}
 
 
 @dataclass(kw_only=True)
-class TpuBatch:
-    """The batch of a TPU run planned ahead (the estimate's, the smoke test's), where 0 takes the TPU's default
-    (``tpu_batch``), as in the compiled pipeline; ``resolve_batch`` sets the values."""
+class BatchSettings:
+    """The batch pair, declared once for the train step, preflight, the estimate and the smoke test. 0 takes the
+    accelerator's default (``default_batch``), which each of them reads once the accelerator is known
+    (``resolve_batch``): the pipeline compiles 0 for both, on every target."""
 
     per_replica_batch_size: int = field(
         default=0,
         metadata={
-            "help": f"Samples per replica per micro-batch; 0: the TPU's, as the vertex target compiles it "
-            f"({TPU_MICRO_BATCH}, less on a slice of more than 16 replicas; 8 without a TPU type)."
+            "help": "Samples per replica and micro-batch: what must fit a replica's memory. 0: the accelerator's "
+            f"({TPU_MICRO_BATCH} on a TPU, less on a slice of more than 16 replicas; {DEVICE_MICRO_BATCH} elsewhere)."
         },
     )
     gradient_accumulation_steps: int = field(
         default=0,
         metadata={
-            "help": "Micro-batches per optimizer step; 0: the TPU's, as the vertex target compiles it (as many as "
-            f"make the recipe's global batch of {RECIPE_GLOBAL_BATCH} at the TPU's micro-batch; 1 without a TPU type)."
+            "help": "Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x "
+            "replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting. 0: the "
+            f"accelerator's (on a TPU as many as make the recipe's global batch of {RECIPE_GLOBAL_BATCH}, or the "
+            "nearest below, at the micro-batch; 1 elsewhere)."
         },
     )
 
-    def resolve_batch(self, tpu: TpuType | None) -> None:
-        """Each zero made ``tpu``'s default, as the compiled pipeline's parameters default to it whichever of the
-        two is given (without a TPU: a micro-batch of 8, no accumulation); refuses a negative value."""
-        defaults = tpu_batch(tpu) if tpu else {"per_replica_batch_size": 8, "gradient_accumulation_steps": 1}
-        for parameter, default in defaults.items():
-            value = getattr(self, parameter) or default
-            if value < 1:
-                raise InvalidParameter(parameter, value, "must be 0 (the TPU's default) or positive")
-            setattr(self, parameter, value)
+    def check_batch(self) -> None:
+        """Refuses a negative value, before the accelerator is known."""
+        for parameter in ("per_replica_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, parameter) < 0:
+                raise InvalidParameter(
+                    parameter, getattr(self, parameter), "must be 0 (the accelerator's default) or positive"
+                )
+
+    def resolve_batch(self, tpu_replicas: int | None) -> None:
+        """Each zero made the default of a TPU of ``tpu_replicas`` (None: no TPU)."""
+        self.check_batch()
+        for parameter, default in default_batch(tpu_replicas, self.per_replica_batch_size).items():
+            setattr(self, parameter, getattr(self, parameter) or default)
 
 
 def tpu_type(name: str) -> TpuType:

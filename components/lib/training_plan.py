@@ -25,7 +25,7 @@ from components.lib.recipe import KNOBS, RECIPES, Recipe, apply_recipe
 from components.lib.run_shape import RunShape, settings_shape
 from components.lib.shard_set import read_manifest, verify_files
 from components.lib.tokenization import SPECIAL_TOKEN_ROLES, SPECIAL_TOKENS, load_tokenizer
-from components.lib.tpu_catalogue import TpuType
+from components.lib.tpu_catalogue import BatchSettings, TpuType
 
 # Written beside the checkpoints: what they are checkpoints of, so that resuming with another model is refused.
 CHECKPOINT_IDENTITY_FILE = "checkpoint_identity.json"
@@ -36,9 +36,8 @@ DIVERGENCE_CHOICES = ("stop", "rewind")
 
 
 @dataclass(kw_only=True)
-class TrainingData(BaseModelChoice):
-    """The training's data, model and batch: the first of its settings (they come first in ``--help`` and in the
-    pipeline's parameters, before the recipe's knobs)."""
+class TrainingInputs(BaseModelChoice):
+    """The training's data and model."""
 
     tokenizer: str = field(metadata={"help": "Tokenizer folder (local or gs://)."})
     train_shards: str = field(metadata={"help": "Training shard folder with manifest.json."})
@@ -51,17 +50,13 @@ class TrainingData(BaseModelChoice):
             "and the smoke test, which size the run by it: give the base's)."
         },
     )
-    per_replica_batch_size: int = field(
-        default=256,
-        metadata={"help": "Samples per replica and micro-batch: what must fit a replica's memory."},
-    )
-    gradient_accumulation_steps: int = field(
-        default=1,
-        metadata={
-            "help": "Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x "
-            "replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting."
-        },
-    )
+
+
+@dataclass(kw_only=True)
+class TrainingData(BatchSettings, TrainingInputs):
+    """The training's data, model and batch: the first of its settings (they come first in ``--help`` and in the
+    pipeline's parameters, before the recipe's knobs)."""
+
     num_epochs: int = field(default=1, metadata={"help": "Passes over the training shards."})
     max_steps: int = field(default=0, metadata={"help": "Total optimizer steps; overrides num_epochs when > 0."})
 
@@ -155,9 +150,8 @@ class TrainingSettings(Recipe, TrainingData):
             storage.check_uri("checkpoint_dir", self.checkpoint_dir)
         if self.eval_shards:
             storage.check_uri("eval_shards", self.eval_shards)
+        self.check_batch()
         for parameter in (
-            "per_replica_batch_size",
-            "gradient_accumulation_steps",
             "num_epochs",
             "steps_per_execution",
             "shuffle_buffer",
@@ -213,11 +207,17 @@ class TrainingPlan:
 
 
 def plan_training(
-    arguments: TrainingSettings, num_replicas: int, tpu: TpuType | None = None, input_pipelines: int = 1
+    arguments: TrainingSettings,
+    num_replicas: int,
+    tpu: TpuType | None = None,
+    input_pipelines: int = 1,
+    on_tpu: bool = False,
 ) -> TrainingPlan:
     """Every check that can fail before the accelerator is used: tokenizer, shards, config, batch arithmetic.
-    ``input_pipelines``: the hosts that each read a share of the shard files (``tpu``'s, when given)."""
+    ``input_pipelines``: the hosts that each read a share of the shard files (``tpu``'s, when given). The batch's
+    zeros are made the accelerator's default here: a TPU's with ``tpu`` or ``on_tpu``, else a device's."""
     input_pipelines = tpu.hosts if tpu is not None else input_pipelines
+    arguments.resolve_batch(num_replicas if tpu is not None or on_tpu else None)
     tokenizer, tokenizer_fingerprint = load_tokenizer(arguments.tokenizer)
     manifest = read_manifest(arguments.train_shards, "train_shards")
     # the saved model's tokenizer tells its users (sentence-transformers' max_seq_length, pipelines' truncation) the
