@@ -73,6 +73,7 @@ LOCAL_DEFAULTS = {
     "max_length": 32,
     "model_config": "mini",
     "per_replica_batch_size": 64,
+    "gradient_accumulation_steps": 1,  # 0 would be a TPU's accumulation where one is found
     "max_steps": 700,
     "learning_rate": 2e-3,  # higher for a small model from scratch (SMALL_MODEL_KNOBS)
     "warmup_fraction": 0.1,

@@ -172,8 +172,28 @@ def test_a_batch_left_at_0_is_planned_at_the_accelerator_s_default_each_value_on
 
     assert planned(1, on_tpu=False) == (DEVICE_MICRO_BATCH, 1)
     assert planned(8, on_tpu=True) == (TPU_MICRO_BATCH, RECIPE_GLOBAL_BATCH // (8 * TPU_MICRO_BATCH))
-    assert planned(8, on_tpu=True, per_replica_batch_size=32) == (32, RECIPE_GLOBAL_BATCH // (8 * 32))
+    assert planned(8, on_tpu=True, per_replica_batch_size=32) == (32, RECIPE_GLOBAL_BATCH // (8 * TPU_MICRO_BATCH))
     assert planned(2, on_tpu=False, gradient_accumulation_steps=3) == (DEVICE_MICRO_BATCH, 3)
+
+
+def test_a_resume_at_another_global_batch_is_refused_and_another_micro_batch_of_the_same_one_is_not(
+    tmp_path, wikitext_shards
+):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    folder = {"eval_shards": "", "checkpoint_dir": str(checkpoints)}
+    first = arguments(wikitext_shards, tmp_path / "first", **folder, per_replica_batch_size=16)
+    identity = plan_training(first, 1).checkpoint_identity
+    (checkpoints / CHECKPOINT_IDENTITY_FILE).write_text(json.dumps(identity))  # as the train step writes it
+    halves = {"per_replica_batch_size": 8, "gradient_accumulation_steps": 2}
+    preflight(arguments(wikitext_shards, tmp_path / "halves", **folder, **halves))
+    doubled = arguments(wikitext_shards, tmp_path / "doubled", **folder, gradient_accumulation_steps=2)
+    with pytest.raises(InvalidParameter, match="trained at a global batch of 16, and these settings make 32"):
+        preflight(doubled)
+    del identity["global_batch_size"]  # checkpoints from before it was recorded: not known, not refused
+    (checkpoints / CHECKPOINT_IDENTITY_FILE).write_text(json.dumps(identity))
+    preflight(arguments(wikitext_shards, tmp_path / "older", **folder, gradient_accumulation_steps=2))
+    assert not (tmp_path / "doubled").exists()
 
 
 def test_a_resume_that_would_move_a_batch_warm_up_s_stages_or_add_one_is_refused(tmp_path, wikitext_shards):

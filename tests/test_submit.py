@@ -278,12 +278,11 @@ def test_dry_run_estimates_the_training_from_the_parameters(template, capsys):
     parameters = {"corpus": "hf:wikitext:wikitext-103-raw-v1", "tpu_price_per_hour": 4.8, "per_replica_batch_size": 64}
     result = submit(arguments(template, dry_run=True, corpus_bytes=546_500_949, parameters=json.dumps(parameters)))
     estimate = result["estimate"]
-    # the template's TPU (a v5e-4: 4 replicas) and defaults (one epoch, bf16, the micro-batch given accumulated to
-    # the recipe's global batch: 8 of them), with the values given
-    assert estimate["tpu_type"] == "v5e-4" and estimate["gradient_accumulation_steps"] == 8
-    assert estimate["global_batch_size"] == 64 * 4 * 8 == 2048
+    # the template's TPU (a v5e-4: 4 replicas) and defaults (one epoch, bf16, the TPU's 4 micro-batches), with the
+    # values given
+    assert estimate["tpu_type"] == "v5e-4" and estimate["global_batch_size"] == 64 * 4 * 4
     assert estimate["data"]["samples"] == int(546_500_949 * 0.95 * 0.312 // 128)  # the default 5% held out
-    assert estimate["steps"] == estimate["data"]["samples"] // 2048
+    assert estimate["steps"] == estimate["data"]["samples"] // 1024
     assert estimate["cost"] == 4.8 * estimate["hours"]
     printed = capsys.readouterr().err
     probe_row = f"\n  downstream probe     {estimate['probe']['hours']:.2f} h ("

@@ -27,16 +27,18 @@ def test_every_tpu_type_trains_at_the_recipe_s_global_batch_in_micro_batches_tha
     assert accumulation == 1 or micro_batch == TPU_MICRO_BATCH  # accumulating only micro-batches as large as fit
 
 
-def test_a_batch_left_at_0_takes_the_accelerator_s_default_keeping_the_recipe_s_global_batch_on_a_tpu():
+def test_a_batch_left_at_0_takes_the_accelerator_s_default_for_each_value_on_its_own():
     def resolved(tpu: str | None, **given: int) -> tuple[int, int]:
         batch = BatchSettings(**given)
         batch.resolve_batch(TPU_TYPES[tpu].replicas if tpu else None)
         return batch.per_replica_batch_size, batch.gradient_accumulation_steps
 
     assert resolved("v3-8") == (128, 2) and resolved("v5e-1") == (128, 16) and resolved("v5e-32") == (64, 1)
-    assert resolved("v3-8", per_replica_batch_size=64) == (64, 4)  # the recipe's global batch kept
-    assert resolved("v3-8", per_replica_batch_size=96) == (96, 2)  # the nearest below 2,048: 1,536
-    assert resolved("v3-8", per_replica_batch_size=512) == (512, 1)  # above it: one micro-batch
+    # the TPU's accumulation kept whatever the micro-batch (a small one is not unrolled into dozens a step)
+    assert resolved("v3-8", per_replica_batch_size=64) == (64, 2) and resolved("v5e-1", per_replica_batch_size=8) == (
+        8,
+        16,
+    )
     assert resolved("v5e-1", gradient_accumulation_steps=4) == (128, 4)
     assert resolved(None) == (8, 1) and resolved(None, per_replica_batch_size=16) == (16, 1)
     with pytest.raises(InvalidParameter, match=r"--gradient-accumulation-steps=-1: must be 0 \(the accelerator's"):

@@ -129,17 +129,18 @@ TPU_MICRO_BATCH = 128
 DEVICE_MICRO_BATCH = 8
 
 
-def default_batch(tpu_replicas: int | None, per_replica_batch_size: int = 0) -> dict[str, int]:
-    """What a batch setting of 0 means. On a TPU of ``tpu_replicas``: a micro-batch of TPU_MICRO_BATCH (smaller on a
-    slice of more than 16 replicas), accumulated to the recipe's global batch (the nearest below it, at least one
-    micro-batch) at the micro-batch given, else at that one. Without a TPU (None): a device's micro-batch, not
-    accumulated."""
+def default_batch(tpu_replicas: int | None) -> dict[str, int]:
+    """What a batch setting of 0 means, each of the two on its own. On a TPU of ``tpu_replicas``: a micro-batch of
+    TPU_MICRO_BATCH (smaller on a slice of more than 16 replicas) and as many of them as make the recipe's global
+    batch (at most 16, on a v5e-1: the step's micro-batches are unrolled into its program). Without a TPU (None): a
+    device's micro-batch, not accumulated."""
     if not tpu_replicas:
-        micro_batch, accumulation = per_replica_batch_size or DEVICE_MICRO_BATCH, 1
-    else:
-        micro_batch = per_replica_batch_size or min(TPU_MICRO_BATCH, RECIPE_GLOBAL_BATCH // tpu_replicas)
-        accumulation = max(1, RECIPE_GLOBAL_BATCH // (micro_batch * tpu_replicas))
-    return {"per_replica_batch_size": micro_batch, "gradient_accumulation_steps": accumulation}
+        return {"per_replica_batch_size": DEVICE_MICRO_BATCH, "gradient_accumulation_steps": 1}
+    micro_batch = min(TPU_MICRO_BATCH, RECIPE_GLOBAL_BATCH // tpu_replicas)
+    return {
+        "per_replica_batch_size": micro_batch,
+        "gradient_accumulation_steps": RECIPE_GLOBAL_BATCH // (micro_batch * tpu_replicas),
+    }
 
 
 @dataclass(kw_only=True)
@@ -160,8 +161,8 @@ class BatchSettings:
         metadata={
             "help": "Micro-batches summed into each optimizer step: the global batch is per_replica_batch_size x "
             "replicas x this. The global batch is the hyperparameter; the micro-batch is a memory setting. 0: the "
-            f"accelerator's (on a TPU as many as make the recipe's global batch of {RECIPE_GLOBAL_BATCH}, or the "
-            "nearest below, at the micro-batch; 1 elsewhere)."
+            f"accelerator's (on a TPU as many as make the recipe's global batch of {RECIPE_GLOBAL_BATCH} at the TPU's "
+            "micro-batch, whatever micro-batch is given: 2 on a v3-8, 16 on a v5e-1; 1 elsewhere)."
         },
     )
 
@@ -176,7 +177,7 @@ class BatchSettings:
     def resolve_batch(self, tpu_replicas: int | None) -> None:
         """Each zero made the default of a TPU of ``tpu_replicas`` (None: no TPU)."""
         self.check_batch()
-        for parameter, default in default_batch(tpu_replicas, self.per_replica_batch_size).items():
+        for parameter, default in default_batch(tpu_replicas).items():
             setattr(self, parameter, getattr(self, parameter) or default)
 
 

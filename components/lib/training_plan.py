@@ -276,6 +276,8 @@ def plan_training(
     identity = checkpoint_identity(config, tokenizer_fingerprint, {"recipe": arguments.recipe, **knobs})
     if base:  # the same architecture from other weights is another model's training
         identity["init_from"] = base
+    # a resume at another global batch would change the steps and the schedule half-way (the micro-batch may change)
+    identity["global_batch_size"] = shape.global_batch_size
     if len(shape.batch_stages) > 1:  # where they are follows the steps and micro-batches, which a resume may change
         identity["batch_stages"] = [list(stage) for stage in shape.batch_stages]
     if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
@@ -374,6 +376,15 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
             "checkpoint_dir",
             checkpoint_dir,
             f"holds checkpoints trained with other recipe knobs; resume them with {flags}, or use an empty folder",
+        )
+    trained_batch = existing.get("global_batch_size")  # unknown in checkpoints from before it was recorded
+    if not before_data and trained_batch and trained_batch != identity["global_batch_size"]:
+        raise InvalidParameter(
+            "checkpoint_dir",
+            checkpoint_dir,
+            f"holds checkpoints trained at a global batch of {trained_batch:,}, and these settings make "
+            f"{identity['global_batch_size']:,}: resume with a per_replica_batch_size x replicas x "
+            "gradient_accumulation_steps that makes it, or use an empty folder",
         )
     if not before_data and existing.get("batch_stages") != identity.get("batch_stages"):
         raise InvalidParameter(
