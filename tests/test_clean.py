@@ -186,6 +186,7 @@ def arguments(vertex: VertexStandIn, **values) -> CleanArguments:
     return CleanArguments(run=RUN, project=PROJECT, region=REGION, api_endpoint=vertex.url, **values)
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_the_dry_run_lists_the_run_s_folders_with_their_sizes_and_deletes_nothing(root, vertex, capsys):
     write_files(root, vertex_run(RUN))
     write_files(root, vertex_run(OTHER_RUN))
@@ -221,6 +222,7 @@ def test_the_dry_run_lists_the_run_s_folders_with_their_sizes_and_deletes_nothin
     assert any(line.split() == [f"{root}/checkpoints/{RUN}", "checkpoints", "2", "5,060", "delete"] for line in lines)
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_yes_deletes_what_delete_names_and_then_finds_nothing_left(root, vertex, capsys):
     write_files(root, vertex_run(RUN))
     write_files(root, vertex_run(OTHER_RUN))
@@ -259,6 +261,7 @@ def test_yes_deletes_what_delete_names_and_then_finds_nothing_left(root, vertex,
     "going",
     ["the run", "its TPU job", "a run resumed from it", "a run that may read its data from the cache"],
 )
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_nothing_is_deleted_while_the_run_or_a_run_that_needs_its_files_is_going(going, vertex, tmp_path):
     """The run's pipeline job not ended (preempted, between its train task's retries, or queued: all RUNNING to the
     API), one of its TPU jobs alive, a run resumed from it (submit --resume: its label and checkpoint_dir), or a run
@@ -402,6 +405,7 @@ def test_checkpoints_a_run_of_another_region_trained_in_are_kept_while_it_may_ne
     assert storage.exists(storage.join(checkpoints, "checkpoint")) == (action == "kept")
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_run_local_run_is_cleaned_by_its_record_and_not_while_it_runs(root, tmp_path):
     """run-local's record (its own writer): while its process runs the run is refused; over, its folders go, those
     under its output_root included, which no listing of the pipeline root would find; a folder with no record is no
@@ -507,6 +511,7 @@ def test_a_run_local_run_keeps_checkpoints_other_run_local_runs_use(tmp_path, mo
     assert storage.exists(storage.join(checkpoints, "c"))
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_only_the_objects_listed_are_deleted(root, vertex):
     """An object written in a doomed folder after the listing (a step still writing, a user's upload) stays, with the
     folders that hold it."""

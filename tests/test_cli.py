@@ -81,6 +81,7 @@ def test_console_script_lists_jobs_and_dispatches(tmp_path):
     assert not (tmp_path / "tok").exists()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_command_ends_with_a_few_lines_for_people_and_the_whole_summary_behind_json(
     tmp_path, embedded_tokenizer, capsys
 ):

@@ -130,6 +130,7 @@ def test_a_truncated_file_fails_in_one_line_naming_it_and_nothing_is_published(
     assert not list(output.rglob("*.tfrecord")) and not list(output.rglob("*.partial"))  # none a reader takes
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_few_bytes_that_are_not_utf8_are_replaced_counted_and_named(
     corpus_lines, embedded_tokenizer, tmp_path, caplog
 ):
@@ -150,6 +151,7 @@ def test_a_few_bytes_that_are_not_utf8_are_replaced_counted_and_named(
     assert next(iter(corpus)) == "Caf\ufffd cr\ufffdme"
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_file_in_another_encoding_fails_early_unless_the_limit_allows_it(embedded_tokenizer, tmp_path):
     path = tmp_path / "french.txt.xz"
     text = "Un café crème et une crêpe, à la française.\n" * 100_000  # 4.4 MB, 11% of the bytes Latin-1 letters

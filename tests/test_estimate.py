@@ -168,6 +168,7 @@ def test_bad_estimate_input_is_named(values, message):
         estimate_run(EstimateArguments(**values))
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_the_cli_prints_a_table_for_people_and_json_for_scripts(embedded_shards, capsys):
     common = ["--train_shards", embedded_shards["train"], "--model_config", "tiny"]
     common += ["--per_replica_batch_size", "8", "--gradient_accumulation_steps", "1"]

@@ -40,6 +40,7 @@ def test_tensorflow_writes_renames_and_lists_in_the_emulator(gcs):
     assert bucket_objects(gcs) == {"folder/file.json": b'{"a": 1}'}
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_the_steps_need_no_bucket_permission_only_object_ones(gcs):
     """The stand-in answers as Cloud Storage does for the README's account (object roles only): the bucket's
     metadata is a 403. TensorFlow's recursive makedirs walks up to the bucket's root and asks for it; the storage
@@ -70,6 +71,7 @@ def test_the_steps_need_no_bucket_permission_only_object_ones(gcs):
     assert storage.read_text(at_the_root) == "{}"
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_storage_permission_error_is_one_line_naming_the_uri_and_the_permission(gcs, capsys):
     from gcs_routing import NOT_GRANTED_BUCKET
 

@@ -289,6 +289,7 @@ def test_a_private_hub_model_at_a_revision_and_a_bucket_folder_give_their_tokeni
         ("gpt2", None, "is a 'gpt2' model, which has no TensorFlow masked-LM model here"),
     ],
 )
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_base_model_that_cannot_be_continued_is_refused_in_one_line(
     base_models, tmp_path, model, max_length, message
 ):

@@ -153,6 +153,7 @@ def unmasked_rows(batches: list[dict]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("pipelines", [2, 8])
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_validation_shards_of_fewer_files_than_hosts_are_shared_by_record(embedded_shards_in_files, pipelines):
     """A v5e-32's 8 hosts over 5 validation files (or 2 hosts over 1): each host reads every file and keeps every
     n-th record; together every sample once, with the one-host masks, and full batches as many on every host."""
@@ -176,6 +177,7 @@ def test_validation_shards_of_fewer_files_than_hosts_are_shared_by_record(embedd
 
 
 @pytest.mark.parametrize("pipelines", [2, 4])
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_evaluation_scores_every_sample_once_with_the_same_masks_whatever_the_hosts(
     embedded_shards_in_files, pipelines
 ):
@@ -211,6 +213,7 @@ def masked_share(batch: dict, masking: Masking) -> float:
 
 
 @pytest.mark.parametrize("pipelines", [2, 4])
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_each_host_streams_its_share_the_same_for_a_seed_with_masks_of_its_own(embedded_shards_in_files, pipelines):
     """Two replicas a host: a host's batches 2k and 2k+1 are micro-step k's, masked at its rate of the decay."""
     uri = embedded_shards_in_files["train"]

@@ -23,6 +23,7 @@ from components.lib.preemption import STOPPED_EXIT
 ALIVE_EXPIRY = 20.0
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_start_is_refused_while_another_training_renews_the_folder_s_lease(tmp_path, embedded_shards):
     folder = tmp_path / "checkpoints"
     with Lease(str(folder), ALIVE_EXPIRY, run="first-run").held():
@@ -39,6 +40,7 @@ def test_a_start_is_refused_while_another_training_renews_the_folder_s_lease(tmp
     assert live_lease(str(folder)) is None and not (folder / FILE).exists()  # released
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_dead_training_s_lease_expires_and_the_next_start_takes_it_over_then_releases_it(tmp_path, embedded_shards):
     folder = tmp_path / "checkpoints"
     Lease(str(folder), expiry=0.5, run="killed").take()  # taken, never renewed: its process was killed
@@ -52,6 +54,7 @@ def test_a_dead_training_s_lease_expires_and_the_next_start_takes_it_over_then_r
     assert attempt["outcome"] == "done"
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_lease_held_by_a_process_gone_from_this_machine_is_no_longer_live_and_taken_over_at_once(tmp_path):
     taken = f"from components.lib.lease import Lease; Lease({str(tmp_path)!r}, expiry=600).take()"
     # the process takes the lease and ends without releasing it, as a killed one does
@@ -77,6 +80,7 @@ def test_a_lease_is_live_until_its_expiry_and_gone_after(tmp_path):
     assert (tmp_path / FILE).exists()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_restart_of_the_same_vertex_job_takes_its_own_lease_over_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv(JOB_ID_VARIABLE, "1234")
     Lease(str(tmp_path), expiry=600).take()  # the worker Vertex AI restarts was killed holding it
@@ -93,6 +97,7 @@ def test_a_restart_of_the_same_vertex_job_takes_its_own_lease_over_at_once(tmp_p
 @pytest.mark.parametrize(
     "ending", [SystemExit(STOPPED_EXIT), SystemExit(1), ValueError("shard 3 is corrupted")], ids=str
 )
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_the_lease_is_released_however_the_training_ends(tmp_path, ending):
     with pytest.raises(type(ending)), Lease(str(tmp_path), ALIVE_EXPIRY).held():
         assert (tmp_path / FILE).exists()
@@ -166,6 +171,7 @@ def with_(record: dict, **changed) -> dict:
         "not JSON",
     ],
 )
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_lease_json_this_project_did_not_write_refuses_the_folder_in_one_line(tmp_path, damage, why):
     """A forged or damaged lease.json: whether a training holds the folder cannot be told, so reading it (clean's and
     submit's live_lease, a train step's start) refuses the folder in one line, and the start leaves it as it is."""
@@ -186,6 +192,7 @@ def test_a_lease_json_this_project_did_not_write_refuses_the_folder_in_one_line(
     assert (tmp_path / FILE).read_text() == text  # not taken over
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_lease_expiring_beyond_its_own_expiry_expires_at_its_last_heartbeat_plus_that_expiry(tmp_path):
     """A lease.json whose expires_at is in the year 3000 (its heartbeat 0.3 s apart: an expiry of 1.5 s) is live
     1.5 s after its heartbeat at most: a start waits that long, not for ever. An honest lease keeps its expiry, a

@@ -53,6 +53,7 @@ EXPECTED_MACHINES = {
 }
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_the_tpu_job_s_runtime_settings_change_at_compile_time_and_the_job_parses_as_vertex_ai_s(tmp_path):
     from google.cloud.aiplatform_v1.types import CustomJobSpec
     from google.protobuf.json_format import ParseDict
@@ -159,6 +160,7 @@ def test_every_tpu_type_has_its_expected_machine():
 
 
 @pytest.mark.parametrize("tpu_type", sorted(EXPECTED_MACHINES))
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_vertex_target_runs_training_as_a_tpu_custom_job_with_tpu_defaults(tmp_path, tpu_type):
     spec = compiled(tmp_path, target="vertex", cpu_image=CPU_IMAGE, tpu_image=TPU_IMAGE, tpu_type=tpu_type)
     machine, replicas = EXPECTED_MACHINES[tpu_type]

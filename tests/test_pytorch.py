@@ -106,6 +106,7 @@ def test_the_train_step_s_model_loads_in_transformers_5_and_predicts_as_the_tf_m
             assert abs(pytorch["score"] - tf["score"]) < 1e-4
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_the_model_s_tokenizer_says_the_length_it_was_trained_on(trained, embedded_shards):
     config = json.loads(Path(trained, "tokenizer_config.json").read_text())
     assert config["model_max_length"] == read_manifest(embedded_shards["train"])["max_length"]

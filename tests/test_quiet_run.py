@@ -5,6 +5,7 @@ people should read them."""
 import io
 from pathlib import Path
 
+import pytest
 from conftest import run_module
 
 from components.lib.results import display_token, fill_mask_line
@@ -50,6 +51,7 @@ def test_one_line_per_task_and_each_task_log_in_the_run_folder(tmp_path):
     assert "trained part-indices" in log and "\x1b" not in log and "Running pipeline" not in log
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_failing_step_ends_run_local_with_its_one_line_and_its_exit_status(tmp_path):
     """A missing corpus fails the tokenizer step, the first that reads it, under kfp.local: run-local prints the
     step's line, then the step's own one line, no traceback, and exits 2 as the step did (bad input)."""

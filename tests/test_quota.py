@@ -83,6 +83,7 @@ def test_spot_reads_the_spot_quota() -> None:
     ("name", "generation", "needed", "unit"),
     [("v3-8", "v3", 8, "cores"), ("v5e-4", "v5e", 4, "chips"), ("v5e-16", "v5e", 16, "chips")],
 )
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_each_tpu_asks_for_its_cores_or_chips(name: str, generation: str, needed: int, unit: str) -> None:
     quota_id = TPU_QUOTAS[generation, ON_DEMAND].quota_id
     for limit, verdict in ((needed, ENOUGH), (needed - 1, MISSING)):

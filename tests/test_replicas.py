@@ -121,6 +121,7 @@ def reference_metrics(model, dataset) -> dict:
     }
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_masked_positions_metrics_equal_the_full_logits_metrics_on_the_same_masks(embedded_shards):
     manifest = read_manifest(embedded_shards["validation"])
     tf.keras.utils.set_random_seed(3)

@@ -95,6 +95,7 @@ def write_training_point(folder: str, step: int, total_steps: int) -> dict:
     return point
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_status_shows_each_task_and_the_training_as_of_its_last_checkpoint(template, vertex, tmp_path):
     from components.lib.attempts import Attempts
 
@@ -125,6 +126,7 @@ def test_status_shows_each_task_and_the_training_as_of_its_last_checkpoint(templ
     assert "attempts: 1, the last running from step 0" in after.stdout
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_cancel_asks_then_cancels_the_run_and_its_tpu_job_once(template, vertex, tmp_path):
     run = submitted(template, tmp_path / "root", job_id=LONG_NAME)
     vertex.set_task(resource(run), "train-step", "RUNNING")
@@ -173,6 +175,7 @@ def test_cancel_asks_then_cancels_the_run_and_its_tpu_job_once(template, vertex,
         launching.wait()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_logs_prints_what_the_tpu_job_printed_while_it_runs(template, vertex, tmp_path):
     run = submitted(template, tmp_path / "root")
     release = tmp_path / "release"
@@ -216,6 +219,7 @@ DAG_FAILED = "The DAG failed because some tasks failed. The failed tasks are: [t
 
 
 @pytest.mark.parametrize(("ending", "error"), [("PIPELINE_STATE_SUCCEEDED", ""), ("PIPELINE_STATE_FAILED", DAG_FAILED)])
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_status_follow_prints_each_change_until_the_run_ends(template, vertex, tmp_path, ending, error):
     run = submitted(template, tmp_path / "root")
     name = resource(run)
@@ -256,6 +260,7 @@ def test_status_follow_prints_each_change_until_the_run_ends(template, vertex, t
     ids=["not a name", "no such run"],
 )
 @pytest.mark.parametrize("job_name", ["status", "logs", "cancel", "clean"])
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_name_that_is_no_run_is_refused_in_one_line(vertex, job_name, run, expected):
     refused = command(vertex, job_name, run)
     assert refused.returncode == 2 and not refused.stdout
@@ -263,6 +268,7 @@ def test_a_name_that_is_no_run_is_refused_in_one_line(vertex, job_name, run, exp
 
 
 @pytest.mark.parametrize("job_name", ["status", "logs", "cancel", "clean"])
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_pipeline_job_of_another_pipeline_is_refused_and_left_alone(vertex, job_name, tmp_path):
     """Another team's pipeline job in the same project: not read (its checkpoint_dir names a bucket of theirs), not
     cancelled, nothing of it deleted."""
@@ -296,6 +302,7 @@ def test_a_long_run_name_labels_within_the_limit_and_apart_from_its_neighbours()
     assert "_" in run_label(LONG_NAME)
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_submit_names_the_run_then_follows_it_to_its_end(template, vertex, gcs):
     """``submit --follow --experiment``: the run created through aiplatform (against the stand-in) in the experiment,
     its name and folders printed first, then a line at each change until it ends, then its whole status."""
@@ -333,6 +340,7 @@ def test_submit_names_the_run_then_follows_it_to_its_end(template, vertex, gcs):
 
 
 @pytest.mark.parametrize("limit", [0, 8])
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_submit_reads_the_tpu_quota_first_and_sends_no_run_that_would_wait_for_it(template, vertex, gcs, limit):
     """A v5e-4 needs 4 chips of the region's on-demand v5e quota: read through the Cloud Quotas API (its stand-in)
     before anything is sent; none there refuses the run in one line naming the quota and where to request it, so
@@ -363,6 +371,7 @@ def test_submit_reads_the_tpu_quota_first_and_sends_no_run_that_would_wait_for_i
         assert "request the quota at https://console.cloud.google.com/iam-admin/quotas?project=my-project" in error
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_status_shows_the_run_where_its_training_s_files_cannot_be_read(template, vertex, tmp_path):
     """Without read access to the checkpoint folder (here: a history that cannot be read as one), status still shows
     the run, its tasks and its TPU jobs, and says what it could not read."""
@@ -377,6 +386,7 @@ def test_status_shows_the_run_where_its_training_s_files_cannot_be_read(template
 
 @pytest.mark.parametrize("project", ["a/b", "my-project/locations/elsewhere", "My Project"])
 @pytest.mark.parametrize("job_name", ["status", "logs", "cancel"])
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_project_that_is_no_project_id_is_refused_before_any_request(vertex, job_name, project):
     """The project is in every resource name a command sends: one with a '/' would name another path. Refused in
     one line as submit refuses it."""

@@ -40,6 +40,7 @@ def shard_names(folder: str) -> list[str]:
     return sorted(p.name for p in Path(folder).glob("*.tfrecord"))
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_shards_hold_every_token_in_order_and_names_counts_and_manifest_agree(tmp_path, wikitext, wikitext_tokenizer):
     output = str(tmp_path / "train")
     manifest = write_shards(
@@ -132,6 +133,7 @@ def corpus_layouts(root: Path, lines: list[str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("layout", ["one file", "16 files", "parquet"])
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_parts_read_their_share_and_together_write_the_token_stream_of_one_part(tmp_path, embedded_tokenizer, layout):
     lines = [line for line in embedded_lines() if line.strip()]
     corpus = corpus_layouts(tmp_path / "corpus", lines)[layout]

@@ -275,6 +275,7 @@ def test_the_smoke_test_on_a_slice_reports_every_host_and_the_devices_host_zero_
     assert "slice: 4 host report(s), hosts found from TPU_WORKER_ID and TPU_WORKER_HOSTNAMES" in outcomes[0][1]
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_host_zero_fails_in_bounded_time_when_a_host_never_comes_up(tmp_path):
     *ports, status_port = free_ports(5)
     started = time.monotonic()

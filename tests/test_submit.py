@@ -99,6 +99,7 @@ def test_the_request_keeps_each_step_s_compiled_caching_unless_asked(template, m
         assert cached == (set(tasks) if enable_caching else set())
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_dry_run_prints_the_job_and_sends_nothing(template, monkeypatch, capsys):
     monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", lambda *a, **k: pytest.fail("sent a request"))
     result = submit(arguments(template, dry_run=True))
@@ -433,6 +434,7 @@ def documented_submits() -> list[list[str]]:
     return commands
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_the_documented_submit_commands_dry_run_offline_and_show_the_bill(template):
     """The examples of submit's --help and of the docs, run as written (with --dry_run and the test's template),
     where no network can be reached: each prints the bill without a network error, a TensorFlow line or a
@@ -478,6 +480,7 @@ def test_a_failed_run_is_resumed_by_its_name_from_its_checkpoint_folder(template
         submit(arguments(template, dry_run=True, **{**given, "resume": "Bad/Name"}))
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_resume_is_refused_while_a_training_holds_the_run_s_checkpoint_folder(
     template, monkeypatch, gcs, capsys, vertex
 ):
@@ -526,6 +529,7 @@ def test_a_resume_is_refused_while_a_training_holds_the_run_s_checkpoint_folder(
     assert len(sent) == 1
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_dry_run_of_a_resume_that_cannot_reach_the_bucket_says_so_and_shows_the_bill(template):
     """Offline (proxies and the metadata server pointed at a closed port), the dry run gives up on the checkpoint
     folder in seconds, not TensorFlow's minutes of retries, and prints the bill."""
@@ -540,6 +544,7 @@ def test_a_dry_run_of_a_resume_that_cannot_reach_the_bucket_says_so_and_shows_th
     assert "most it can cost" in result.stderr and "dry run: would submit" in result.stdout
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_resume_onto_checkpoints_of_another_model_or_recipe_is_refused_before_anything_runs(
     template, monkeypatch, gcs, vertex
 ):

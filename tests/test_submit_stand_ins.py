@@ -34,6 +34,7 @@ def submit_command(
     )
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_run_that_cannot_join_its_experiment_is_named_first_and_never_sent_twice(template, gcs):
     """The run exists once created: its name and its follow and cancel commands are printed before aiplatform adds
     it to the experiment. Here the link is refused (an account without aiplatform.contexts.addContextChildren): one
@@ -59,6 +60,7 @@ def test_a_run_that_cannot_join_its_experiment_is_named_first_and_never_sent_twi
     assert "could not be associated" not in result.stderr  # aiplatform's own error, not raised through submit
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_an_experiment_that_cannot_be_found_or_made_refuses_the_run_before_it_exists(template, gcs):
     """The experiment's name taken by a context that is no experiment: aiplatform's check, before the run is
     created, fails; one line says so and that no run was submitted, and the stand-in holds none."""
@@ -72,6 +74,7 @@ def test_an_experiment_that_cannot_be_found_or_made_refuses_the_run_before_it_ex
     assert error.startswith("error: experiment wikitext-base: ") and error.endswith("; no run was submitted")
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_the_tensorboard_folder_submit_prints_is_the_one_the_attached_job_writes_to(template, gcs, tmp_path):
     """With ``vertex_tensorboard`` and ``output_root`` both set: submit prints ROOT/tensorboard, ROOT the output_root;
     the launcher gives the attached TPU job that run's folder under the same root (the executor input carries the
@@ -146,6 +149,7 @@ def test_a_run_whose_cpu_tasks_the_region_cannot_hold_is_refused_before_anything
 
 
 @pytest.mark.parametrize("state", ["PIPELINE_STATE_QUEUED", "PIPELINE_STATE_RUNNING"])
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_a_resume_is_refused_while_the_run_or_another_resume_of_it_has_not_ended(template, gcs, monkeypatch, state):
     """A resume that is queued has not taken the checkpoint folder's lease yet: a second resume of the same run, or
     a resume of a run still going, would pass the lease's check and train in the same folder. submit lists the

@@ -41,6 +41,7 @@ def outcomes(output) -> list[str]:
     return [attempt["outcome"] for attempt in json.loads((output / "checkpoints" / FILE).read_text())]
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_transient_start_failures_never_refuse_a_later_start_and_a_runtime_that_cannot_drive_the_tpu_is_refused(
     tmp_path, capsys, embedded_shards
 ):

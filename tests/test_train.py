@@ -410,6 +410,7 @@ def test_evaluation_refuses_shards_of_another_tokenizer(tmp_path, wikitext_shard
     assert not (tmp_path / "eval").exists()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_evaluation_is_reproducible_and_writes_a_report(tmp_path, wikitext_shards):
     model_dir = save_untrained(tmp_path / "model", wikitext_shards)
     runs = [
@@ -535,6 +536,7 @@ def test_checkpoints_sync_to_the_hub_through_the_real_client(tmp_path, wikitext_
     assert not (tmp_path / "m2").exists()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
 def test_vertex_environment_variables_choose_the_output_folders(tmp_path, monkeypatch, wikitext_shards):
     monkeypatch.setenv("AIP_MODEL_DIR", str(tmp_path / "aip-model"))
     monkeypatch.setenv("AIP_CHECKPOINT_DIR", str(tmp_path / "aip-checkpoints"))
