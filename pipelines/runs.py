@@ -36,7 +36,9 @@ from pipelines.run_folders import (
     run_name,
 )
 from pipelines.vertex_jobs import (
+    CALL_RETRY_SECONDS,
     CANCEL_WAIT_SECONDS,
+    FIRST_CALL_RETRY_SECONDS,
     PIPELINE_SUCCEEDED,
     PIPELINE_TERMINAL_STATES,
     TERMINAL_STATES,
@@ -131,18 +133,21 @@ class Run:
         self.resource = f"{location_path(self.project, self.region)}/pipelineJobs/{self.name}"
         self.pipelines = pipeline_client(self.region, api_endpoint)
         self.jobs = job_client(self.region, api_endpoint)
+        self.reached = False  # until Vertex AI has answered once, a transient error is retried briefly
 
     def pipeline_job(self) -> Any:
         """The run's pipeline job; a name that is no run there, or the run of another pipeline (whose folders and jobs
         are not this project's to read, cancel or delete), is refused in one line."""
         from google.api_core.exceptions import NotFound
 
+        retry_seconds = CALL_RETRY_SECONDS if self.reached else FIRST_CALL_RETRY_SECONDS
         try:
-            pipeline_job = call(self.pipelines.get_pipeline_job, name=self.resource)
+            pipeline_job = call(self.pipelines.get_pipeline_job, retry_seconds, name=self.resource)
         except NotFound:
             raise InvalidParameter(
                 "run", self.name, f"no such pipeline run in project {self.project}, region {self.region}"
             ) from None
+        self.reached = True
         pipeline = pipeline_name(pipeline_job)
         if pipeline != PIPELINE_NAME:
             raise InvalidParameter(

@@ -39,11 +39,14 @@ PIPELINE_TERMINAL_STATES = (PIPELINE_SUCCEEDED, "PIPELINE_STATE_FAILED", "PIPELI
 CANCEL_WAIT_SECONDS = 300.0  # how long a stopped wait follows the cancel before it leaves
 CALL_TIMEOUT_SECONDS = 60.0  # one call to the job service; a hung connection must not stall the wait
 CALL_RETRY_SECONDS = 600.0  # transient errors (503, 429, a reset connection) retried for this long, as GCPC does
+# a command's first call (status, logs, cancel): an endpoint, region or network that cannot be reached is said in
+# seconds, not after the ten minutes a run's later calls wait out
+FIRST_CALL_RETRY_SECONDS = 30.0
 
 
-def call(method: Any, **request: Any) -> Any:
+def call(method: Any, retry_seconds: float = CALL_RETRY_SECONDS, **request: Any) -> Any:
     """A job-service call that can be repeated (get, list, cancel), retried on transient errors (a timed-out read
-    and a 504 among them, which the client's own predicate leaves out) and bounded in time."""
+    and a 504 among them, which the client's own predicate leaves out) for ``retry_seconds`` and bounded in time."""
     import requests
     from google.api_core import exceptions
     from google.api_core.retry import Retry, if_transient_error
@@ -52,9 +55,7 @@ def call(method: Any, **request: Any) -> Any:
         timed_out = (requests.exceptions.Timeout, exceptions.DeadlineExceeded, exceptions.GatewayTimeout)
         return if_transient_error(error) or isinstance(error, timed_out)
 
-    return method(
-        **request, retry=Retry(predicate=transient, deadline=CALL_RETRY_SECONDS), timeout=CALL_TIMEOUT_SECONDS
-    )
+    return method(**request, retry=Retry(predicate=transient, deadline=retry_seconds), timeout=CALL_TIMEOUT_SECONDS)
 
 
 def location_path(project: str, location: str) -> str:

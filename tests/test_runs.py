@@ -416,3 +416,27 @@ def test_a_logging_endpoint_without_a_scheme_is_reached_over_https(given, reques
     from pipelines.runs import LogsArguments
 
     assert LogsArguments(run="some-run", project=PROJECT, logging_endpoint=given).logging_endpoint == requested
+
+
+@pytest.mark.slow  # 3 s or more: out of the fast tier (docs/testing.md, Two tiers)
+def test_a_command_that_cannot_reach_vertex_ai_says_so_in_seconds_not_after_a_run_s_ten_minutes():
+    """A wrong endpoint or no network: the first call is retried for FIRST_CALL_RETRY_SECONDS, not the
+    CALL_RETRY_SECONDS a run's later calls (and the launcher's) wait out a transient outage."""
+    import socket
+
+    from pipelines.vertex_jobs import CALL_RETRY_SECONDS, FIRST_CALL_RETRY_SECONDS
+
+    with socket.socket() as closed:  # a port nothing listens on once it is closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    where = ("--project", PROJECT, "--region", REGION, "--api_endpoint", f"http://127.0.0.1:{port}")
+    started = time.monotonic()
+    unreached = run_module("pipelines.cli", "status", "some-run", *where, timeout=COMMAND_SECONDS + CALL_RETRY_SECONDS)
+    seconds = time.monotonic() - started
+    assert unreached.returncode == 1 and not unreached.stdout
+    assert (
+        unreached.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: Google Cloud could not be reached (ConnectionError): Timeout of 30.0s exceeded")
+    )
+    assert seconds < FIRST_CALL_RETRY_SECONDS + COMMAND_SECONDS < CALL_RETRY_SECONDS
