@@ -196,7 +196,8 @@ def check_tasks(arguments: TaskSelection) -> list[dict[str, Any]]:
 def preflight(arguments: PreflightArguments) -> dict[str, Any]:
     started = time.perf_counter()
     replicas = arguments.training_replicas
-    plan = plan_training(arguments, replicas, tpu_type(arguments.tpu_type) if arguments.tpu_type else None)
+    tpu = tpu_type(arguments.tpu_type) if arguments.tpu_type else None
+    plan = plan_training(arguments, replicas, tpu, batch_settled=tpu is not None)
     if plan.init_from:  # its weights loaded here, on the CPU: a file without the head refused before the TPU
         if arguments.tpu_type and not readable_without_token(plan.init_from):
             raise InvalidParameter(

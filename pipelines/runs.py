@@ -128,12 +128,12 @@ class CancelArguments(JobServiceArguments, RunArguments):
 class Run:
     """A run as Vertex AI has it: its pipeline job and its TPU custom jobs, through the pipeline and job services."""
 
-    def __init__(self, arguments: RunArguments, api_endpoint: str) -> None:
+    def __init__(self, arguments: RunArguments, api_endpoint: str, reached: bool = False) -> None:
         self.name, self.project, self.region = arguments.run, arguments.project, arguments.region
         self.resource = f"{location_path(self.project, self.region)}/pipelineJobs/{self.name}"
         self.pipelines = pipeline_client(self.region, api_endpoint)
         self.jobs = job_client(self.region, api_endpoint)
-        self.reached = False  # until Vertex AI has answered once, a transient error is retried briefly
+        self.reached = reached  # until Vertex AI has answered once, a transient error is retried briefly
 
     def pipeline_job(self) -> Any:
         """The run's pipeline job; a name that is no run there, or the run of another pipeline (whose folders and jobs
@@ -288,9 +288,10 @@ def one_line(summary: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def status(arguments: StatusArguments) -> dict[str, Any]:
-    """The run's status; with --follow, its status once it has ended."""
-    run = Run(arguments, arguments.api_endpoint)
+def status(arguments: StatusArguments, reached: bool = False) -> dict[str, Any]:
+    """The run's status; with --follow, its status once it has ended. ``reached``: Vertex AI has just answered
+    (submit took the run), so a transient outage is waited out from the first call."""
+    run = Run(arguments, arguments.api_endpoint, reached)
     summary = run_status(run)
     return follow(run, summary, arguments.poll_seconds) if arguments.follow else summary
 

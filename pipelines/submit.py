@@ -698,7 +698,7 @@ def submit(arguments: SubmitArguments, credentials: Any = None) -> dict[str, Any
             run=summary["follow"]["run"], follow=True, poll_seconds=arguments.poll_seconds, **where
         )
         print(summary_for_people(summary), flush=True)  # what was submitted (or linked), before the lines that follow
-        summary["status"] = status(followed)
+        summary["status"] = status(followed, reached=True)
     if arguments.first_run:
         summary["first_run"] = (
             f"{FIRST_RUN['max_steps']} steps on a sample{first_run_time(estimate)}; when it succeeds it proves "

@@ -179,21 +179,30 @@ def test_a_batch_left_at_0_is_planned_at_the_accelerator_s_default_each_value_on
 def test_a_resume_at_another_global_batch_is_refused_and_another_micro_batch_of_the_same_one_is_not(
     tmp_path, wikitext_shards
 ):
+    """The train step's plan checks the global batch it will train at; preflight checks it where it knows the
+    accelerator (a TPU type), and leaves it to the train step where it does not (the GPUs or TPU found there)."""
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     folder = {"eval_shards": "", "checkpoint_dir": str(checkpoints)}
     first = arguments(wikitext_shards, tmp_path / "first", **folder, per_replica_batch_size=16)
     identity = plan_training(first, 1).checkpoint_identity
+    assert identity["global_batch_size"] == 16
     (checkpoints / CHECKPOINT_IDENTITY_FILE).write_text(json.dumps(identity))  # as the train step writes it
     halves = {"per_replica_batch_size": 8, "gradient_accumulation_steps": 2}
-    preflight(arguments(wikitext_shards, tmp_path / "halves", **folder, **halves))
-    doubled = arguments(wikitext_shards, tmp_path / "doubled", **folder, gradient_accumulation_steps=2)
+    plan_training(arguments(wikitext_shards, tmp_path / "halves", **folder, **halves), 1)
+    doubled = {"per_replica_batch_size": 16, "gradient_accumulation_steps": 2}
     with pytest.raises(InvalidParameter, match="trained at a global batch of 16, and these settings make 32"):
-        preflight(doubled)
+        plan_training(arguments(wikitext_shards, tmp_path / "doubled", **folder, **doubled), 1)
+    preflight(arguments(wikitext_shards, tmp_path / "not-known", **folder, **doubled))  # no TPU type: not known
+    on_a_tpu = {"tpu_type": "v3-8", "per_replica_batch_size": 2, "gradient_accumulation_steps": 1}  # 2 x 8 = 16
+    preflight(arguments(wikitext_shards, tmp_path / "v3-8", **folder, **on_a_tpu))
+    with pytest.raises(InvalidParameter, match="trained at a global batch of 16, and these settings make 32"):
+        doubled_on_a_tpu = {**on_a_tpu, "gradient_accumulation_steps": 2}
+        preflight(arguments(wikitext_shards, tmp_path / "v3-8-doubled", **folder, **doubled_on_a_tpu))
     del identity["global_batch_size"]  # checkpoints from before it was recorded: not known, not refused
     (checkpoints / CHECKPOINT_IDENTITY_FILE).write_text(json.dumps(identity))
-    preflight(arguments(wikitext_shards, tmp_path / "older", **folder, gradient_accumulation_steps=2))
-    assert not (tmp_path / "doubled").exists()
+    plan_training(arguments(wikitext_shards, tmp_path / "older", **folder, **doubled), 1)
+    assert not (tmp_path / "v3-8-doubled").exists()
 
 
 def test_a_resume_that_would_move_a_batch_warm_up_s_stages_or_add_one_is_refused(tmp_path, wikitext_shards):

@@ -440,3 +440,29 @@ def test_a_command_that_cannot_reach_vertex_ai_says_so_in_seconds_not_after_a_ru
         .startswith("error: Google Cloud could not be reached (ConnectionError): Timeout of 30.0s exceeded")
     )
     assert seconds < FIRST_CALL_RETRY_SECONDS + COMMAND_SECONDS < CALL_RETRY_SECONDS
+
+
+def test_a_run_s_first_call_is_retried_briefly_and_the_calls_after_an_answer_as_long_as_a_run_s(monkeypatch):
+    """What the closed-port test above times, for every command: status, logs and cancel's first call, and a run
+    submit has just created (Vertex AI answered it), followed from its first call at the long deadline."""
+    from types import SimpleNamespace
+
+    from pipelines import runs
+    from pipelines.vertex_jobs import CALL_RETRY_SECONDS, FIRST_CALL_RETRY_SECONDS
+
+    ours = SimpleNamespace(pipeline_spec={"pipelineInfo": {"name": runs.PIPELINE_NAME}})
+    deadlines = []
+
+    def answered(method, retry_seconds, **request):
+        deadlines.append(retry_seconds)
+        return ours
+
+    monkeypatch.setattr(runs, "call", answered)
+    for client in ("pipeline_client", "job_client"):  # no client is reached: `call` answers
+        monkeypatch.setattr(runs, client, lambda region, endpoint: SimpleNamespace(get_pipeline_job=None))
+    arguments = runs.StatusArguments(run="a-run", project=PROJECT, region=REGION)
+    run = runs.Run(arguments, "")
+    assert run.pipeline_job() is ours and run.pipeline_job() is ours
+    assert deadlines == [FIRST_CALL_RETRY_SECONDS, CALL_RETRY_SECONDS]
+    runs.Run(arguments, "", reached=True).pipeline_job()
+    assert deadlines[-1] == CALL_RETRY_SECONDS

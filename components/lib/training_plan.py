@@ -212,10 +212,13 @@ def plan_training(
     tpu: TpuType | None = None,
     input_pipelines: int = 1,
     on_tpu: bool = False,
+    batch_settled: bool = True,
 ) -> TrainingPlan:
     """Every check that can fail before the accelerator is used: tokenizer, shards, config, batch arithmetic.
     ``input_pipelines``: the hosts that each read a share of the shard files (``tpu``'s, when given). The batch's
-    zeros are made the accelerator's default here: a TPU's with ``tpu`` or ``on_tpu``, else a device's."""
+    zeros are made the accelerator's default here: a TPU's with ``tpu`` or ``on_tpu``, else a device's.
+    ``batch_settled`` False: the accelerator the training will find is not known here (preflight without a TPU
+    type), so its global batch is not checked against the checkpoints'; the train step checks it."""
     input_pipelines = tpu.hosts if tpu is not None else input_pipelines
     arguments.resolve_batch(num_replicas if tpu is not None or on_tpu else None)
     tokenizer, tokenizer_fingerprint = load_tokenizer(arguments.tokenizer)
@@ -276,8 +279,10 @@ def plan_training(
     identity = checkpoint_identity(config, tokenizer_fingerprint, {"recipe": arguments.recipe, **knobs})
     if base:  # the same architecture from other weights is another model's training
         identity["init_from"] = base
-    # a resume at another global batch would change the steps and the schedule half-way (the micro-batch may change)
-    identity["global_batch_size"] = shape.global_batch_size
+    # a resume at another global batch would change the steps and the schedule half-way (the micro-batches making it
+    # may change, unless a batch warm-up's stages follow them)
+    if batch_settled:
+        identity["global_batch_size"] = shape.global_batch_size
     if len(shape.batch_stages) > 1:  # where they are follows the steps and micro-batches, which a resume may change
         identity["batch_stages"] = [list(stage) for stage in shape.batch_stages]
     if arguments.checkpoint_dir:  # unset: the train step's default folder, under its fresh output
@@ -341,7 +346,8 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
     ``--checkpoint_dir`` reused by mistake, a resume with other parameters) before any accelerator time is spent.
     An ``identity_before_data`` (submit's) is checked for what the parameters settle: what only the data steps do
     (the tokenizer, the vocabulary's size, which a small corpus may leave below the one asked for, and a batch
-    warm-up's stages, which follow the data's size) is left to preflight and the train step."""
+    warm-up's stages, which follow the data's size) is left to preflight and the train step, and so is a global
+    batch the identity does not settle (submit's and a preflight's without a TPU type)."""
     uri = storage.join(checkpoint_dir, CHECKPOINT_IDENTITY_FILE)
     if not storage.exists(uri):
         return
@@ -378,7 +384,7 @@ def check_checkpoints_match(checkpoint_dir: str, identity: dict[str, Any]) -> No
             f"holds checkpoints trained with other recipe knobs; resume them with {flags}, or use an empty folder",
         )
     trained_batch = existing.get("global_batch_size")  # unknown in checkpoints from before it was recorded
-    if not before_data and trained_batch and trained_batch != identity["global_batch_size"]:
+    if trained_batch and identity.get("global_batch_size", trained_batch) != trained_batch:
         raise InvalidParameter(
             "checkpoint_dir",
             checkpoint_dir,
