@@ -218,10 +218,10 @@ def preflight(arguments: PreflightArguments) -> dict[str, Any]:
         "max_length": plan.manifest["max_length"],
         "memory": check_memory(arguments, plan.shape.memory),
     }
-    if arguments.tpu_type:
+    if tpu is not None:
         estimate = describe_estimate(
             plan.shape,
-            tpu_type(arguments.tpu_type),
+            tpu,
             shards_size(plan.manifest, arguments.train_shards),
             bf16=arguments.bf16,
             allow_tight_memory=arguments.allow_tight_memory,

@@ -55,7 +55,9 @@ def call(method: Any, retry_seconds: float = CALL_RETRY_SECONDS, **request: Any)
         timed_out = (requests.exceptions.Timeout, exceptions.DeadlineExceeded, exceptions.GatewayTimeout)
         return if_transient_error(error) or isinstance(error, timed_out)
 
-    return method(**request, retry=Retry(predicate=transient, deadline=retry_seconds), timeout=CALL_TIMEOUT_SECONDS)
+    # an attempt's timeout within the deadline, which is checked only between attempts
+    timeout = min(CALL_TIMEOUT_SECONDS, retry_seconds)
+    return method(**request, retry=Retry(predicate=transient, deadline=retry_seconds), timeout=timeout)
 
 
 def location_path(project: str, location: str) -> str:
