@@ -217,7 +217,7 @@ def checkpoint_progress(folder: str) -> dict[str, Any]:
         return progress
     point = points[-1]
     samples_left = point["eta_seconds"] * point["samples_per_second"]
-    written = storage.gfile().stat(history).mtime_nsec / 1e9  # with the checkpoint, just before it
+    written = storage.modified_seconds(history)  # with the checkpoint, just before it
     progress.update(
         checkpoint_time=f"{datetime.fromtimestamp(written, UTC):%Y-%m-%d %H:%M:%S} UTC",
         step=int(point["step"]),

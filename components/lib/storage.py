@@ -1,7 +1,9 @@
-"""One storage layer for local paths and ``gs://`` URIs: TensorFlow's ``tf.io.gfile``.
+"""One storage layer for local paths and ``gs://`` URIs: a bucket through TensorFlow's ``tf.io.gfile`` (what the
+training's own reads and checkpoints use), a local path through the standard library.
 
 Every step reads and writes through these functions, so the same code runs on a laptop folder and on a
-bucket. Only a ``gs://`` prefix means a bucket: a local path that happens to contain "gs" stays local.
+bucket. Only a ``gs://`` prefix means a bucket: a local path that happens to contain "gs" stays local. A step
+that touches no bucket and trains nothing never imports TensorFlow (about 4 s a process here).
 Writes that must never be seen half-done go to a temporary name and are renamed when complete.
 """
 
@@ -10,12 +12,14 @@ from __future__ import annotations
 import bz2
 import contextlib
 import functools
+import glob as local_glob
 import gzip
 import io
 import lzma
 import os
 import posixpath
 import re
+import shutil
 import sys
 import uuid
 from collections.abc import Iterable, Iterator
@@ -102,23 +106,37 @@ def is_bucket(uri: str) -> bool:
 
 
 def exists(uri: str) -> bool:
-    return is_bucket(uri) or gfile().exists(uri)
+    if is_remote(uri):
+        return is_bucket(uri) or gfile().exists(uri)
+    return os.path.exists(uri)
 
 
 def isdir(uri: str) -> bool:
-    return is_bucket(uri) or gfile().isdir(uri)
+    if is_remote(uri):
+        return is_bucket(uri) or gfile().isdir(uri)
+    return os.path.isdir(uri)
 
 
 def glob(pattern: str) -> list[str]:
-    return sorted(gfile().glob(pattern))
+    if is_remote(pattern):
+        return sorted(gfile().glob(pattern))
+    return sorted(local_glob.glob(pattern, include_hidden=True))  # gfile's * matches a leading dot too
 
 
 def listdir(uri: str) -> list[str]:
-    return sorted(name.rstrip("/") for name in gfile().listdir(uri)) if gfile().isdir(uri) else []
+    if not isdir(uri):
+        return []
+    names = gfile().listdir(uri) if is_remote(uri) else os.listdir(uri)
+    return sorted(name.rstrip("/") for name in names)
 
 
 def size(uri: str) -> int:
-    return gfile().stat(uri).length
+    return gfile().stat(uri).length if is_remote(uri) else os.path.getsize(uri)
+
+
+def modified_seconds(uri: str) -> float:
+    """When the file ``uri`` was last written, in seconds since the epoch."""
+    return gfile().stat(uri).mtime_nsec / 1e9 if is_remote(uri) else os.path.getmtime(uri)
 
 
 def makedirs(uri: str) -> None:
@@ -127,7 +145,7 @@ def makedirs(uri: str) -> None:
     root means reading the bucket's metadata (``storage.buckets.get``), a permission the README's object roles do
     not grant. TensorFlow's own recursive calls (checkpoints, summaries) under ``uri`` then stop at the marker."""
     if not is_remote(uri):
-        gfile().makedirs(uri)
+        os.makedirs(uri, exist_ok=True)
         return
     if is_bucket(uri):
         return
@@ -189,7 +207,10 @@ def permission_denied(error: BaseException, uris: Iterable[str] = ()) -> str:
 
 
 def remove(uri: str) -> None:
-    gfile().remove(uri)
+    if is_remote(uri):
+        gfile().remove(uri)
+    else:
+        os.remove(uri)
 
 
 def files_under(uri: str) -> list[tuple[str, int]]:
@@ -234,15 +255,17 @@ def gfile_errors() -> Any:
 
 
 def open_file(uri: str, mode: str = "rb") -> Any:
-    return gfile().GFile(uri, mode)
+    if is_remote(uri):
+        return gfile().GFile(uri, mode)
+    return open(uri, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
 class _RandomAccessFile(io.RawIOBase):
-    """A ``GFile`` as a standard binary file, for readers (pyarrow, decompressors) that need the full ``io``
-    interface. ``bytes_read`` counts the bytes read from storage."""
+    """A file in storage as a standard binary file, for readers (pyarrow, decompressors) that need the full ``io``
+    interface (a ``GFile`` has only part of it). ``bytes_read`` counts the bytes read from storage."""
 
     def __init__(self, uri: str):
-        self._file = gfile().GFile(uri, "rb")
+        self._file = open_file(uri, "rb")
         self.bytes_read = 0
 
     def readable(self) -> bool:
@@ -327,14 +350,20 @@ def remove_temporaries(uri: str) -> None:
 
 def publish(temp_uri: str, final_uri: str) -> None:
     """Makes a completely written file visible under its final name."""
-    gfile().rename(temp_uri, final_uri, overwrite=True)
+    if is_remote(temp_uri) or is_remote(final_uri):
+        gfile().rename(temp_uri, final_uri, overwrite=True)
+    else:
+        os.replace(temp_uri, final_uri)
 
 
 def copy(source: str, destination: str) -> None:
     """Copies a file, published under its final name only when complete."""
     makedirs(dirname(destination))
     temp = temp_name(destination)
-    gfile().copy(source, temp, overwrite=True)
+    if is_remote(source) or is_remote(destination):
+        gfile().copy(source, temp, overwrite=True)
+    else:
+        shutil.copyfile(source, temp)
     publish(temp, destination)
 
 
