@@ -223,38 +223,74 @@ def fine_tune(
     model_dir: Path,
     encoded: EncodedTask,
     arguments: DownstreamArguments,
-    seed: int,
+    seeds: Sequence[int],
     model_name: str,
     learning_rate: float,
     score_dev: bool = False,
-) -> dict:
-    """One fine-tuning of the probe's ``model_name`` (the weights in ``model_dir``, or for the random twin a new model
-    of their config) on a task at a peak learning rate: its scores on each scored split, and its development split's
-    score in the task's metric if asked (``dev_score``)."""
-    import numpy as np
+) -> list[dict]:
+    """The probe's ``model_name`` (the weights in ``model_dir``, or for the random twin a new model of their config)
+    fine-tuned on a task at a peak learning rate, once a seed: each run's scores on each scored split, and its
+    development split's score in the task's metric if asked (``dev_score``).
+
+    The seeds' runs share one Keras model and optimizer, whose weights and state each run sets anew: TensorFlow
+    traces the training and prediction functions once, not once a seed (about 3 s a run of make run's probe here).
+    A seed decides its run's head (and the twin's weights) and its batches' order; the dropout masks' random
+    stream runs on from one run to the next, as the seeds are always run in their given order."""
     import tensorflow as tf
     from transformers import AutoConfig, TFAutoModelForSequenceClassification, create_optimizer
 
-    tf.keras.utils.set_random_seed(seed)  # the head's initialisation (and the twin's weights), the batches' order
     task = encoded.task
     classes = len(task.label_names)
     config = AutoConfig.from_pretrained(model_dir, num_labels=classes)
-    if model_name != PROBE_MODELS[1]:  # the encoder's weights; the LM head is dropped, the classification head is new
-        model = TFAutoModelForSequenceClassification.from_pretrained(model_dir, config=config, **TF_LOADING)
-    else:
+
+    def new_model() -> Any:
+        if model_name != PROBE_MODELS[1]:  # the encoder's weights; the LM head is dropped, the head is new
+            return TFAutoModelForSequenceClassification.from_pretrained(model_dir, config=config, **TF_LOADING)
         model = TFAutoModelForSequenceClassification.from_config(config)
+        model(model.dummy_inputs, training=False)  # its weights, drawn now
+        return model
+
     samples = len(task.train.labels)
-    batch_size = min(arguments.batch_size, samples)
     steps = fine_tuning_steps(samples, arguments.batch_size, arguments.epochs, arguments.max_steps, arguments.min_steps)
-    optimizer, _ = create_optimizer(
-        init_lr=learning_rate,
-        num_train_steps=steps,
-        num_warmup_steps=int(arguments.warmup_fraction * steps),
-        weight_decay_rate=arguments.weight_decay,
-    )
-    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = None
+    runs = []
+    for seed in seeds:
+        tf.keras.utils.set_random_seed(seed)  # the head's initialisation (and the twin's weights), the batches' order
+        if model is None:
+            model = new_model()
+            optimizer, _ = create_optimizer(
+                init_lr=learning_rate,
+                num_train_steps=steps,
+                num_warmup_steps=int(arguments.warmup_fraction * steps),
+                weight_decay_rate=arguments.weight_decay,
+            )
+            model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        else:  # this seed's weights, and the optimizer as new: its step count (the schedule's) and moments at 0
+            model.set_weights(new_model().get_weights())
+            for variable in model.optimizer.variables():
+                variable.assign(tf.zeros_like(variable))
+        runs.append(trained_run(model, encoded, arguments, seed, model_name, learning_rate, steps, score_dev))
+    return runs
+
+
+def trained_run(
+    model: Any,
+    encoded: EncodedTask,
+    arguments: DownstreamArguments,
+    seed: int,
+    model_name: str,
+    learning_rate: float,
+    steps: int,
+    score_dev: bool,
+) -> dict[str, Any]:
+    """One fine-tuning of a compiled ``model`` (``fine_tune``'s, its weights set for ``seed``) and its scores."""
+    import numpy as np
+    import tensorflow as tf
+
+    task = encoded.task
+    samples = len(task.train.labels)
     train = tf.data.Dataset.from_tensor_slices((encoded.inputs["train"], np.asarray(task.train.labels)))
-    train = train.shuffle(samples, seed=seed).repeat().batch(batch_size, drop_remainder=True)
+    train = train.shuffle(samples, seed=seed).repeat().batch(min(arguments.batch_size, samples), drop_remainder=True)
     started = time.perf_counter()
     history = model.fit(train, steps_per_epoch=steps, epochs=1, verbose=0)
     train_loss = float(history.history["loss"][-1])  # over all the steps (one Keras epoch)
@@ -268,6 +304,7 @@ def fine_tune(
             )
         return np.argmax(logits, axis=-1)
 
+    classes = len(task.label_names)
     run: dict[str, Any] = {"learning_rate": learning_rate, "steps": steps, "scored": {}}
     for split, part in encoded.scored.items():
         split_predictions = predicted(part.inputs)
@@ -290,12 +327,12 @@ def tuned_runs(
     a seed) and the search (each rate's development score; None where it diverged)."""
     grid, seeds = arguments.grids[model], arguments.seed_list
     if len(grid) == 1:
-        return [fine_tune(model_dir, encoded, arguments, seed, model, grid[0]) for seed in seeds], []
+        return fine_tune(model_dir, encoded, arguments, seeds, model, grid[0]), []
     name, metric = encoded.task.name, encoded.task.metric
     search, first = [], {}
     for rate in grid:
         try:
-            first[rate] = fine_tune(model_dir, encoded, arguments, seeds[0], model, rate, score_dev=True)
+            (first[rate],) = fine_tune(model_dir, encoded, arguments, seeds[:1], model, rate, score_dev=True)
         except FloatingPointError as error:
             log.warning("%s", error)
             search.append({"learning_rate": rate, "dev_score": None})
@@ -305,7 +342,7 @@ def tuned_runs(
             "%s, %s: rate %g, %s %.4f on the development split", name, model, rate, metric, search[-1]["dev_score"]
         )
     rate = chosen_rate(search, f"{name}: the {model} model's fine-tuning")
-    others = [fine_tune(model_dir, encoded, arguments, seed, model, rate) for seed in seeds[1:]]
+    others = fine_tune(model_dir, encoded, arguments, seeds[1:], model, rate) if seeds[1:] else []
     return [first[rate], *others], search
 
 

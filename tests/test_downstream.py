@@ -5,6 +5,7 @@ import json
 import math
 import random
 import re
+import shutil
 import zlib
 
 import pytest
@@ -353,3 +354,30 @@ def test_no_signal_is_judged_against_the_best_one_class_answer_on_the_scored_spl
     assert result["one_class"] == pytest.approx(one_class) and result["majority_class"] == 0.7
     assert result["baselines"]["majority class"] == scores([0] * 10, validation.labels, 2)[metric]
     assert not result["pre-trained"]["signal"] and result["random init"]["signal"]
+
+
+@pytest.mark.xdist_group("trained")  # reads the tiny model, made once
+@pytest.mark.slow
+def test_a_seed_s_fine_tuning_is_the_same_after_another_s_as_alone(tmp_path, tiny_model):
+    """The seeds' fine-tunings share one compiled model (one trace): each run sets the weights and the optimizer's
+    state anew, so a seed's run is the one it would be on its own, whatever ran before it. (Dropout's masks, drawn
+    in the traced function, run on from the previous run: the model here has none, so the runs must be equal.)"""
+    from components.downstream import encode_for_probe, fine_tune
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (model / "config.json").write_text(json.dumps(config))
+    arguments = DownstreamArguments(
+        model=str(model), output="unused", max_steps=5, max_train_samples=64, max_eval_samples=64, max_length=32
+    )
+    (task,) = [spec.load(arguments.max_train_samples, arguments.max_eval_samples) for spec in arguments.task_specs()]
+    encoded = encode_for_probe(model, task, arguments)
+    # the random twin: each seed draws its weights too (the pre-trained model's are read; its head is drawn)
+    first, after_first = fine_tune(model, encoded, arguments, [1, 2], "random init", 1e-3)
+    (alone,) = fine_tune(model, encoded, arguments, [2], "random init", 1e-3)
+    for run in (first, after_first, alone):
+        run.pop("seconds")
+    assert after_first == alone
+    assert after_first["mean_train_loss"] != first["mean_train_loss"]  # the seeds' runs differ
