@@ -38,7 +38,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.job_runner import run_job
 from components.lib.modeling import SampleLength
 from components.lib.progress import Progress
-from components.lib.records import serialize_examples
+from components.lib.records import serialize_examples, tfrecord_frame
 from components.lib.shard_set import MANIFEST, dumps, manifest_for_people, merge_manifests, part_manifest_uri
 from components.lib.tokenization import SPECIAL_TOKEN_ATTRIBUTES, load_tokenizer
 
@@ -304,7 +304,7 @@ class ShardWriter:
         for record in records:
             if self._writer is None:
                 self._open()
-            self._writer.write(record)
+            self._writer.write(tfrecord_frame(record))
             self._in_file += 1
             if self._in_file == self.records_per_shard:
                 self._publish()
@@ -324,13 +324,11 @@ class ShardWriter:
         self.files, self.total_records = [], 0
 
     def _open(self) -> None:
-        import tensorflow as tf
-
         index = len(self.files)
         if index == 0:
             storage.makedirs(self.output)  # not before the first record: a failed run leaves no folder
         self._temp = storage.join(self.output, f"{self.split}-{self.part:05d}-{index:05d}{storage.TEMP_SUFFIX}")
-        self._writer = tf.io.TFRecordWriter(self._temp)
+        self._writer = storage.open_file(self._temp, "wb")
         self._in_file = 0
 
     def _publish(self) -> None:

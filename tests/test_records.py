@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.lib.records import feature_spec, serialize_examples, varint
+from components.lib.records import feature_spec, serialize_examples, tfrecord_frame, varint
 
 
 def reference_example(ids: np.ndarray) -> tf.train.Example:
@@ -40,3 +40,17 @@ def test_serializer_refuses_ids_it_cannot_encode():
 
 def test_varint():
     assert [varint(v) for v in (0, 1, 127, 128, 300)] == [b"\x00", b"\x01", b"\x7f", b"\x80\x01", b"\xac\x02"]
+
+
+def test_a_framed_record_is_the_bytes_tensorflow_s_writer_writes_and_its_reader_checks(tmp_path):
+    records = [b"", b"x", bytes(range(256)) * 40, *serialize_examples(np.arange(64).reshape(2, 32))]
+    reference = tmp_path / "reference.tfrecord"
+    with tf.io.TFRecordWriter(str(reference)) as writer:
+        for record in records:
+            writer.write(record)
+    framed = b"".join(tfrecord_frame(record) for record in records)
+    assert framed == reference.read_bytes()
+    ours = tmp_path / "ours.tfrecord"
+    ours.write_bytes(framed[:-1] + bytes([framed[-1] ^ 1]))  # the last record's checksum, one bit off
+    with pytest.raises(tf.errors.DataLossError):
+        list(tf.data.TFRecordDataset(str(ours)))
