@@ -1,7 +1,7 @@
 """``attempts``: each attempt of a training recorded as it starts and ends, and the repeat of a failure refused."""
 
 import json
-import time
+import threading
 
 import pytest
 from conftest import record_hard_exits
@@ -160,8 +160,20 @@ def test_a_start_past_its_deadline_is_recorded_failed_and_ends_the_process(tmp_p
     assert attempt["outcome"] == "failed"
     assert attempt["error"] == f"the accelerator did not start within {minutes} min (--start_minutes)"
 
+    # a start on time: its timer is cancelled as the block ends (a deadline no stall of this machine's reaches, and
+    # the timer's own thread waited for, not a sleep: the test does not depend on the machine's speed)
+    timers: list[threading.Timer] = []
+
+    class Recorded(threading.Timer):
+        def start(self) -> None:
+            timers.append(self)
+            super().start()
+
+    monkeypatch.setattr(attempts_module.threading, "Timer", Recorded)
     on_time = tmp_path / "on-time"
-    with attempts(on_time).start_deadline(seconds):
+    with attempts(on_time).start_deadline(600):
         pass
-    time.sleep(3 * seconds)
+    (timer,) = timers
+    timer.join(30)
+    assert not timer.is_alive(), "the timer of a start on time was not cancelled"
     assert len(hard_exits.calls) == 1 and not (on_time / FILE).exists()

@@ -68,14 +68,34 @@ def test_a_lease_held_by_a_process_gone_from_this_machine_is_no_longer_live_and_
     assert time.monotonic() - started < 300  # not the expiry's wait
 
 
-def test_a_lease_is_live_until_its_expiry_and_gone_after(tmp_path):
+class Clock:
+    """The lease's clock, moved by the test and by the lease's own sleeps: no outcome depends on the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __getattr__(self, name: str):  # the rest of the time module (formatting) as it is
+        return getattr(time, name)
+
+
+def test_a_lease_is_live_until_its_expiry_and_gone_after(tmp_path, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(lease_module, "time", clock)
     assert live_lease(str(tmp_path)) is None
-    held = Lease(str(tmp_path), expiry=0.3)
+    held = Lease(str(tmp_path), expiry=300)
     held.take()
     record = live_lease(str(tmp_path))
     assert record["token"] == held.token and record["holder"] == held.holder
     assert {"heartbeat", "expires", "expires_at", "started", "job", "host", "pid"} <= set(record)
-    time.sleep(max(0.0, record["expires_at"] - time.time()) + 0.05)
+    clock.sleep(record["expires_at"] - clock.now - 0.01)
+    assert live_lease(str(tmp_path))["token"] == held.token  # live until its expiry
+    clock.sleep(0.01)
     assert live_lease(str(tmp_path)) is None  # expired: a dead training's, anyone's to take
     assert (tmp_path / FILE).exists()
 

@@ -131,12 +131,12 @@ def test_a_region_the_quota_does_not_cover_is_unknown() -> None:
 
 
 def test_an_unreachable_endpoint_is_unknown_within_the_timeout() -> None:
-    with socket.socket() as probe:  # a port nothing listens on once it is closed
+    with socket.socket() as probe:  # bound, never listening: refused, and no other process can take the port
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    started = time.monotonic()
-    check = check_tpu_quota(PROJECT, REGION, tpu_type("v5e-4"), ON_DEMAND, endpoint=f"http://127.0.0.1:{port}")
-    assert time.monotonic() - started < TIMEOUT_SECONDS
+        started = time.monotonic()
+        check = check_tpu_quota(PROJECT, REGION, tpu_type("v5e-4"), ON_DEMAND, endpoint=f"http://127.0.0.1:{port}")
+        assert time.monotonic() - started < TIMEOUT_SECONDS
     assert check.verdict == UNKNOWN and f"could not connect to 127.0.0.1:{port}" in check.message
 
 

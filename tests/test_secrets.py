@@ -189,14 +189,13 @@ def test_following_a_run_with_a_poll_interval_below_zero_is_refused_in_one_line(
 def test_a_service_that_never_answers_ends_in_one_line_with_what_to_do(monkeypatch, capsys):
     """The endpoint given is closed: the client's retries run out (shortened here) and the command ends with exit 1
     and one line, not RetryError's traceback."""
-    import pipelines.vertex_jobs
+    import pipelines.runs
 
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()
-    monkeypatch.setattr(pipelines.vertex_jobs, "CALL_RETRY_SECONDS", 1.0)
-    code = tpu_mlm(["status", RUN, "--project", "my-proj", "--api_endpoint", f"http://127.0.0.1:{port}"])
+    monkeypatch.setattr(pipelines.runs, "FIRST_CALL_RETRY_SECONDS", 1.0)  # the first call's deadline (30 s)
+    with socket.socket() as closed:  # bound, never listening: refused, and no other process can take the port
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        code = tpu_mlm(["status", RUN, "--project", "my-proj", "--api_endpoint", f"http://127.0.0.1:{port}"])
     stderr = capsys.readouterr().err
     assert code == 1 and "Traceback" not in stderr, stderr
     line = stderr.strip().splitlines()[-1]
