@@ -12,6 +12,7 @@ and goes on; ``--action hang`` makes the call never return, never giving Python'
 native call does (the TPU's initialisation, a compile); ``--action nan`` sets every weight of the model its first
 argument holds (a ``TrainingState``) to NaN and goes on, as a step that blew up would leave them; ``--action
 unavailable`` raises TensorFlow's ``UnavailableError`` in place of the call, as a TPU worker not answering yet does.
+``--exit_grace`` shortens the time a SIGTERM'd step has to stop before it is ended.
 """
 
 import argparse
@@ -78,10 +79,21 @@ def main() -> None:
     actions = ("kill", "term", "hang", "nan", "unavailable")
     parser.add_argument("--action", choices=actions, default="kill", help="what to do there")
     parser.add_argument("--marker", default="", help="a file to create just before acting")
+    parser.add_argument(
+        "--exit_grace",
+        type=float,
+        default=0.0,
+        help="seconds a SIGTERM'd step has to stop before it is ended (components.lib.preemption's 15 s if 0): the "
+        "tests of a step that cannot stop need not wait what a TPU job waits",
+    )
     split = sys.argv.index("--")
     options = parser.parse_args(sys.argv[1:split])
     module, *arguments = sys.argv[split + 1 :]  # after "--": the module to run, then its arguments
     arm(options.function, options.matching, options.nth, options.after, options.action, options.marker)
+    if options.exit_grace:
+        from components.lib.preemption import StopRequest
+
+        StopRequest.EXIT_GRACE = options.exit_grace
     # the module's own main(), not runpy: a second copy of the module as __main__ would not be armed
     sys.exit(importlib.import_module(module).main(arguments))
 

@@ -308,7 +308,8 @@ def test_a_slice_that_does_not_come_up_ends_every_host_cleanly_with_the_tpu_job_
     outcomes = [launcher.communicate(timeout=240) for launcher in launchers]
     assert [launcher.returncode for launcher in launchers] == [0, 0], [err[-2000:] for _, err in outcomes]
     written = json.loads((tmp_path / "verdict.json").read_text())
-    assert written["status"] == 3 and outcomes[0][1].strip().splitlines()[-1] == f"error: {written['line']}"
+    # the launcher's one line (its worker server, a child sharing its stderr, may log after it on a busy machine)
+    assert written["status"] == 3 and f"error: {written['line']}" in outcomes[0][1].splitlines()
     told = "host 0's command ended with exit code 0"
     ending = told if host_zero == 0 else "host 0 ended the TPU job with its verdict"
     assert ending in outcomes[1][1], outcomes[1][1][-2000:]
