@@ -136,7 +136,7 @@ RESUME_ARGS += ["--checkpoint_every_steps", "20", "--log_every_steps", "10", "--
 
 @pytest.mark.slow
 def test_a_trainer_killed_after_a_checkpoint_resumes_there_and_ends_at_the_planned_step(wikitext_shards, gcs):
-    """On gs:// (the emulator), as on Vertex AI; the same on local folders and at 8 replicas, and a SIGTERM's
+    """On gs:// (the emulator), as on Vertex AI; the same on local folders and at 4 replicas, and a SIGTERM's
     checkpoint at 2: tests/test_replicas.py."""
     output = f"{gcs}/model"
     data = ["--tokenizer", wikitext_shards["tokenizer"], "--train_shards", wikitext_shards["train"]]
