@@ -1,5 +1,5 @@
 # make install   create .venv with the pinned dependencies (pyproject.toml + constraints.txt)
-# make run       the whole pipeline under kfp.local on the embedded corpus (mini model, about 3 minutes)
+# make run       the whole pipeline under kfp.local on the embedded corpus (mini model, about 2 minutes)
 # make prepare   only the data steps: tokenizer, train and validation shards into outputs/
 # make docs      write docs/steps.md's table of pipeline parameters from the dataclasses
 # make components  write pipelines/kfp_components.py (the component functions) and pipelines/routes.py (where each
