@@ -219,6 +219,10 @@ def task_score_error(task: Task, predicted: Sequence[int], labels: Sequence[int]
     return score_error(task.metric, lambda p, truth: scores(p, truth, classes)[task.metric], predicted, labels)
 
 
+# the config's dropout rates (RoBERTa's and BERT's; the classification head's, unset, is the hidden one's)
+DROPOUTS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
+
+
 def fine_tune(
     model_dir: Path,
     encoded: EncodedTask,
@@ -232,10 +236,12 @@ def fine_tune(
     fine-tuned on a task at a peak learning rate, once a seed: each run's scores on each scored split, and its
     development split's score in the task's metric if asked (``dev_score``).
 
-    The seeds' runs share one Keras model and optimizer, whose weights and state each run sets anew: TensorFlow
-    traces the training and prediction functions once, not once a seed (about 3 s a run of make run's probe here).
-    A seed decides its run's head (and the twin's weights) and its batches' order; the dropout masks' random
-    stream runs on from one run to the next, as the seeds are always run in their given order."""
+    A model without dropout (make run's ``mini``) fine-tunes every seed on one compiled Keras model and optimizer,
+    whose weights and state each run sets anew: TensorFlow traces the training and prediction functions once a call,
+    not once a seed (about 3 s a run of make run's probe here). With dropout, each seed has a model of its own:
+    dropout's masks are drawn in the traced function, whose random stream would run on from one seed's run to the
+    next. Either way a seed's run is the one it is alone: the seed decides its head (and the twin's weights), its
+    dropout and its batches' order."""
     import tensorflow as tf
     from transformers import AutoConfig, TFAutoModelForSequenceClassification, create_optimizer
 
@@ -250,13 +256,14 @@ def fine_tune(
         model(model.dummy_inputs, training=False)  # its weights, drawn now
         return model
 
+    shared = not any(getattr(config, name, 0) for name in DROPOUTS)
     samples = len(task.train.labels)
     steps = fine_tuning_steps(samples, arguments.batch_size, arguments.epochs, arguments.max_steps, arguments.min_steps)
     model = None
     runs = []
     for seed in seeds:
         tf.keras.utils.set_random_seed(seed)  # the head's initialisation (and the twin's weights), the batches' order
-        if model is None:
+        if model is None or not shared:
             model = new_model()
             optimizer, _ = create_optimizer(
                 init_lr=learning_rate,

@@ -248,7 +248,7 @@ def free_port() -> int:
 def serve(folder: Path, bucket: str) -> None:
     """Runs the emulator (with ``bucket``) and the proxy, prints the environment as one JSON line, then serves
     until killed. The tests run this in a process of its own: TensorFlow holds the GIL in some calls (closing a
-    ``TFRecordWriter`` uploads the file), so a proxy in the test's own process would deadlock with it."""
+    ``GFile`` uploads the file), so a proxy in the test's own process would deadlock with it."""
     from gcp_storage_emulator.server import create_server
 
     port = free_port()

@@ -2,6 +2,7 @@
 
 import json
 import threading
+from types import SimpleNamespace
 
 import pytest
 from conftest import record_hard_exits
@@ -169,7 +170,7 @@ def test_a_start_past_its_deadline_is_recorded_failed_and_ends_the_process(tmp_p
             timers.append(self)
             super().start()
 
-    monkeypatch.setattr(attempts_module.threading, "Timer", Recorded)
+    monkeypatch.setattr(attempts_module, "threading", SimpleNamespace(Timer=Recorded))  # the module's timers only
     on_time = tmp_path / "on-time"
     with attempts(on_time).start_deadline(600):
         pass

@@ -5,6 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from components.lib import storage
 from components.lib.corpus import LINE_STEP, Corpus, CorpusSpec, embedded_lines, holdout_texts, is_held_out
 from components.lib.errors import InvalidParameter
 
@@ -199,3 +200,12 @@ def test_hub_datasets_stream_through_the_datasets_library(tmp_path):
         texts_of(f"hf:{tmp_path}", text_column="body")
     with pytest.raises(InvalidParameter, match=r"--corpus=.*cannot load the Hub dataset"):
         texts_of(f"hf:{tmp_path / 'missing'}")
+
+
+def test_a_bare_file_name_is_written_in_the_current_folder_published_whole(tmp_path, monkeypatch):
+    """tpu-mlm report --output report.html: a file name with no folder (dirname "") is the current folder's."""
+    monkeypatch.chdir(tmp_path)
+    storage.write_text_atomic("report.html", "<p>")
+    storage.copy("report.html", "copy.html")
+    assert (tmp_path / "report.html").read_text() == (tmp_path / "copy.html").read_text() == "<p>"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["copy.html", "report.html"]  # no temporary left

@@ -358,16 +358,17 @@ def test_no_signal_is_judged_against_the_best_one_class_answer_on_the_scored_spl
 
 @pytest.mark.xdist_group("trained")  # reads the tiny model, made once
 @pytest.mark.slow
-def test_a_seed_s_fine_tuning_is_the_same_after_another_s_as_alone(tmp_path, tiny_model):
-    """The seeds' fine-tunings share one compiled model (one trace): each run sets the weights and the optimizer's
-    state anew, so a seed's run is the one it would be on its own, whatever ran before it. (Dropout's masks, drawn
-    in the traced function, run on from the previous run: the model here has none, so the runs must be equal.)"""
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_seed_s_fine_tuning_is_the_same_after_another_s_as_alone(tmp_path, tiny_model, dropout):
+    """A seed's run is the one it would be on its own, whatever ran before it: without dropout the seeds share one
+    compiled model (one trace), each run setting the weights and the optimizer's state anew; with it (its masks
+    drawn in the traced function) each seed has its own."""
     from components.downstream import encode_for_probe, fine_tune
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
     config = json.loads((model / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     (model / "config.json").write_text(json.dumps(config))
     arguments = DownstreamArguments(
         model=str(model), output="unused", max_steps=5, max_train_samples=64, max_eval_samples=64, max_length=32

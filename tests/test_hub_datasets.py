@@ -251,9 +251,9 @@ def test_the_whole_pipeline_on_a_hub_dataset_keeps_its_data_in_a_bucket_trains_f
     tmp_path, hub_dataset, gcs, monkeypatch
 ):
     """A Hub dataset (in one part: a Hub dataset's parts are the test above's, a pipeline's the local one's), every
-    artifact and checkpoint on gs:// (object permissions only), the training on 4 CPU replicas (the distributed path a
-    v3-8's 8 take; 8 take twice as long here), and
-    the push to the Hub: what a user's first Vertex AI run does."""
+    artifact and checkpoint on gs:// (object permissions only), the training on 4 CPU replicas (MirroredStrategy: 8,
+    as many as a v3-8's, take twice as long here on the same path), and the push to the Hub: what a user's first
+    Vertex AI run does."""
     from pipelines.clean import CleanArguments, clean
     from pipelines.run_local import RunLocalArguments, run_local
 

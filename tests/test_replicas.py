@@ -153,8 +153,8 @@ def test_four_replicas_train_with_the_recipe_s_schedules_and_the_model_scores_th
     """A run on 4 replicas with accumulation: the recipe's schedules by optimizer step (the learning rate's
     warmup-stable-decay, the masking rate's decay from 30% to 15% over the 12 steps' 24 micro-batches), the
     gradient clipped, validating on every replica at each checkpoint. Its model then scores the same at 8 replicas
-    as at 1. (The whole pipeline of tests/test_hub_datasets.py trains at 4 replicas too: a training at 8, as on a
-    v3-8, takes the same code path and about twice as long as at 4 here.
+    as at 1. (The whole pipeline of tests/test_hub_datasets.py trains at 4 replicas too: a training at 8, as many
+    as a v3-8's, takes the same MirroredStrategy path and about twice as long as at 4 here.
     Resumes: after a SIGKILL on gs:// in tests/test_train.py, after a
     SIGTERM at 2 replicas above, the masking stream from a checkpoint's micro-batch in tests/test_recipe.py.)"""
     output = str(tmp_path / "model")

@@ -261,10 +261,7 @@ def docstring_sentences(sources: tuple[str, ...] = DOCSTRING_SOURCES) -> tuple[s
         pass
     sentences = parsed_docstring_sentences(sources)
     with contextlib.suppress(OSError):  # a read-only home
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        written = storage.temp_name(str(cache))  # published whole, without TensorFlow's file system
-        Path(written).write_text(json.dumps(sentences), encoding="utf-8")
-        os.replace(written, cache)
+        storage.write_text_atomic(str(cache), json.dumps(sentences))
     return sentences
 
 

@@ -145,7 +145,8 @@ def makedirs(uri: str) -> None:
     root means reading the bucket's metadata (``storage.buckets.get``), a permission the README's object roles do
     not grant. TensorFlow's own recursive calls (checkpoints, summaries) under ``uri`` then stop at the marker."""
     if not is_remote(uri):
-        os.makedirs(uri, exist_ok=True)
+        if uri:  # "": the current folder, the folder of a bare file name
+            os.makedirs(uri, exist_ok=True)
         return
     if is_bucket(uri):
         return
