@@ -12,7 +12,7 @@ runtime=${RUNTIME:-tf2.20}
 pins=constraints.txt
 if [ "$runtime" != tf2.20 ]; then pins=containers/tpu-$runtime.constraints.txt; fi
 test -f "$pins" || { echo "RUNTIME=$runtime: no $pins" >&2; exit 1; }
-tools='pytest|pytest-timeout|pytest-xdist|execnet|ruff|gcp-storage-emulator|iniconfig|pluggy'
+tools='pytest|pytest-timeout|pytest-xdist|execnet|ruff|gcp-storage-emulator|iniconfig|pluggy|uv'
 case "${1:-}" in
   common) grep -vE "^(tensorflow|tensorflow-tpu|libtpu|$tools)==" "$pins" ;;
   tensorflow)
