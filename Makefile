@@ -36,8 +36,8 @@ tpu_image = $(if $(filter $(firstword $(TPU_RUNTIMES)),$(1)),$(TPU_IMAGE),$(shel
 	| sed -E 's,^(.*/)?([^/:]+)(:[^/]*)?$$,\1\2-$(1)\3,'))
 TPU_IMAGE_TARGETS := $(addprefix tpu-image-,$(TPU_RUNTIMES))
 # The tests run in TEST_WORKERS processes (pytest-xdist; 0: in pytest's own), the container tests in one of them
-# (they share their images); docs/testing.md has what two buy on two cores.
-TEST_WORKERS ?= 2
+# (they share their images); docs/testing.md has what three buy on two cores.
+TEST_WORKERS ?= 3
 PYTEST_PROCESSES := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: install pytorch-env run prepare components docs compile test test-fast lint bench bench-levers images cpu-image tpu-image $(TPU_IMAGE_TARGETS) clean

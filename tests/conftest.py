@@ -32,10 +32,16 @@ WIKITEXT_VOCAB_SIZE = 5000
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with slow tests first, each file's tests together and in order: make test's two processes start
-    the longest work early instead of one of them ending the run alone on it."""
+    """The longest tests first (an image's build, a whole pipeline: those given LONG_TEST_SECONDS), then files with
+    slow tests, each file's tests in order: make test's processes start the longest work at once instead of one of
+    them ending the run alone on it (the images' tests, one xdist group, start with the first of them)."""
+
+    def is_long(item: pytest.Item) -> bool:
+        limit = item.get_closest_marker("timeout")
+        return limit is not None and limit.args[:1] == (LONG_TEST_SECONDS,)
+
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within a file is kept
+    items.sort(key=lambda item: (not is_long(item), item.path not in slow_files))  # stable: otherwise in order
 
 
 def pytest_report_header() -> str:

@@ -20,19 +20,9 @@ TEST_IMAGE = "tpu-mlm-cpu:test"
 # under make test's two processes, these tests run in one: each image is built once, and never twice at a time
 pytestmark = pytest.mark.xdist_group("images")
 DEFAULT_RUNTIME = TPU_RUNTIMES[0]
-TEST_TOOLS = {  # the tests' tools and the installer: in no image
-    *(
-        "pytest",
-        "pytest-timeout",
-        "pytest-xdist",
-        "execnet",
-        "ruff",
-        "gcp-storage-emulator",
-        "iniconfig",
-        "pluggy",
-        "uv",
-    )
-}
+# the tests' tools and the installer: in no image
+TEST_TOOLS = {"pytest", "pytest-timeout", "pytest-xdist", "execnet", "ruff", "gcp-storage-emulator", "iniconfig"}
+TEST_TOOLS |= {"pluggy", "uv"}
 
 
 def pinned(name: str) -> str:

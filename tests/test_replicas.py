@@ -43,21 +43,21 @@ def train_command(shards: dict, output, *extra: str) -> list[str]:
 
 @pytest.mark.slow  # trains in the test: out of the fast tier (make test-fast under 3 minutes)
 def test_two_cpu_replicas_accumulate_micro_batches_into_the_global_batch(tmp_path, embedded_shards):
-    command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "4")
+    command = train_command(embedded_shards, tmp_path / "model", "--replicas", "2", "--per_replica_batch_size", "16")
     command += ["--gradient_accumulation_steps", "3", "--num_epochs", "1", "--log_every_steps", "5"]
     command += ["--batch_warmup_fraction", "0.5"]  # on both replicas: the first half of the steps at 1, then 2
     result = run_module(*command)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "model" / SUMMARY_FILE).read_text())
     samples = read_manifest(embedded_shards["train"])["num_records"]
-    assert summary["global_batch_size"] == 24 and summary["total_steps"] == samples // 24  # an epoch of steps
-    assert "global batch 24 (3 micro-batch(es) of 4 per replica)" in result.stderr
+    assert summary["global_batch_size"] == 96 and summary["total_steps"] == samples // 96  # an epoch of steps
+    assert "global batch 96 (3 micro-batch(es) of 16 per replica)" in result.stderr
     assert all(point["loss"] > 0 for point in summary["history"])
-    # the warm-up's stages at 2 replicas: micro-batches of 8 over both, 1 then 2 a step, then 3
+    # the warm-up's stages at 2 replicas: micro-batches of 32 over both, 1 then 2 a step, then 3
     steps = summary["total_steps"]
     assert summary["batch_stages"] == [[0, 1], [round(steps / 2 / 2), 2], [round(steps / 2), 3]]
     per_step = [next(m for start, m in reversed(summary["batch_stages"]) if step >= start) for step in range(steps)]
-    assert summary["samples"] == 8 * sum(per_step)
+    assert summary["samples"] == 32 * sum(per_step)
     assert [point["learning_rate"] for point in summary["history"]] == pytest.approx(scheduled_rates(summary))
 
 
