@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import HUB_TOKEN, run_module, train_tiny
+from conftest import HUB_TOKEN, made_once, run_module, train_tiny
 from huggingface_hub import snapshot_download
 from pytorch_env import pytorch_python, run_pytorch
 from transformers import TFAutoModelForMaskedLM
@@ -24,13 +24,12 @@ from pipelines.pipeline import compile_pipeline
 
 @pytest.fixture(scope="module")
 def model_and_evaluation(tmp_path_factory, wikitext_shards):
-    root = tmp_path_factory.mktemp("push")
-    train_tiny(root / "model", wikitext_shards, max_steps=10)
-    evaluate(
-        EvaluateArguments(
-            model=str(root / "model"), shards=wikitext_shards["validation"], output=str(root / "eval"), max_batches=2
-        )
-    )
+    def make(root: Path) -> None:  # once per test run: the tests read them, and copy what they change
+        train_tiny(root / "model", wikitext_shards, max_steps=10)
+        model, shards = str(root / "model"), wikitext_shards["validation"]
+        evaluate(EvaluateArguments(model=model, shards=shards, output=str(root / "eval"), max_batches=2))
+
+    root = made_once(tmp_path_factory, "push", make)
     return str(root / "model"), str(root / "eval")
 
 
