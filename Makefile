@@ -44,7 +44,8 @@ PYTEST_PROCESSES := -n $(TEST_WORKERS) --dist loadgroup
 
 install: $(VENV)/.installed
 
-# uv resolves and installs the same pins as pip in a quarter of the time (docs/testing.md); INSTALLER=pip: pip alone
+# uv resolves and installs the same pins as pip in a quarter of the time (docs/testing.md). uv does not read pip's
+# settings (pip.conf, PIP_INDEX_URL): behind a package mirror, make install INSTALLER=pip
 INSTALLER ?= uv
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -33,8 +33,8 @@ WIKITEXT_VOCAB_SIZE = 5000
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest tests first (an image's build, a whole pipeline: those given LONG_TEST_SECONDS), then files with
-    slow tests, each file's tests in order: make test's processes start the longest work at once instead of one of
-    them ending the run alone on it (the images' tests, one xdist group, start with the first of them)."""
+    slow tests, each file's tests in order: after xdist's groups (which it hands out first, the largest first: the
+    images' tests), make test's processes start the longest work instead of one of them ending the run alone on it."""
 
     def is_long(item: pytest.Item) -> bool:
         limit = item.get_closest_marker("timeout")

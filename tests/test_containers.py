@@ -17,7 +17,7 @@ from pipelines.run_local import RunLocalArguments, run_local
 CPU_DOCKERFILE = PROJECT_ROOT / "containers" / "cpu.Dockerfile"
 TPU_DOCKERFILE = PROJECT_ROOT / "containers" / "tpu.Dockerfile"
 TEST_IMAGE = "tpu-mlm-cpu:test"
-# under make test's two processes, these tests run in one: each image is built once, and never twice at a time
+# under make test's processes, these tests run in one: each image is built once, and never twice at a time
 pytestmark = pytest.mark.xdist_group("images")
 DEFAULT_RUNTIME = TPU_RUNTIMES[0]
 # the tests' tools and the installer: in no image

@@ -16,7 +16,7 @@ from components.lib.errors import InvalidParameter
 from components.lib.model_card import USAGE_HEADING
 from components.lib.pytorch_weights import WEIGHTS_FILE
 
-# the tests of the files that read the tiny model in one process: the other need not wait on its making
+# the tests of the files that read the tiny model in one process: the others need not wait on its making
 pytestmark = pytest.mark.xdist_group("tiny_model")
 
 OLD_CARD = """---

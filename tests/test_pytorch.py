@@ -25,7 +25,7 @@ from components.lib.pytorch_weights import (
 from components.lib.shard_set import read_manifest
 from components.lib.tokenization import load_tokenizer
 
-# the tests of the files that read the tiny model in one process: the other need not wait on its making
+# the tests of the files that read the tiny model in one process: the others need not wait on its making
 pytestmark = pytest.mark.xdist_group("tiny_model")
 
 SENTENCES = ["The function returns a <mask> of values.", "The <mask> statement is used to leave a loop."]

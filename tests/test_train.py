@@ -66,7 +66,7 @@ def trained(tmp_path_factory, wikitext_shards):
     return str(output), json.loads((output / SUMMARY_FILE).read_text())
 
 
-@pytest.mark.xdist_group("trained")  # one process makes the model; the other need not wait on it
+@pytest.mark.xdist_group("trained")  # one process makes the model; the others need not wait on it
 @pytest.mark.slow
 def test_training_lowers_the_evaluation_loss_against_the_untrained_model(tmp_path, wikitext_shards, trained):
     model_dir, summary = trained
@@ -81,7 +81,7 @@ def test_training_lowers_the_evaluation_loss_against_the_untrained_model(tmp_pat
     assert summary["last_loss"] < summary["first_loss"]
 
 
-@pytest.mark.xdist_group("trained")  # one process makes the model; the other need not wait on it
+@pytest.mark.xdist_group("trained")  # one process makes the model; the others need not wait on it
 @pytest.mark.slow
 def test_summary_history_tensorboard_and_mfu(trained):
     model_dir, summary = trained
@@ -115,7 +115,7 @@ def test_summary_history_tensorboard_and_mfu(trained):
     assert all(point["projected_cost"] > 0 for point in summary["history"])
 
 
-@pytest.mark.xdist_group("trained")  # one process makes the model; the other need not wait on it
+@pytest.mark.xdist_group("trained")  # one process makes the model; the others need not wait on it
 @pytest.mark.slow
 def test_the_output_loads_in_the_fill_mask_pipeline(trained, wikitext_shards):
     model_dir, _ = trained
