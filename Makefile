@@ -9,7 +9,7 @@
 # make pytorch-env  the tests' PyTorch environment (.venv-pytorch: tests/pytorch_env.py), which the tests
 #                  otherwise make on first use
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipeline, no test of 3 s or more),
-#                  while working: about 1.5 minutes here
+#                  while working: under a minute here
 # make bench     the sharding, training, parts-reading and recipe benchmarks on WikiText-2 (../shared/data;
 #                the recipes' side by side takes about 45 minutes: benchmarks/recipes.py --quick, about 15)
 # make bench-levers  the levers over the default recipe side by side (clipping, no dropout, batch warm-up), 3 seeds,
@@ -36,8 +36,8 @@ tpu_image = $(if $(filter $(firstword $(TPU_RUNTIMES)),$(1)),$(TPU_IMAGE),$(shel
 	| sed -E 's,^(.*/)?([^/:]+)(:[^/]*)?$$,\1\2-$(1)\3,'))
 TPU_IMAGE_TARGETS := $(addprefix tpu-image-,$(TPU_RUNTIMES))
 # The tests run in TEST_WORKERS processes (pytest-xdist; 0: in pytest's own), the container tests in one of them
-# (they share their images); docs/testing.md has what three buy on two cores.
-TEST_WORKERS ?= 3
+# (they share their images); docs/testing.md has what four buy on two cores.
+TEST_WORKERS ?= 4
 PYTEST_PROCESSES := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: install pytorch-env run prepare components docs compile test test-fast lint bench bench-levers images cpu-image tpu-image $(TPU_IMAGE_TARGETS) clean
