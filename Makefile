@@ -50,7 +50,7 @@ INSTALLER ?= uv
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 ifeq ($(INSTALLER),uv)
-	$(BIN)/pip install --quiet --disable-pip-version-check $$(grep '^uv==' constraints.txt)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt uv
 	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -c constraints.txt -e '.[dev]'
 else
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
