@@ -181,6 +181,17 @@ def test_make_images_builds_every_image_for_vertex_ai_s_x86_machines_whatever_th
     assert all("--platform linux/amd64" in line for line in builds)  # an ARM laptop's own would not run there
 
 
+def test_pyproject_pins_what_constraints_txt_resolved():
+    """A pin changed in one of the two files alone makes make install unsatisfiable (or an image differ from the
+    tests' environment): each of pyproject.toml's pins, the dev tools' too, is constraints.txt's."""
+    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    declared = pins_of(project["dependencies"] + project["optional-dependencies"]["dev"])
+    resolved = pins(PROJECT_ROOT / "constraints.txt")
+    assert len(declared) == len(project["dependencies"]) + len(project["optional-dependencies"]["dev"])
+    differing = {name: (pin, resolved.get(name)) for name, pin in declared.items() if resolved.get(name) != pin}
+    assert differing == {}, f"pyproject.toml's pin, constraints.txt's: {differing}"
+
+
 def test_both_images_install_the_project_from_its_resolved_pins():
     for dockerfile in (CPU_DOCKERFILE, TPU_DOCKERFILE):
         text = dockerfile.read_text()
