@@ -124,11 +124,17 @@ def launch(arguments: SliceArguments, command: list[str]) -> int:
     except SliceFailed as error:
         report.update(failed=str(error))
         raise
-    finally:  # the server holds nothing to save, and TensorFlow's preemption notifier catches its SIGTERM
-        server.kill()
-        server.wait()
+    finally:
+        stop_server(server)
     report.update(exit_code=exit_code)
     return exit_code
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """Ends this host's worker server (again: a no-op). It holds nothing to save, and TensorFlow's preemption
+    notifier catches a SIGTERM, so it is killed."""
+    server.kill()
+    server.wait()
 
 
 def _run_host_zero(
@@ -155,6 +161,8 @@ def _run_host_zero(
             wait_for_servers(hosts, arguments.server_port, arguments.hosts_timeout_minutes * 60, server)
         except SliceFailed as error:
             report.update(failed=str(error))
+            # before the one line: the server shares this stderr, and what Vertex AI shows of a failed job is its end
+            stop_server(server)
             # its one line, and the status the other hosts end with: 0 where it is the TPU job's verdict (a slice
             # that did not come up), so that no host's exit has Vertex AI restart the job to wait again
             exit_code = reported_status(error)
