@@ -410,6 +410,17 @@ def test_a_crash_is_restarted_as_vertex_ai_documents_then_replaced_by_the_task_s
     assert vertex.starts[replacement] == 1 and recorded(record) == replacement
 
 
+def test_the_stand_in_s_running_jobs_end_with_it_and_start_no_worker_again(tmp_path):
+    """A test that leaves a job running (a cancel that does not take, a job that sleeps) must not leave its worker
+    restarted for minutes in the test process after the stand-in is gone."""
+    with VertexStandIn() as vertex:
+        name = earlier_job(vertex, "import time; time.sleep(600)", tmp_path / "record")
+        wait_for(lambda: name in vertex.processes)
+    assert not vertex._supervisors[name].is_alive()
+    assert vertex.starts[name] == 1 and vertex.processes[name].returncode is not None
+    assert vertex.jobs[name]["state"] == "JOB_STATE_CANCELLED"
+
+
 @pytest.mark.parametrize("model", ["saved", "missing"])
 def test_a_job_that_succeeded_with_no_verdict_succeeds_only_with_its_model(tmp_path, model):
     """A train job that ends 0 having written no verdict (an image from before verdicts, or a step that exited early

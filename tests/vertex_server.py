@@ -105,8 +105,17 @@ class VertexStandIn:
         return self
 
     def __exit__(self, *_: object) -> None:
-        for process in self.processes.values():
+        # its jobs end with it: a worker killed here would otherwise be restarted (a non-zero exit), up to 24 times
+        with self._lock:
+            for job in self.jobs.values():
+                if job["state"] == "JOB_STATE_RUNNING":  # a supervisor's: it starts no worker once it is not
+                    job.update(state="JOB_STATE_CANCELLED", endTime=now())
+            processes = list(self.processes.values())
+        for process in processes:
             process.kill()
+            process.wait()
+        for supervisor in self._supervisors.values():
+            supervisor.join(timeout=60)
         self._server.shutdown()
         self._server.server_close()
 
