@@ -1,11 +1,14 @@
 import logging
+from types import SimpleNamespace
 
+from components.lib import progress as progress_module
 from components.lib.progress import Progress
 
 
 def test_progress_lines_show_totals_rates_and_eta(caplog, monkeypatch):
     clock = iter([100.0, 110.0, 120.0])
-    monkeypatch.setattr("components.lib.progress.time.monotonic", lambda: next(clock))
+    # the module's clock only: time.monotonic itself is every thread's of this test process (a stand-in's, a lease's)
+    monkeypatch.setattr(progress_module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     caplog.set_level(logging.INFO, logger="tpu_mlm.progress")
     done = {"fraction": 0.25}
     progress = Progress("shards train", lambda: done["fraction"], interval=5.0)
