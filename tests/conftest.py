@@ -368,3 +368,14 @@ def gcs(gcs_server, monkeypatch, request) -> str:
     for key, value in gcs_server.items():
         monkeypatch.setenv(key, value)
     return f"gs://bucket/{request.node.name.split('[')[0]}-{uuid.uuid4().hex[:8]}"
+
+
+def own_aiplatform_settings(monkeypatch) -> None:
+    """aiplatform's settings for this test only: a fresh global config, and ``aiplatform.init`` (bound to the config
+    of the import) setting that one, so that submit's init reaches the jobs it creates here and no later test."""
+    from google.cloud import aiplatform
+    from google.cloud.aiplatform import initializer
+
+    config = initializer._Config()
+    monkeypatch.setattr(initializer, "global_config", config)
+    monkeypatch.setattr(aiplatform, "init", config.init)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_ROOT, run_module
+from conftest import PROJECT_ROOT, own_aiplatform_settings, run_module
 from google.auth.credentials import AnonymousCredentials
 from test_launch_custom_job import job, launcher, wait_for
 from vertex_server import VertexStandIn
@@ -30,11 +30,11 @@ LONG_NAME = "tpu-mlm-pretraining-a-run-whose-name-is-longer-than-any-label-value
 @pytest.fixture
 def vertex(monkeypatch):
     """The stand-in, with aiplatform's settings pointed at it over REST for this test only (a fresh global config)."""
-    from google.cloud.aiplatform import initializer
+    from google.cloud import aiplatform
 
     with VertexStandIn() as stand_in:
-        monkeypatch.setattr(initializer, "global_config", initializer._Config())
-        initializer.global_config.init(
+        own_aiplatform_settings(monkeypatch)
+        aiplatform.init(
             project=PROJECT,
             location=REGION,
             api_endpoint=stand_in.url,

@@ -3,7 +3,7 @@ import os
 import re
 
 import pytest
-from conftest import PROJECT_ROOT, run_module
+from conftest import PROJECT_ROOT, own_aiplatform_settings, run_module
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
 from google.cloud.aiplatform_v1.types import pipeline_job as gca_pipeline_job
@@ -40,8 +40,6 @@ def arguments(template_path, **overrides) -> SubmitArguments:
 def vertex(monkeypatch):
     """The Vertex AI stand-in, where a resume lists the pipeline's runs before it is created; aiplatform's settings
     for this test only (submit's init sets them)."""
-    from test_submit_stand_ins import own_aiplatform_settings
-
     own_aiplatform_settings(monkeypatch)
     with VertexStandIn() as stand_in:
         # the run the tests resume, failed, in the region they submit to: a resume is of a run of that region

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_module
+from conftest import own_aiplatform_settings, run_module
 from quota_server import QuotaStandIn, StoredQuota
 from vertex_server import VertexStandIn
 
@@ -116,9 +116,7 @@ def test_a_run_whose_cpu_tasks_the_region_cannot_hold_is_refused_before_anything
     TPU's is there). submit reads both before anything is sent and refuses in one line naming num_parts and the most
     parts that fit; the dry run's bill shows the 256 vCPUs and reads no quota. In this process (aiplatform's settings
     for this test only), as the CLI runs it."""
-    from google.cloud.aiplatform import initializer
-
-    monkeypatch.setattr(initializer, "global_config", initializer._Config())
+    own_aiplatform_settings(monkeypatch)
     values = {"corpus": "hf:wikitext:wikitext-103-raw-v1", "num_parts": 16}
     quotas_held = {**ENOUGH_TPU, CPU_QUOTA.quota_id: StoredQuota({REGION: 24})}
     with VertexStandIn() as vertex, QuotaStandIn(PROJECT, quotas_held) as quotas:
@@ -215,14 +213,3 @@ def pipeline_job(run: str) -> str:
 
 def where_of(given: dict) -> dict:
     return {key: given[key] for key in ("project", "region", "api_endpoint")}
-
-
-def own_aiplatform_settings(monkeypatch) -> None:
-    """aiplatform's settings for this test only: a fresh global config, and ``aiplatform.init`` (bound to the config
-    of the import) setting that one, so that submit's init reaches the jobs it creates here and no later test."""
-    from google.cloud import aiplatform
-    from google.cloud.aiplatform import initializer
-
-    config = initializer._Config()
-    monkeypatch.setattr(initializer, "global_config", config)
-    monkeypatch.setattr(aiplatform, "init", config.init)
