@@ -21,7 +21,6 @@ import http.client
 import http.server
 import json
 import re
-import socket
 import ssl
 import sys
 import threading
@@ -239,20 +238,17 @@ class GcsRouting:
         self._proxy.server_close()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def serve(folder: Path, bucket: str) -> None:
     """Runs the emulator (with ``bucket``) and the proxy, prints the environment as one JSON line, then serves
     until killed. The tests run this in a process of its own: TensorFlow holds the GIL in some calls (closing a
     ``GFile`` uploads the file), so a proxy in the test's own process would deadlock with it."""
     from gcp_storage_emulator.server import create_server
 
-    port = free_port()
-    create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket).start()
+    emulator = create_server("127.0.0.1", 0, in_memory=True, default_bucket=bucket)
+    emulator.start()
+    # port 0: the port is taken as it is bound. A free port found first could be taken by another test process's
+    # server before the emulator binds it, and the emulator's start would then wait forever.
+    port = emulator._api._httpd.server_address[1]
     with GcsRouting(f"http://127.0.0.1:{port}", folder) as routing:
         print(json.dumps(routing.env), flush=True)
         threading.Event().wait()
