@@ -9,7 +9,7 @@
 # make pytorch-env  the tests' PyTorch environment (.venv-pytorch: tests/pytorch_env.py), which the tests
 #                  otherwise make on first use
 # make test-fast ruff, then the tests not marked slow (no Docker, no whole pipeline, no test of 3 s or more),
-#                  while working: under a minute here
+#                  while working: about a minute here
 # make bench     the sharding, training, parts-reading and recipe benchmarks on WikiText-2 (../shared/data;
 #                the recipes' side by side takes about 45 minutes: benchmarks/recipes.py --quick, about 15)
 # make bench-levers  the levers over the default recipe side by side (clipping, no dropout, batch warm-up), 3 seeds,
