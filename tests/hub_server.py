@@ -13,10 +13,11 @@ import base64
 import hashlib
 import json
 import re
-import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
+
+from http_stand_in import serving_thread
 
 LFS_THRESHOLD = 1 << 20
 
@@ -48,7 +49,7 @@ class HubStandIn:
         self.bytes_sent: dict[str, int] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = serving_thread(self._server)
 
     def __enter__(self) -> HubStandIn:
         self._thread.start()

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from http_stand_in import serving_thread
 
 SERVICE = "aiplatform.googleapis.com"
 QUOTA_INFO_PATH = re.compile(r"/v1/projects/([^/]+)/locations/([^/]+)/services/([^/]+)/quotaInfos/([^/?]+)")
@@ -57,7 +58,7 @@ class QuotaStandIn:
         self.requests: list[str] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = serving_thread(self._server)
 
     def __enter__(self) -> QuotaStandIn:
         self._thread.start()

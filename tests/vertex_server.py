@@ -32,6 +32,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+from http_stand_in import serving_thread
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PIPELINE_ENDED = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 TASK_ENDED = ("SUCCEEDED", "FAILED", "CANCELLED", "SKIPPED", "NOT_TRIGGERED")
@@ -98,7 +100,7 @@ class VertexStandIn:
         self.reads: Counter[str] = Counter()  # GETs of each job through the API (a command's, not the test's)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = serving_thread(self._server)
 
     def __enter__(self) -> VertexStandIn:
         self._thread.start()
