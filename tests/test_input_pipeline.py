@@ -36,7 +36,10 @@ def collect(shards: str, seed: int, probability: float = 0.15):
 
 
 def test_masking_statistics_on_real_shards(wikitext_shards):
-    manifest, original, masked, labels = collect(wikitext_shards["validation"], seed=0)
+    # four seeds' masks of the same samples: enough draws to tell a share off by a point from chance
+    collected = [collect(wikitext_shards["validation"], seed=seed) for seed in range(4)]
+    manifest = collected[0][0]
+    original, masked, labels = (np.concatenate([each[part] for each in collected]) for part in (1, 2, 3))
     special = np.isin(original, list(set(manifest["special_tokens"].values())))
     chosen = labels != IGNORE_INDEX
     assert not (chosen & special).any(), "a special token was chosen for masking"
@@ -44,15 +47,22 @@ def test_masking_statistics_on_real_shards(wikitext_shards):
     assert (labels[chosen] == original[chosen]).all()
     assert (masked[~chosen] == original[~chosen]).all()
 
-    rate = chosen.sum() / (~special).sum()
-    assert rate == pytest.approx(0.15, abs=0.005)
+    assert chosen.sum() > 40_000
+    near(chosen.sum() / (~special).sum(), 0.15, (~special).sum())
     became_mask = (masked[chosen] == manifest["special_tokens"]["mask"]).mean()
     kept = (masked[chosen] == original[chosen]).mean()
-    replaced = 1 - became_mask - kept
-    assert became_mask == pytest.approx(0.8, abs=0.01)
-    assert replaced == pytest.approx(0.1, abs=0.01)
-    assert kept == pytest.approx(0.1, abs=0.01)  # includes the rare random draw of the same token
-    assert chosen.sum() > 10_000
+    near(became_mask, 0.8, chosen.sum())
+    near(1 - became_mask - kept, 0.1, chosen.sum())
+    near(kept, 0.1, chosen.sum())  # includes the rare random draw of the same token
+
+
+def near(share: float, expected: float, draws: int) -> None:
+    """``share`` of ``draws`` is ``expected`` within 4 of its standard errors (a correct masking fails one check in
+    16,000). The shards (their tokenizer is not reproducible) and so the masks differ from run to run: bounds fixed
+    in points (the 80% within 0.01 of one seed's 12,900 draws: 2.8 standard errors) failed a correct masking about
+    once in 200 runs."""
+    error = 4 * np.sqrt(expected * (1 - expected) / draws)
+    assert abs(share - expected) <= error, f"{share:.4f} of {draws} draws, {expected} expected within {error:.4f}"
 
 
 def test_masking_is_reproducible_for_a_seed_and_differs_across_seeds(wikitext_shards):
