@@ -58,9 +58,9 @@ def test_masking_statistics_on_real_shards(wikitext_shards):
 
 def near(share: float, expected: float, draws: int) -> None:
     """``share`` of ``draws`` is ``expected`` within 4 of its standard errors (a correct masking fails one check in
-    16,000). The shards (their tokenizer is not reproducible) and so the masks differ from run to run: bounds fixed
-    in points (the 80% within 0.01 of one seed's 12,900 draws: 2.8 standard errors) failed a correct masking about
-    once in 200 runs."""
+    16,000, the test's four about one run in 4,000). The shards (their tokenizer is not reproducible) and so the
+    masks differ from run to run: bounds fixed in points (the 80% within 0.01 of one seed's 12,900 draws: 2.8
+    standard errors) failed a correct masking about once in 200 runs."""
     error = 4 * np.sqrt(expected * (1 - expected) / draws)
     assert abs(share - expected) <= error, f"{share:.4f} of {draws} draws, {expected} expected within {error:.4f}"
 

@@ -397,7 +397,7 @@ def test_parts_in_separate_folders_gather_into_one_set(tmp_path, embedded_tokeni
 # make run's pipeline (with this test's second part and push) in calibration runs' time (tests/calibration.py), on
 # 2026-12-07 here: 6.2 alone (71.4 s, the calibration 11.5 s), 5.2 beside the fast tier's three processes and 5.9 in
 # CI's make test (188.5 s against 31.9 s); make run itself 7.1 with three busy processes beside it. The budget
-# leaves 1.4x the most of those: a run that grows by half fails, at whatever speed the machine runs
+# leaves 1.4x the most of those: a run twice as long fails under any of these loads, one 40% longer at the worst
 FIRST_RUN_BUDGET = 10.0
 
 

@@ -20,9 +20,11 @@ experiment (a context of its own, created and read through Vertex ML Metadata's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -61,6 +63,14 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def kill_worker(process: subprocess.Popen) -> None:
+    """Ends a job's worker and every process it started, as a VM that goes away does: a child left alive (a slice
+    launcher's worker server) would hold the worker's output open, and its supervisor would read on."""
+    with contextlib.suppress(ProcessLookupError):  # the whole group has ended already
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 class VertexStandIn:
     """``start_jobs=False``: jobs stay ``JOB_STATE_PENDING`` (no TPU capacity, no quota); ``cancels_take=False``:
     a cancelled job (custom or pipeline) stays cancelling; ``refuse_creates``: a create is refused as Vertex AI refuses
@@ -93,6 +103,7 @@ class VertexStandIn:
         self.lines: dict[str, list[tuple[str, str]]] = {}  # each job's output so far: (timestamp, line)
         self._supervisors: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
+        self._closed = False  # once the stand-in has exited: no job starts
         self.pipeline_jobs: dict[str, dict] = {}
         self.contexts: dict[str, dict] = {}  # Vertex ML Metadata's contexts: experiments and pipeline runs
         self._read_cancelling: set[str] = set()  # pipeline jobs read while cancelling
@@ -107,21 +118,27 @@ class VertexStandIn:
         return self
 
     def __exit__(self, *_: object) -> None:
+        self._server.shutdown()  # no new request; one being handled creates no running job once closed
         # its jobs end with it: a worker killed here would otherwise be restarted (a non-zero exit), up to 24 times
         with self._lock:
+            self._closed = True
             for job in self.jobs.values():
                 if job["state"] == "JOB_STATE_RUNNING":  # a supervisor's: it starts no worker once it is not
                     job.update(state="JOB_STATE_CANCELLED", endTime=now())
-            processes = list(self.processes.values())
+            processes, supervisors = list(self.processes.values()), list(self._supervisors.values())
         for process in processes:
-            process.kill()
-            process.wait()
-        for supervisor in self._supervisors.values():
+            kill_worker(process)
+        for supervisor in supervisors:
             supervisor.join(timeout=60)
-        self._server.shutdown()
         self._server.server_close()
+        left = [supervisor.name for supervisor in supervisors if supervisor.is_alive()]
+        assert not left, f"the stand-in's supervisors {left} still run after their workers were killed"
 
     def create(self, parent: str, job: dict) -> dict:
+        with self._lock:  # a name of its own, and no start once the stand-in has exited
+            return self._create(parent, job)
+
+    def _create(self, parent: str, job: dict) -> dict:
         name = f"{parent}/customJobs/{len(self.jobs) + 1}"
         container = job["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]
         command = [*container.get("command", []), *container.get("args", [])]
@@ -139,7 +156,7 @@ class VertexStandIn:
             env.update(AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/")
         self.jobs[name] = {**job, "name": name, "state": "JOB_STATE_PENDING", "createTime": now()}
         self.starts[name] = 0
-        if self.start_jobs:
+        if self.start_jobs and not self._closed:
             self.jobs[name].update(state="JOB_STATE_RUNNING", startTime=now())
             self.lines[name] = []
             # Scheduling.disable_retries: "If true, overrides restart_job_on_worker_restart to false" (the API's
@@ -161,7 +178,13 @@ class VertexStandIn:
                         return  # cancelled
                     self.starts[name] += 1
                     process = subprocess.Popen(
-                        command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                        command,
+                        cwd=PROJECT_ROOT,
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        start_new_session=True,  # its own process group: kill_worker ends what it started too
                     )
                     self.processes[name] = process
                 for line in process.stdout:  # each line as it is printed, as Vertex AI's logging agent sends it
@@ -194,8 +217,7 @@ class VertexStandIn:
             job["state"] = "JOB_STATE_CANCELLING"
             process = self.processes.get(name)
         if process is not None:
-            process.kill()
-            process.wait()
+            kill_worker(process)
         if self.cancels_take:
             job.update(state="JOB_STATE_CANCELLED", endTime=now())
 
