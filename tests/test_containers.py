@@ -21,13 +21,27 @@ TEST_IMAGE = "tpu-mlm-cpu:test"
 pytestmark = pytest.mark.xdist_group("images")
 DEFAULT_RUNTIME = TPU_RUNTIMES[0]
 # the tests' tools and the installer: in no image
-TEST_TOOLS = {"pytest", "pytest-timeout", "pytest-xdist", "execnet", "ruff", "gcp-storage-emulator", "iniconfig"}
-TEST_TOOLS |= {"pluggy", "uv"}
+TEST_TOOLS = {
+    "pytest",
+    "pytest-timeout",
+    "pytest-xdist",
+    "execnet",
+    "ruff",
+    "gcp-storage-emulator",
+    "iniconfig",
+    "pluggy",
+    "uv",
+}
+
+
+def pyproject() -> dict:
+    """pyproject.toml's [project] table."""
+    return tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
 
 
 def pinned(name: str) -> str:
-    dependencies = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    return next(d.split("==")[1] for d in dependencies if d.split("==")[0] == name)
+    """The project's pin of ``name`` (normalised: tf-keras, not tf_keras)."""
+    return pins_of(pyproject()["dependencies"])[name]
 
 
 def runtime_pins(runtime: str) -> Path:
@@ -184,7 +198,7 @@ def test_make_images_builds_every_image_for_vertex_ai_s_x86_machines_whatever_th
 def test_pyproject_pins_what_constraints_txt_resolved():
     """A pin changed in one of the two files alone makes make install unsatisfiable (or an image differ from the
     tests' environment): each of pyproject.toml's pins, the dev tools' too, is constraints.txt's."""
-    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    project = pyproject()
     declared = pins_of(project["dependencies"] + project["optional-dependencies"]["dev"])
     resolved = pins(PROJECT_ROOT / "constraints.txt")
     assert len(declared) == len(project["dependencies"]) + len(project["optional-dependencies"]["dev"])

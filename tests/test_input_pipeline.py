@@ -37,9 +37,10 @@ def collect(shards: str, seed: int, probability: float = 0.15):
 
 def test_masking_statistics_on_real_shards(wikitext_shards):
     # four seeds' masks of the same samples: enough draws to tell a share off by a point from chance
-    collected = [collect(wikitext_shards["validation"], seed=seed) for seed in range(4)]
-    manifest = collected[0][0]
-    original, masked, labels = (np.concatenate([each[part] for each in collected]) for part in (1, 2, 3))
+    seeds = [collect(wikitext_shards["validation"], seed=seed) for seed in range(4)]
+    manifests, originals, maskings, seeds_labels = zip(*seeds, strict=True)
+    manifest = manifests[0]
+    original, masked, labels = np.concatenate(originals), np.concatenate(maskings), np.concatenate(seeds_labels)
     special = np.isin(original, list(set(manifest["special_tokens"].values())))
     chosen = labels != IGNORE_INDEX
     assert not (chosen & special).any(), "a special token was chosen for masking"
